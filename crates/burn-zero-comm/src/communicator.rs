@@ -1,0 +1,46 @@
+//! The `Communicator` trait: the collectives every engine provides.
+
+use burn::tensor::{Tensor, backend::Backend};
+
+use crate::call::ReduceOp;
+use crate::error::CommError;
+
+/// Collective communication among the ranks of one group, on `B`'s float tensors.
+///
+/// Buffers are flat (1-D); callers reshape. Every rank of the group must issue the same
+/// collectives in the same order with the same element type and size; engines check this and
+/// answer a divergence with [`CommError::Mismatch`] on every rank instead of hanging. Results
+/// are placed on the device of the caller's input.
+///
+/// Sizes that do not divide by the world size are the caller's business (padding lives in the
+/// sharding layer): [`Communicator::reduce_scatter`] rejects them.
+pub trait Communicator<B: Backend>: Send + Sync {
+    /// This rank's index, `0..world_size`.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks in the group.
+    fn world_size(&self) -> usize;
+
+    /// Concatenates every rank's `block` in rank order. All blocks have the same length `L`;
+    /// the result has `world_size · L` elements.
+    fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError>;
+
+    /// Reduces every rank's `input` element-wise and returns block `rank` of the result. The
+    /// input length must be divisible by the world size; the result has `len / world_size`
+    /// elements.
+    fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError>;
+
+    /// Reduces every rank's `input` element-wise; every rank receives the whole result.
+    fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError>;
+
+    /// Returns `root`'s buffer on every rank. Every rank passes a buffer of the same dtype and
+    /// length (its content is ignored except on `root`).
+    fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError>;
+
+    /// Returns once every rank has called `barrier`.
+    fn barrier(&self) -> Result<(), CommError>;
+
+    /// Ends the group on behalf of this rank (it failed): every rank's pending and later
+    /// collectives return [`CommError::PeerFailed`] with `reason`.
+    fn abort(&self, reason: &str);
+}

@@ -1,0 +1,39 @@
+//! Collective communication for burn-zero.
+//!
+//! - [`Communicator`]: rank, world size and the collectives (all-gather, reduce-scatter,
+//!   all-reduce, broadcast, barrier) on a backend's float tensors.
+//! - [`LocalGroup`]: the in-process engine, one thread per rank, built on Burn tensor ops so it
+//!   runs on every backend. Reductions run in rank order: results are bitwise reproducible.
+//! - [`launch`]: runs a closure once per rank on its own thread with a [`RankContext`], and
+//!   turns a failed rank into an error on every other rank instead of a hang.
+//!
+//! Every collective carries a fingerprint ([`CollectiveCall`]: sequence number, op, dtype,
+//! size); ranks that disagree get a [`CommError::Mismatch`] naming both sides, and a rank that
+//! never arrives becomes a [`CommError::Timeout`].
+//!
+//! ```
+//! use burn::backend::NdArray;
+//! use burn::tensor::Tensor;
+//! use burn_zero_comm::{launch, ReduceOp};
+//!
+//! let device = Default::default();
+//! let sums = launch::<NdArray, _, _, _>(3, &[device], |ctx| {
+//!     let mine = Tensor::<NdArray, 1>::from_floats([ctx.rank() as f32; 4], ctx.device());
+//!     let total = ctx.comm().all_reduce(mine, ReduceOp::Sum)?;
+//!     Ok::<_, burn_zero_comm::CommError>(total.into_data().to_vec::<f32>().unwrap())
+//! })
+//! .unwrap();
+//! assert_eq!(sums, vec![vec![3.0; 4]; 3]);
+//! ```
+
+pub mod call;
+pub mod communicator;
+pub mod error;
+pub mod launch;
+pub mod local;
+
+pub use call::{CollectiveCall, CollectiveOp, ReduceOp};
+pub use communicator::Communicator;
+pub use error::{CommError, LaunchError, RankFailure};
+pub use launch::{LaunchOptions, RankContext, launch, launch_with};
+pub use local::{GroupOptions, LocalGroup};

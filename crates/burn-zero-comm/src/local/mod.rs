@@ -1,0 +1,297 @@
+//! `LocalGroup`: the in-process engine. One thread per rank, data moved and reduced with Burn
+//! tensor ops, so it runs on every backend (CPU, wgpu, CUDA devices without NCCL).
+
+mod rendezvous;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use burn::tensor::{DType, Tensor, backend::Backend};
+
+use crate::call::{CollectiveCall, CollectiveOp, ReduceOp, dtype_name};
+use crate::communicator::Communicator;
+use crate::error::CommError;
+use rendezvous::Rendezvous;
+
+/// Settings of a [`LocalGroup`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupOptions {
+    /// How long a rank waits in a collective for the others before the group fails with
+    /// [`CommError::Timeout`].
+    pub timeout: Duration,
+}
+
+impl Default for GroupOptions {
+    /// A ten-minute timeout, as PyTorch's default for NCCL process groups.
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// One rank's handle on an in-process group of ranks that run on threads of this process.
+///
+/// Build all handles at once with [`LocalGroup::new`] and give one to each rank's thread (or
+/// let [`crate::launch`] do it). Reductions add in rank order, so every rank receives bitwise
+/// the same result, run after run. Dropping a handle tells the other ranks that this rank will
+/// issue no more collectives: a rank still waiting for it gets [`CommError::PeerExited`].
+pub struct LocalGroup<B: Backend> {
+    rank: usize,
+    rendezvous: Arc<Rendezvous<Option<Tensor<B, 1>>>>,
+    issued: AtomicU64,
+}
+
+impl<B: Backend> LocalGroup<B> {
+    /// Handles for a group of `world_size` ranks with default options, in rank order.
+    pub fn new(world_size: usize) -> Result<Vec<Self>, CommError> {
+        Self::with_options(world_size, GroupOptions::default())
+    }
+
+    /// Handles for a group of `world_size` ranks, in rank order.
+    pub fn with_options(world_size: usize, options: GroupOptions) -> Result<Vec<Self>, CommError> {
+        if world_size == 0 {
+            return Err(CommError::InvalidGroup(
+                "world size must be at least 1".into(),
+            ));
+        }
+        if options.timeout.is_zero() {
+            return Err(CommError::InvalidGroup(
+                "timeout must be longer than zero".into(),
+            ));
+        }
+        let rendezvous = Arc::new(Rendezvous::new(world_size, options.timeout));
+        Ok((0..world_size)
+            .map(|rank| LocalGroup {
+                rank,
+                rendezvous: rendezvous.clone(),
+                issued: AtomicU64::new(0),
+            })
+            .collect())
+    }
+
+    /// The error that ended this group, if it has ended.
+    pub fn failure(&self) -> Option<CommError> {
+        self.rendezvous.failure()
+    }
+
+    /// Tells the other ranks that this rank will issue no more collectives.
+    pub fn leave(&self) {
+        self.rendezvous.depart(self.rank);
+    }
+
+    fn world(&self) -> usize {
+        self.rendezvous.world_size()
+    }
+
+    /// Fingerprints the next call of this rank; a call that is invalid on its face ends the
+    /// group, so no other rank is left waiting for it.
+    fn begin(
+        &self,
+        op: CollectiveOp,
+        tensor: Option<&Tensor<B, 1>>,
+    ) -> Result<CollectiveCall, CommError> {
+        let seq = self.issued.fetch_add(1, Ordering::Relaxed) + 1;
+        let call = CollectiveCall {
+            seq,
+            op,
+            dtype: tensor.map(|t| t.dtype()),
+            numel: tensor.map_or(0, |t| t.dims()[0]),
+        };
+        tracing::trace!(rank = self.rank, %call, "collective");
+        if let Some(error) = self.validate(&call) {
+            return Err(self.rendezvous.fail(error));
+        }
+        Ok(call)
+    }
+
+    fn validate(&self, call: &CollectiveCall) -> Option<CommError> {
+        let world_size = self.world();
+        if let Some(dtype) = call.dtype
+            && !matches!(
+                dtype,
+                DType::F64 | DType::F32 | DType::Flex32 | DType::F16 | DType::BF16
+            )
+        {
+            return Some(CommError::UnsupportedDtype {
+                dtype: dtype_name(dtype),
+                op: call.op.to_string(),
+            });
+        }
+        match call.op {
+            CollectiveOp::ReduceScatter(_) if call.numel % world_size != 0 => {
+                Some(CommError::NotDivisible {
+                    numel: call.numel,
+                    world_size,
+                })
+            }
+            CollectiveOp::Broadcast { root } if root >= world_size => {
+                Some(CommError::InvalidRoot { root, world_size })
+            }
+            _ => None,
+        }
+    }
+
+    fn exchange(
+        &self,
+        call: &CollectiveCall,
+        phase: u8,
+        payload: Option<Tensor<B, 1>>,
+    ) -> Result<Vec<Option<Tensor<B, 1>>>, CommError> {
+        self.rendezvous.exchange(self.rank, call, phase, payload)
+    }
+
+    /// Reduces `range` of every rank's buffer in rank order, on `device`.
+    fn reduce_range(
+        buffers: &[Option<Tensor<B, 1>>],
+        range: std::ops::Range<usize>,
+        op: ReduceOp,
+        device: &B::Device,
+    ) -> Tensor<B, 1> {
+        let mut parts = buffers.iter().map(|buffer| {
+            buffer
+                .clone()
+                .unwrap_or_else(|| unreachable!("every rank deposits a buffer"))
+                .slice(range.clone())
+                .to_device(device)
+        });
+        let first = parts
+            .next()
+            .unwrap_or_else(|| unreachable!("a group has a rank"));
+        let folded = parts.fold(first, |acc, part| match op {
+            ReduceOp::Sum | ReduceOp::Mean => acc + part,
+            ReduceOp::Max => acc.max_pair(part),
+            ReduceOp::Min => acc.min_pair(part),
+        });
+        match op {
+            ReduceOp::Mean if buffers.len() > 1 => folded.div_scalar(buffers.len() as f64),
+            _ => folded,
+        }
+    }
+}
+
+/// Bounds of block `index` when `numel` elements are split into `parts` nearly equal blocks
+/// (the first `numel % parts` blocks get one element more).
+fn block_bounds(numel: usize, parts: usize, index: usize) -> std::ops::Range<usize> {
+    let base = numel / parts;
+    let extra = numel % parts;
+    let start = index * base + index.min(extra);
+    let len = base + usize::from(index < extra);
+    start..start + len
+}
+
+impl<B: Backend> Communicator<B> for LocalGroup<B> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world()
+    }
+
+    fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        let call = self.begin(CollectiveOp::AllGather, Some(&block))?;
+        let device = block.device();
+        let blocks = self.exchange(&call, 0, Some(block.clone()))?;
+        if call.numel == 0 {
+            return Ok(block);
+        }
+        let blocks = blocks
+            .into_iter()
+            .map(|b| {
+                b.unwrap_or_else(|| unreachable!("every rank deposits a block"))
+                    .to_device(&device)
+            })
+            .collect();
+        Ok(Tensor::cat(blocks, 0))
+    }
+
+    fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        let call = self.begin(CollectiveOp::ReduceScatter(op), Some(&input))?;
+        let device = input.device();
+        let buffers = self.exchange(&call, 0, Some(input.clone()))?;
+        if call.numel == 0 {
+            return Ok(input);
+        }
+        let block = call.numel / self.world();
+        let range = self.rank * block..(self.rank + 1) * block;
+        Ok(Self::reduce_range(&buffers, range, op, &device))
+    }
+
+    fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        let call = self.begin(CollectiveOp::AllReduce(op), Some(&input))?;
+        let device = input.device();
+        let buffers = self.exchange(&call, 0, Some(input.clone()))?;
+        if call.numel == 0 {
+            return Ok(input);
+        }
+        // Each rank reduces one block, then the blocks are gathered: every element is still
+        // reduced in rank order, and no rank does the whole reduction alone.
+        let range = block_bounds(call.numel, self.world(), self.rank);
+        let mine = (!range.is_empty()).then(|| Self::reduce_range(&buffers, range, op, &device));
+        drop(buffers);
+        let blocks = self.exchange(&call, 1, mine)?;
+        let blocks: Vec<Tensor<B, 1>> = blocks
+            .into_iter()
+            .flatten()
+            .map(|b| b.to_device(&device))
+            .collect();
+        Ok(Tensor::cat(blocks, 0))
+    }
+
+    fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
+        let call = self.begin(CollectiveOp::Broadcast { root }, Some(&buffer))?;
+        let device = buffer.device();
+        let is_root = self.rank == root;
+        let buffers = self.exchange(&call, 0, is_root.then_some(buffer.clone()))?;
+        if is_root {
+            return Ok(buffer);
+        }
+        let sent = buffers
+            .into_iter()
+            .nth(root)
+            .flatten()
+            .unwrap_or_else(|| unreachable!("the root deposits its buffer"));
+        Ok(sent.to_device(&device))
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        let call = self.begin(CollectiveOp::Barrier, None)?;
+        self.exchange(&call, 0, None).map(drop)
+    }
+
+    fn abort(&self, reason: &str) {
+        self.rendezvous.fail(CommError::PeerFailed {
+            rank: self.rank,
+            reason: reason.to_string(),
+        });
+    }
+}
+
+impl<B: Backend> Drop for LocalGroup<B> {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::block_bounds;
+
+    #[test]
+    fn blocks_cover_the_buffer_in_order() {
+        for numel in 0..20 {
+            for parts in 1..6 {
+                let mut next = 0;
+                for index in 0..parts {
+                    let range = block_bounds(numel, parts, index);
+                    assert_eq!(range.start, next);
+                    assert!(range.len() == numel / parts || range.len() == numel / parts + 1);
+                    next = range.end;
+                }
+                assert_eq!(next, numel);
+            }
+        }
+    }
+}
