@@ -10,7 +10,7 @@
 use burn::backend::{Autodiff, NdArray};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::{Tensor, TensorData, activation::tanh, backend::Backend};
 use burn_zero::comm::{CommError, Communicator, ReduceOp, launch};
 use clap::Parser;
@@ -25,13 +25,13 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     world_size: usize,
     /// Optimizer steps.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 500)]
     steps: usize,
     /// Global batch size, split evenly across ranks.
     #[arg(long, default_value_t = 256)]
     batch_size: usize,
     /// Learning rate.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.01)]
     lr: f64,
 }
 
@@ -85,16 +85,19 @@ struct BroadcastFromRankZero<'a> {
     error: Option<CommError>,
 }
 
-impl ModuleMapper<Inner> for BroadcastFromRankZero<'_> {
+impl ModuleMapper<Train> for BroadcastFromRankZero<'_> {
     fn map_float<const D: usize>(
         &mut self,
-        param: Param<Tensor<Inner, D>>,
-    ) -> Param<Tensor<Inner, D>> {
+        param: Param<Tensor<Train, D>>,
+    ) -> Param<Tensor<Train, D>> {
         let (id, tensor, mapper) = param.consume();
+        let require_grad = tensor.is_require_grad();
         let shape = tensor.shape();
-        let flat = tensor.clone().reshape([shape.num_elements()]);
+        let flat = tensor.clone().inner().reshape([shape.num_elements()]);
         let tensor = match self.comm.broadcast(flat, 0) {
-            Ok(flat) => flat.reshape(shape),
+            Ok(flat) => {
+                Tensor::from_inner(flat.reshape::<D, _>(shape)).set_require_grad(require_grad)
+            }
             Err(e) => {
                 self.error.get_or_insert(e);
                 tensor
@@ -121,7 +124,7 @@ impl ModuleVisitor<Train> for AverageGradients<'_> {
             .comm
             .all_reduce(grad.reshape([shape.num_elements()]), ReduceOp::Mean)
         {
-            Ok(mean) => self.grads.register(param.id, mean.reshape(shape)),
+            Ok(mean) => self.grads.register(param.id, mean.reshape::<D, _>(shape)),
             Err(e) => {
                 self.error.get_or_insert(e);
             }
@@ -157,12 +160,11 @@ fn main() {
         let comm = ctx.comm().as_ref();
         let device = ctx.device();
         let mut sync = BroadcastFromRankZero { comm, error: None };
-        let model = Mlp::<Inner>::new(device).map(&mut sync);
+        let mut model = Mlp::<Train>::new(device).map(&mut sync);
         if let Some(e) = sync.error {
             return Err(e);
         }
-        let mut model = Mlp::<Train>::from_inner(model);
-        let mut optim = SgdConfig::new().init::<Train, Mlp<Train>>();
+        let mut optim = AdamConfig::new().init::<Train, Mlp<Train>>();
         let mut losses = Vec::new();
         for step in 0..args.steps {
             let (x, y) = batch(step, args.batch_size);
@@ -193,7 +195,7 @@ fn main() {
                 return Err(e);
             }
             model = optim.step(args.lr, model, grads);
-            if ctx.rank() == 0 && (step % 50 == 0 || step + 1 == args.steps) {
+            if ctx.rank() == 0 && (step % 100 == 0 || step + 1 == args.steps) {
                 println!("step {step:>5}  loss {:.5}", losses[step]);
             }
         }

@@ -6,6 +6,8 @@ use crate::call::CollectiveCall;
 
 /// Why a collective failed.
 ///
+/// Fingerprints are boxed to keep `Result<_, CommError>` small on the hot path.
+///
 /// Once a group has failed, every later collective on every rank of that group returns the
 /// same error: a group never half-works. Create a new group to go on.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -18,11 +20,11 @@ pub enum CommError {
         /// The rank that noticed the mismatch.
         rank: usize,
         /// What it called.
-        call: CollectiveCall,
+        call: Box<CollectiveCall>,
         /// A rank that had already called something else at that position.
         other_rank: usize,
         /// What that rank called.
-        other_call: CollectiveCall,
+        other_call: Box<CollectiveCall>,
     },
     /// Some ranks did not reach a collective within the group's timeout.
     #[error("rank {rank} waited {waited:?} in {call}; rank(s) {missing:?} never arrived")]
@@ -30,7 +32,7 @@ pub enum CommError {
         /// The rank that gave up waiting.
         rank: usize,
         /// The collective it waited in.
-        call: CollectiveCall,
+        call: Box<CollectiveCall>,
         /// How long it waited.
         waited: Duration,
         /// Ranks that had not arrived.
@@ -52,7 +54,7 @@ pub enum CommError {
         /// The rank still waiting.
         rank: usize,
         /// The collective it waited in.
-        call: CollectiveCall,
+        call: Box<CollectiveCall>,
     },
     /// A reduce-scatter input that cannot be split evenly across ranks.
     #[error(

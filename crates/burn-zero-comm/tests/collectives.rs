@@ -27,7 +27,7 @@ fn check_collectives<B: Backend, T: RefFloat + Send + Sync>(
     let reduce_in: Vec<Vec<T>> = (0..world_size).map(|r| input(salt + 2, r, odd)).collect();
     let root = world_size - 1;
 
-    let per_rank = launch::<B, _, _, CommError>(world_size, &[device.clone()], |ctx| {
+    let per_rank = launch::<B, _, _, CommError>(world_size, std::slice::from_ref(device), |ctx| {
         let (rank, comm, device) = (ctx.rank(), ctx.comm(), ctx.device());
         let gathered = values(comm.all_gather(tensor(&gather_in[rank], device))?);
         let mut scattered = Vec::new();

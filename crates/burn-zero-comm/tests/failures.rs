@@ -279,7 +279,7 @@ fn collectives_keep_going_after_many_rounds() {
     let results = launch::<B, _, _, CommError>(4, &[Default::default()], |ctx| {
         let mut last = Vec::new();
         for step in 0..200u64 {
-            if (step + ctx.rank() as u64) % 7 == 0 {
+            if (step + ctx.rank() as u64).is_multiple_of(7) {
                 std::thread::yield_now();
             }
             let x = tensor::<B, f32>(&input(step, ctx.rank(), 5), ctx.device());

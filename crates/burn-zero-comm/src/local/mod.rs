@@ -120,7 +120,7 @@ impl<B: Backend> LocalGroup<B> {
             });
         }
         match call.op {
-            CollectiveOp::ReduceScatter(_) if call.numel % world_size != 0 => {
+            CollectiveOp::ReduceScatter(_) if !call.numel.is_multiple_of(world_size) => {
                 Some(CommError::NotDivisible {
                     numel: call.numel,
                     world_size,

@@ -121,9 +121,9 @@ impl<P: Clone> Rendezvous<P> {
         {
             let error = CommError::Mismatch {
                 rank,
-                call: call.clone(),
+                call: Box::new(call.clone()),
                 other_rank,
-                other_call: other_call.clone(),
+                other_call: Box::new(other_call.clone()),
             };
             let failure = state.failure.get_or_insert(error).clone();
             drop(state);
@@ -156,12 +156,12 @@ impl<P: Clone> Rendezvous<P> {
                 Some(CommError::PeerExited {
                     peer,
                     rank,
-                    call: call.clone(),
+                    call: Box::new(call.clone()),
                 })
             } else if Instant::now() >= deadline {
                 Some(CommError::Timeout {
                     rank,
-                    call: call.clone(),
+                    call: Box::new(call.clone()),
                     waited: start.elapsed(),
                     missing,
                 })
