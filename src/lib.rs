@@ -1,6 +1,6 @@
-//! burn-zero: ZeRO-style sharded data-parallel training for Burn.
+#![doc = include_str!("../README.md")]
 //!
-//! This facade re-exports the crates users need:
+//! ## Crates
 //! - [`comm`]: the [`comm::Communicator`] trait, the in-process [`comm::LocalGroup`] engine
 //!   and the [`comm::launch`] rank launcher.
 

@@ -186,7 +186,11 @@ fn missing_rank_times_out_on_every_rank() {
             if ctx.rank() != 1 {
                 let waited = started.elapsed();
                 assert!(waited >= timeout, "gave up after {waited:?}");
-                assert!(waited < timeout * 3, "waited {waited:?}");
+                // Promptly after the timeout (generous margin for a loaded CI machine).
+                assert!(
+                    waited < timeout + Duration::from_secs(3),
+                    "waited {waited:?}"
+                );
             }
             Ok(error)
         })
