@@ -12,10 +12,13 @@ use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::{Tensor, TensorData, activation::tanh, backend::Backend};
+use burn_zero::Zero;
 use burn_zero::comm::{CommError, Communicator, ReduceOp, launch};
 use clap::Parser;
 
-type Inner = NdArray;
+// `Zero<NdArray>` with nothing sharded is plain NdArray; burn-zero's `distributed` feature
+// makes `Autodiff` require a backend with gradient hooks, which `Zero` provides.
+type Inner = Zero<NdArray>;
 type Train = Autodiff<Inner>;
 
 #[derive(Parser, Debug)]

@@ -3,5 +3,8 @@
 //! ## Crates
 //! - [`comm`]: the [`comm::Communicator`] trait, the in-process [`comm::LocalGroup`] engine
 //!   and the [`comm::launch`] rank launcher.
+//! - [`core`]: the [`Zero`] backend decorator, [`shard`] and [`ZeroConfig`].
 
 pub use burn_zero_comm as comm;
+pub use burn_zero_core as core;
+pub use burn_zero_core::{MemoryReport, Zero, ZeroConfig, ZeroError, shard, unshard};

@@ -1,0 +1,20 @@
+//! Errors of sharding and of the decorator.
+
+use burn_zero_comm::CommError;
+
+/// Why sharding or unsharding a module failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ZeroError {
+    /// A collective failed (another rank failed, schedules diverged, a timeout).
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// The ranks' modules do not have the same parameters.
+    #[error("ranks disagree on the model's parameters: {0}")]
+    ModuleMismatch(String),
+    /// A configuration that cannot work.
+    #[error("invalid ZeroConfig: {0}")]
+    InvalidConfig(String),
+    /// A module that is already sharded.
+    #[error("parameter {0} is already sharded")]
+    AlreadySharded(String),
+}

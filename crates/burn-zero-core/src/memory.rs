@@ -1,0 +1,103 @@
+//! Per-rank accounting of model data: what the decorator holds, by kind, current and peak.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use serde::Serialize;
+
+/// Kinds of memory the decorator accounts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// This rank's shards of sharded parameters.
+    ParameterShards,
+    /// Parameters below the persistence threshold, replicated on every rank.
+    PersistentParameters,
+    /// This rank's shards of reduced gradients.
+    GradientShards,
+    /// Full parameters gathered for compute (the cache plus the gather in flight).
+    Gathered,
+}
+
+const KINDS: usize = 4;
+
+#[derive(Debug, Default)]
+struct Counter {
+    current: AtomicI64,
+    peak: AtomicI64,
+}
+
+/// Live counters of one rank's group.
+#[derive(Debug, Default)]
+pub struct MemoryTracker {
+    counters: [Counter; KINDS],
+}
+
+impl MemoryTracker {
+    fn counter(&self, kind: MemoryKind) -> &Counter {
+        &self.counters[kind as usize]
+    }
+
+    /// Records `bytes` more of `kind`.
+    pub fn add(&self, kind: MemoryKind, bytes: usize) {
+        let c = self.counter(kind);
+        let now = c.current.fetch_add(bytes as i64, Ordering::Relaxed) + bytes as i64;
+        c.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Records `bytes` less of `kind`.
+    pub fn sub(&self, kind: MemoryKind, bytes: usize) {
+        self.counter(kind)
+            .current
+            .fetch_sub(bytes as i64, Ordering::Relaxed);
+    }
+
+    /// Records a transient peak: `bytes` held on top of the current amount, then released.
+    pub fn touch(&self, kind: MemoryKind, bytes: usize) {
+        let c = self.counter(kind);
+        let now = c.current.load(Ordering::Relaxed) + bytes as i64;
+        c.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Current and peak bytes of `kind`.
+    pub fn usage(&self, kind: MemoryKind) -> Usage {
+        let c = self.counter(kind);
+        Usage {
+            current: c.current.load(Ordering::Relaxed).max(0) as u64,
+            peak: c.peak.load(Ordering::Relaxed).max(0) as u64,
+        }
+    }
+
+    /// A snapshot of every kind.
+    pub fn report(&self, rank: usize) -> MemoryReport {
+        MemoryReport {
+            rank,
+            parameter_shards: self.usage(MemoryKind::ParameterShards),
+            persistent_parameters: self.usage(MemoryKind::PersistentParameters),
+            gradient_shards: self.usage(MemoryKind::GradientShards),
+            gathered: self.usage(MemoryKind::Gathered),
+        }
+    }
+}
+
+/// Bytes in use now and at most so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Bytes held now.
+    pub current: u64,
+    /// Most bytes held at once so far.
+    pub peak: u64,
+}
+
+/// One rank's model-data memory, by kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemoryReport {
+    /// The rank.
+    pub rank: usize,
+    /// Shards of sharded parameters.
+    pub parameter_shards: Usage,
+    /// Replicated small parameters.
+    pub persistent_parameters: Usage,
+    /// Shards of reduced gradients.
+    pub gradient_shards: Usage,
+    /// Gathered full parameters.
+    pub gathered: Usage,
+}

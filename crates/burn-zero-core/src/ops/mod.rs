@@ -1,0 +1,12 @@
+//! `Zero<B>`'s op traits, one file per kind, written by the forwarding macros of `forward`.
+
+mod forward;
+
+mod activation;
+mod bool;
+mod distributed;
+mod float;
+mod int;
+mod module;
+mod qtensor;
+mod transaction;

@@ -1,0 +1,295 @@
+//! `shard` and `unshard`: turn a module's parameters into sharded tensors and back.
+
+use std::sync::Arc;
+
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::backend::distributed::DistributedParamId;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
+use burn_zero_comm::RankContext;
+
+use crate::backend::Zero;
+use crate::config::ZeroConfig;
+use crate::error::ZeroError;
+use crate::group::{ParamInfo, ZeroGroup};
+use crate::hooks;
+use crate::memory::MemoryKind;
+use crate::sharded::{ShardRole, ShardedParam};
+use crate::tensor::{ShardedView, ZeroTensor};
+
+/// Dimensions a parameter may have for the cross-rank shape check.
+const MAX_DIMS: usize = 12;
+/// Length of one parameter's description: ndims, dtype, then each dim as two 16-bit halves
+/// (exact in f32).
+const DESC_LEN: usize = 2 + 2 * MAX_DIMS;
+
+/// Shards every float parameter of `module` across the ranks of `ctx`'s group.
+///
+/// Each parameter is visited in module order (its key), checked to have the same shape and
+/// dtype on every rank, copied from rank 0 when `config.sync_module_states`, and replaced by a
+/// sharded tensor holding this rank's padded 1/N block — or kept whole when it has fewer than
+/// `config.persist_below_numel` elements. Parameters are marked for autodiff's gradient hooks,
+/// so `backward` leaves each rank with its shard of the mean gradient. Lazily initialised
+/// parameters are materialised one at a time.
+///
+/// Call it on every rank, on the thread that trains. Fails on every rank, before any training
+/// step, when the ranks' modules differ.
+pub fn shard<AB, B, M>(module: M, ctx: &RankContext<B>, config: &ZeroConfig) -> Result<M, ZeroError>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>>,
+    M: Module<AB>,
+{
+    if config.stage != 3 {
+        return Err(ZeroError::InvalidConfig(format!(
+            "stage {} is not available yet; stage 3 is",
+            config.stage
+        )));
+    }
+    let group = Arc::new(ZeroGroup::new(
+        ctx.comm().clone(),
+        ctx.device().clone(),
+        config.clone(),
+    ));
+    let mut sharder = Sharder {
+        group: group.clone(),
+        next_key: 0,
+        path: Vec::new(),
+        error: None,
+    };
+    let module = module.map(&mut sharder);
+    if sharder.error.is_none() {
+        // Every rank ends with the same sentinel; a rank with more parameters meets it early.
+        sharder.agree(None, "");
+    }
+    if let Some(error) = sharder.error {
+        return Err(error);
+    }
+    group.lock_grads().set_params(sharder.next_key);
+    hooks::register(&group);
+    tracing::debug!(
+        rank = group.rank(),
+        params = sharder.next_key,
+        "module sharded"
+    );
+    Ok(module)
+}
+
+/// Gathers every sharded parameter of `module` back into an ordinary tensor (a collective:
+/// call it on every rank).
+pub fn unshard<AB, B, M>(module: M) -> M
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>>,
+    M: Module<AB>,
+{
+    module.map(&mut Unsharder)
+}
+
+struct Sharder<B: Backend> {
+    group: Arc<ZeroGroup<B>>,
+    next_key: usize,
+    path: Vec<String>,
+    error: Option<ZeroError>,
+}
+
+fn dtype_code(dtype: DType) -> f32 {
+    match dtype {
+        DType::F64 => 1.0,
+        DType::F32 => 2.0,
+        DType::Flex32 => 3.0,
+        DType::F16 => 4.0,
+        DType::BF16 => 5.0,
+        _ => 6.0,
+    }
+}
+
+impl<B: Backend> Sharder<B> {
+    /// Checks that every rank has the same parameter here (`None`: no more parameters).
+    /// Records a [`ZeroError::ModuleMismatch`] naming the difference when not.
+    fn agree(&mut self, param: Option<(&Shape, DType)>, path: &str) -> bool {
+        let mut desc = vec![0f32; DESC_LEN];
+        match param {
+            Some((shape, dtype)) => {
+                if shape.num_dims() > MAX_DIMS {
+                    self.error = Some(ZeroError::InvalidConfig(format!(
+                        "parameter `{path}` has {} dimensions; at most {MAX_DIMS} are supported",
+                        shape.num_dims()
+                    )));
+                    return false;
+                }
+                desc[0] = shape.num_dims() as f32;
+                desc[1] = dtype_code(dtype);
+                for (i, &d) in shape.iter().enumerate() {
+                    desc[2 + 2 * i] = (d >> 16) as f32;
+                    desc[3 + 2 * i] = (d & 0xFFFF) as f32;
+                }
+            }
+            None => desc[0] = -1.0,
+        }
+        let device = self.group.device().clone();
+        let mine = Tensor::<B, 1>::from_floats(desc.as_slice(), &device);
+        let all = match self.group.comm().all_gather(mine) {
+            Ok(all) => all
+                .into_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .unwrap_or_default(),
+            Err(e) => {
+                self.error = Some(e.into());
+                return false;
+            }
+        };
+        let ranks: Vec<&[f32]> = all.chunks(DESC_LEN).collect();
+        let rank = self.group.rank();
+        let read = |d: &[f32]| -> Option<String> {
+            (d[0] >= 0.0).then(|| {
+                let dims: Vec<usize> = (0..d[0] as usize)
+                    .map(|i| ((d[2 + 2 * i] as usize) << 16) | d[3 + 2 * i] as usize)
+                    .collect();
+                let dtype = match d[1] as u32 {
+                    1 => "f64",
+                    2 => "f32",
+                    3 => "flex32",
+                    4 => "f16",
+                    5 => "bf16",
+                    _ => "other",
+                };
+                format!("{dims:?} {dtype}")
+            })
+        };
+        if let Some((other, _)) = ranks.iter().enumerate().find(|(_, d)| **d != ranks[rank]) {
+            let key = self.next_key;
+            let here = read(ranks[rank]).map_or("no more parameters".to_string(), |s| {
+                format!("parameter #{key} `{path}` of shape {s}")
+            });
+            let there = read(ranks[other]).map_or("no more parameters".to_string(), |s| {
+                format!("parameter #{key} of shape {s}")
+            });
+            self.error = Some(ZeroError::ModuleMismatch(format!(
+                "rank {rank} has {here}, rank {other} has {there}"
+            )));
+            return false;
+        }
+        true
+    }
+
+    fn shard_param<const D: usize>(
+        &mut self,
+        tensor: Tensor<Zero<B>, D>,
+        path: &str,
+    ) -> Result<Option<(ZeroTensor<B>, ParamInfo)>, ZeroError> {
+        let local = match tensor.into_primitive() {
+            TensorPrimitive::Float(ZeroTensor::Local(local)) => local,
+            TensorPrimitive::Float(ZeroTensor::Sharded(_)) => {
+                return Err(ZeroError::AlreadySharded(path.to_string()));
+            }
+            TensorPrimitive::QFloat(_) => {
+                return Err(ZeroError::InvalidConfig(format!(
+                    "parameter `{path}` is quantized; only float parameters can be sharded"
+                )));
+            }
+        };
+        let shape = local.shape();
+        let dtype = local.dtype();
+        if !self.agree(Some((&shape, dtype)), path) {
+            return Ok(None);
+        }
+        let key = self.next_key;
+        let numel = shape.num_elements();
+        let config = self.group.config();
+        let flat = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(B::float_reshape(
+            local,
+            Shape::new([numel]),
+        )));
+        let flat = if config.sync_module_states && self.group.world_size() > 1 {
+            self.group.comm().broadcast(flat, 0)?
+        } else {
+            flat
+        };
+        let persistent = numel < config.persist_below_numel;
+        let info = ParamInfo {
+            key,
+            path: path.to_string(),
+            shape: shape.clone(),
+            dtype,
+            persistent,
+        };
+        let tensor = if persistent {
+            self.group
+                .memory()
+                .add(MemoryKind::PersistentParameters, numel * dtype.size());
+            ZeroTensor::Local(B::float_reshape(flat.into_primitive().tensor(), shape))
+        } else {
+            let block = self.group.own_block(flat).into_primitive().tensor();
+            let param = ShardedParam::new(
+                key,
+                ShardRole::Parameter,
+                block,
+                shape,
+                dtype,
+                self.group.clone(),
+            );
+            ZeroTensor::Sharded(ShardedView::new(Arc::new(param)))
+        };
+        Ok(Some((tensor, info)))
+    }
+}
+
+impl<AB, B> ModuleMapper<AB> for Sharder<B>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>>,
+{
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        if self.error.is_some() {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let path = self.path.join(".");
+        let require_grad = tensor.is_require_grad();
+        match self.shard_param(tensor.clone().inner(), &path) {
+            Ok(Some((sharded, info))) => {
+                let dist_id = DistributedParamId::from(id.val());
+                self.group.register_param(info, dist_id);
+                self.next_key += 1;
+                let inner = Tensor::<Zero<B>, D>::from_primitive(TensorPrimitive::Float(sharded));
+                let tensor = Tensor::<AB, D>::from_inner(inner)
+                    .set_require_grad(require_grad)
+                    .set_distributed(dist_id);
+                Param::from_mapped_value(id, tensor, mapper)
+            }
+            Ok(None) => Param::from_mapped_value(id, tensor, mapper),
+            Err(error) => {
+                self.error = Some(error);
+                Param::from_mapped_value(id, tensor, mapper)
+            }
+        }
+    }
+}
+
+struct Unsharder;
+
+impl<AB, B> ModuleMapper<AB> for Unsharder
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>>,
+{
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let require_grad = tensor.is_require_grad();
+        let primitive = tensor.inner().into_primitive().tensor();
+        let local = ZeroTensor::Local(primitive.materialize());
+        let inner = Tensor::<Zero<B>, D>::from_primitive(TensorPrimitive::Float(local));
+        let tensor = Tensor::<AB, D>::from_inner(inner).set_require_grad(require_grad);
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}

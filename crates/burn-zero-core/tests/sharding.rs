@@ -1,0 +1,224 @@
+//! Sharding's memory accounting, its failure when ranks' modules differ, and gradients of
+//! parameters that only some ranks use.
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use burn_zero_comm::launch;
+use burn_zero_core::{Zero, ZeroConfig, ZeroError, current_group, shard};
+
+type Inner = Zero<Flex>;
+type Train = Autodiff<Inner>;
+
+#[derive(Module, Debug)]
+struct Mlp<B: Backend> {
+    a: Linear<B>,
+    b: Linear<B>,
+    extra: Option<Linear<B>>,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn new(hidden: usize, extra: bool, device: &B::Device) -> Self {
+        Self {
+            a: LinearConfig::new(9, hidden).init(device),
+            b: LinearConfig::new(hidden, 3).init(device),
+            extra: extra.then(|| LinearConfig::new(3, 3).init(device)),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 2>, use_b: bool) -> Tensor<B, 2> {
+        let h = self.a.forward(x).tanh();
+        if use_b {
+            self.b.forward(h)
+        } else {
+            h.slice([0..4, 0..3])
+        }
+    }
+}
+
+fn input<B: Backend>(rank: usize, device: &B::Device) -> Tensor<B, 2> {
+    let values: Vec<f32> = (0..36)
+        .map(|i| ((i * 7 + rank * 5) % 11) as f32 / 11.0 - 0.5)
+        .collect();
+    Tensor::from_data(TensorData::new(values, [4, 9]), device)
+}
+
+#[test]
+fn parameter_bytes_are_the_padded_share_and_gathers_stay_bounded() {
+    // a.weight 9×17 = 153, a.bias 17, b.weight 17×3 = 51, b.bias 3 (f32).
+    let bound = 300; // bytes: b.weight (204 B) fits in the cache, a.weight (612 B) does not.
+    let config = ZeroConfig::new()
+        .with_persist_below_numel(20)
+        .with_max_live_gathered_bytes(bound);
+    for world_size in [1, 2, 4] {
+        let reports = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
+            let model = shard(Mlp::<Train>::new(17, false, ctx.device()), &ctx, &config)?;
+            let group = current_group::<Flex>().expect("shard registers its group");
+            let after_shard = group.memory_report();
+            let loss = model
+                .forward(input(ctx.rank(), ctx.device()), true)
+                .powi_scalar(2)
+                .mean();
+            let after_forward = group.memory_report();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let after_backward = group.memory_report();
+            drop(grads);
+            let grads_dropped = group.memory_report();
+            Ok((after_shard, after_forward, after_backward, grads_dropped))
+        })
+        .unwrap();
+        let block = |numel: usize| numel.div_ceil(world_size) * 4;
+        let sharded = (block(153) + block(51)) as u64;
+        let persistent = ((17 + 3) * 4) as u64;
+        for (after_shard, after_forward, after_backward, grads_dropped) in reports {
+            assert_eq!(
+                after_shard.parameter_shards.current, sharded,
+                "world {world_size}"
+            );
+            assert_eq!(after_shard.persistent_parameters.current, persistent);
+            assert_eq!(after_shard.gathered.current, 0);
+            // After forward the cache holds at most the bound (here: b.weight).
+            assert!(after_forward.gathered.current <= bound as u64);
+            assert_eq!(after_forward.gathered.current, 204);
+            // The peak never exceeds the bound plus the one gather in flight.
+            assert!(after_backward.gathered.peak <= (bound + 612) as u64);
+            // After backward nothing gathered is left; gradient shards are the padded share.
+            assert_eq!(after_backward.gathered.current, 0);
+            assert_eq!(after_backward.gradient_shards.current, sharded);
+            assert_eq!(grads_dropped.gradient_shards.current, 0);
+            assert_eq!(grads_dropped.parameter_shards.current, sharded);
+        }
+    }
+}
+
+#[test]
+fn differing_shapes_fail_on_every_rank_before_training() {
+    let result = launch::<Flex, _, _, ZeroError>(3, &[Default::default()], |ctx| {
+        let hidden = if ctx.rank() == 2 { 18 } else { 17 };
+        let outcome = shard(
+            Mlp::<Train>::new(hidden, false, ctx.device()),
+            &ctx,
+            &ZeroConfig::new(),
+        );
+        Ok(outcome.map(drop).expect_err("shapes differ"))
+    })
+    .unwrap();
+    for (rank, error) in result.iter().enumerate() {
+        assert!(
+            matches!(error, ZeroError::ModuleMismatch(_)),
+            "rank {rank}: {error}"
+        );
+    }
+    assert_eq!(
+        result[0].to_string(),
+        "ranks disagree on the model's parameters: rank 0 has parameter #0 `a.weight` of \
+         shape [9, 17] f32, rank 2 has parameter #0 of shape [9, 18] f32"
+    );
+    assert!(result[2].to_string().starts_with("ranks disagree on the model's parameters: rank 2 has parameter #0 `a.weight` of shape [9, 18] f32, rank 0 has"));
+}
+
+#[test]
+fn differing_parameter_counts_fail_on_every_rank() {
+    let result = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+        let model = Mlp::<Train>::new(5, ctx.rank() == 1, ctx.device());
+        Ok(shard(model, &ctx, &ZeroConfig::new())
+            .map(drop)
+            .expect_err("counts differ"))
+    })
+    .unwrap();
+    assert!(
+        result[0]
+            .to_string()
+            .contains("rank 0 has no more parameters, rank 1 has parameter #4"),
+        "{}",
+        result[0]
+    );
+    assert!(
+        result[1]
+            .to_string()
+            .contains("rank 1 has parameter #4 `extra.weight`"),
+        "{}",
+        result[1]
+    );
+}
+
+/// This rank's shard of a sharded tensor, read without a collective.
+fn local_shard(tensor: burn_zero_core::ZeroTensor<Flex>) -> Vec<f32> {
+    let view = tensor.as_sharded().expect("a sharded tensor").clone();
+    Tensor::<Flex, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(
+        view.param().shard().clone(),
+    ))
+    .into_data()
+    .to_vec::<f32>()
+    .unwrap()
+}
+
+#[test]
+fn parameters_unused_in_a_step_keep_the_ranks_in_lockstep() {
+    // No rank touches `b` in the first step: its gradients are reduced (as zeros) on every rank
+    // in the same order, autodiff has no entry for them, and each rank finds its shard among the
+    // orphan gradients. The next step, which uses `b`, runs normally.
+    let config = ZeroConfig::new().with_persist_below_numel(0);
+    let per_rank = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+        let model = shard(Mlp::<Train>::new(6, false, ctx.device()), &ctx, &config)?;
+        let loss = model
+            .forward(input(ctx.rank(), ctx.device()), false)
+            .powi_scalar(2)
+            .mean();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let b_grad = grads.get::<Inner, 2>(model.b.weight.id).is_some();
+        let orphans = current_group::<Flex>().unwrap().take_orphan_gradients();
+        let b_orphan = orphans.get(&2).cloned().map(local_shard);
+        let loss = model
+            .forward(input(ctx.rank(), ctx.device()), true)
+            .powi_scalar(2)
+            .mean();
+        let second = GradientsParams::from_grads(loss.backward(), &model);
+        let b_second = second
+            .get::<Inner, 2>(model.b.weight.id)
+            .map(|g| local_shard(g.into_primitive().tensor()));
+        Ok((
+            b_grad,
+            orphans.keys().copied().collect::<Vec<_>>(),
+            b_orphan,
+            b_second,
+        ))
+    })
+    .unwrap();
+    for (rank, (b_grad, orphan_keys, b_orphan, b_second)) in per_rank.into_iter().enumerate() {
+        assert!(
+            !b_grad,
+            "rank {rank}: autodiff has no gradient for an unused parameter"
+        );
+        assert_eq!(orphan_keys, vec![2, 3], "rank {rank}");
+        assert_eq!(
+            b_orphan,
+            Some(vec![0.0; 9]),
+            "rank {rank}: 18 elements over 2 ranks, all zero"
+        );
+        let b_second = b_second.expect("b is used in the second step");
+        assert_eq!(b_second.len(), 9);
+        assert!(b_second.iter().any(|v| *v != 0.0), "rank {rank}");
+    }
+}
+
+#[test]
+fn rank_dependent_parameter_use_is_a_clear_error_not_a_hang() {
+    // Under stage 3 every rank gathers the parameters it computes with; a parameter only rank 0
+    // uses makes the ranks' collective schedules diverge, which both ranks report.
+    let config = ZeroConfig::new().with_persist_below_numel(0);
+    let result = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+        let model = shard(Mlp::<Train>::new(6, false, ctx.device()), &ctx, &config)?;
+        let loss = model
+            .forward(input(0, ctx.device()), ctx.rank() == 0)
+            .powi_scalar(2)
+            .mean();
+        let _ = loss.backward();
+        Ok(())
+    });
+    let error = result.expect_err("schedules diverge").to_string();
+    assert!(error.contains("collective schedules diverged"), "{error}");
+}
