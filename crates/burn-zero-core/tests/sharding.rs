@@ -222,3 +222,154 @@ fn rank_dependent_parameter_use_is_a_clear_error_not_a_hang() {
     let error = result.expect_err("schedules diverge").to_string();
     assert!(error.contains("collective schedules diverged"), "{error}");
 }
+
+/// Counts the all-gathers a rank issues, delegating to the real communicator.
+struct CountingComm<B: Backend> {
+    inner: std::sync::Arc<dyn burn_zero_comm::Communicator<B>>,
+    gathers: std::sync::atomic::AtomicUsize,
+}
+
+impl<B: Backend> burn_zero_comm::Communicator<B> for CountingComm<B> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, burn_zero_comm::CommError> {
+        self.gathers
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.all_gather(block)
+    }
+    fn reduce_scatter(
+        &self,
+        input: Tensor<B, 1>,
+        op: burn_zero_comm::ReduceOp,
+    ) -> Result<Tensor<B, 1>, burn_zero_comm::CommError> {
+        self.inner.reduce_scatter(input, op)
+    }
+    fn all_reduce(
+        &self,
+        input: Tensor<B, 1>,
+        op: burn_zero_comm::ReduceOp,
+    ) -> Result<Tensor<B, 1>, burn_zero_comm::CommError> {
+        self.inner.all_reduce(input, op)
+    }
+    fn broadcast(
+        &self,
+        buffer: Tensor<B, 1>,
+        root: usize,
+    ) -> Result<Tensor<B, 1>, burn_zero_comm::CommError> {
+        self.inner.broadcast(buffer, root)
+    }
+    fn barrier(&self) -> Result<(), burn_zero_comm::CommError> {
+        self.inner.barrier()
+    }
+    fn abort(&self, reason: &str) {
+        self.inner.abort(reason)
+    }
+}
+
+#[derive(Module, Debug)]
+struct Tied<B: Backend> {
+    embed: burn::nn::Embedding<B>,
+}
+
+impl<B: Backend> Tied<B> {
+    fn logits(&self, tokens: Tensor<B, 2, burn::tensor::Int>) -> Tensor<B, 3> {
+        let x = self.embed.forward(tokens);
+        x.matmul(self.embed.weight.val().transpose().unsqueeze::<3>())
+    }
+}
+
+#[test]
+fn a_tied_embedding_is_gathered_once_per_forward_when_it_fits_the_cache() {
+    let count = |max_live_gathered_bytes: usize| {
+        let config = ZeroConfig::new()
+            .with_persist_below_numel(0)
+            .with_max_live_gathered_bytes(max_live_gathered_bytes);
+        launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+            let counting = std::sync::Arc::new(CountingComm {
+                inner: ctx.comm().clone(),
+                gathers: Default::default(),
+            });
+            let ctx = burn_zero_comm::RankContext::new(*ctx.device(), counting.clone());
+            let model = Tied::<Train> {
+                embed: burn::nn::EmbeddingConfig::new(11, 6).init(ctx.device()),
+            };
+            let model = shard(model, &ctx, &config)?;
+            let before = counting.gathers.load(std::sync::atomic::Ordering::Relaxed);
+            let tokens =
+                Tensor::from_data(TensorData::new(vec![1i64, 4, 7, 10], [2, 2]), ctx.device());
+            let logits = model.logits(tokens);
+            let after_forward = counting.gathers.load(std::sync::atomic::Ordering::Relaxed);
+            drop(logits);
+            Ok(after_forward - before)
+        })
+        .unwrap()
+    };
+    assert_eq!(
+        count(1 << 20),
+        vec![1, 1],
+        "cached: one gather for both uses"
+    );
+    assert_eq!(count(0), vec![2, 2], "no cache: one gather per use");
+}
+
+#[test]
+fn unshard_restores_the_full_parameters() {
+    let config = ZeroConfig::new().with_persist_below_numel(4);
+    let per_rank = launch::<Flex, _, _, ZeroError>(3, &[Default::default()], |ctx| {
+        let model = Mlp::<Train>::new(7, false, ctx.device());
+        let model = shard(model, &ctx, &config)?;
+        let full = burn_zero_core::unshard(model.clone());
+        let weight = full.a.weight.val().inner().into_primitive().tensor();
+        assert!(
+            weight.as_sharded().is_none(),
+            "unsharded parameters are local"
+        );
+        Ok((
+            full.a.weight.val().into_data().to_vec::<f32>().unwrap(),
+            model.a.weight.val().into_data().to_vec::<f32>().unwrap(),
+        ))
+    })
+    .unwrap();
+    for (unsharded, gathered) in &per_rank {
+        assert_eq!(unsharded.len(), 63);
+        assert_eq!(unsharded, gathered);
+        assert_eq!(
+            unsharded, &per_rank[0].0,
+            "every rank holds rank 0's values"
+        );
+    }
+}
+
+#[test]
+fn zero_config_round_trips_through_json() {
+    let config = ZeroConfig::new()
+        .with_persist_below_numel(12)
+        .with_max_live_gathered_bytes(34)
+        .with_sync_module_states(false);
+    let path = std::env::temp_dir().join(format!("zero-config-{}.json", std::process::id()));
+    burn::config::Config::save(&config, &path).unwrap();
+    let loaded: ZeroConfig = burn::config::Config::load(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    assert_eq!(loaded, config);
+    assert_eq!(ZeroConfig::new().stage, 3);
+    let stage2 = ZeroConfig::new().with_stage(2);
+    let error = launch::<Flex, _, _, ZeroError>(1, &[Default::default()], |ctx| {
+        Ok(
+            shard(Mlp::<Train>::new(3, false, ctx.device()), &ctx, &stage2)
+                .map(drop)
+                .expect_err("stage 2"),
+        )
+    })
+    .unwrap();
+    assert!(
+        error[0]
+            .to_string()
+            .contains("stage 2 is not available yet"),
+        "{}",
+        error[0]
+    );
+}

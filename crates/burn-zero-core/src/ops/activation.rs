@@ -1,18 +1,6 @@
 //! Activations: forwarded so the inner backend's fused kernels run.
 
-use burn::tensor::backend::Backend;
-#[allow(unused_imports)]
-use burn::tensor::ops::*;
-#[allow(unused_imports)]
-use burn::tensor::quantization::QuantScheme;
-#[allow(unused_imports)]
-use burn::tensor::{
-    BoolDType, DType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData,
-};
-#[allow(unused_imports)]
-use std::ops::Range;
-
-use super::forward::{forward_ops, zero_arg, zero_ret, zero_ty};
+use super::prelude::*;
 use crate::backend::Zero;
 
 impl<B: Backend> ActivationOps<Self> for Zero<B> {

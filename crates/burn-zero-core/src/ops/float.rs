@@ -1,19 +1,7 @@
 //! Float ops: operands gathered at dispatch, B's op run, the result local. View ops on a
 //! sharded tensor stay lazy; shape, dtype and device never gather.
 
-use burn::tensor::backend::Backend;
-#[allow(unused_imports)]
-use burn::tensor::ops::*;
-#[allow(unused_imports)]
-use burn::tensor::quantization::QuantScheme;
-#[allow(unused_imports)]
-use burn::tensor::{
-    BoolDType, DType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData,
-};
-#[allow(unused_imports)]
-use std::ops::Range;
-
-use super::forward::{forward_ops, zero_arg, zero_ret, zero_ty};
+use super::prelude::*;
 use crate::backend::Zero;
 use crate::tensor::ZeroTensor;
 use crate::view::ViewOp;

@@ -1,6 +1,7 @@
 //! `Zero<B>`'s op traits, one file per kind, written by the forwarding macros of `forward`.
 
 mod forward;
+mod prelude;
 
 mod activation;
 mod bool;

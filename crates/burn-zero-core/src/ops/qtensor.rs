@@ -1,18 +1,6 @@
 //! Quantized ops: B's own quantized primitive, forwarded; floats cross in `quantize` and `dequantize`.
 
-use burn::tensor::backend::Backend;
-#[allow(unused_imports)]
-use burn::tensor::ops::*;
-#[allow(unused_imports)]
-use burn::tensor::quantization::QuantScheme;
-#[allow(unused_imports)]
-use burn::tensor::{
-    BoolDType, DType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData,
-};
-#[allow(unused_imports)]
-use std::ops::Range;
-
-use super::forward::{forward_ops, zero_arg, zero_ret, zero_ty};
+use super::prelude::*;
 use crate::backend::Zero;
 use crate::tensor::ZeroTensor;
 use burn::tensor::quantization::QuantizationParametersPrimitive;
