@@ -1,6 +1,7 @@
 //! `ZeroConfig`: how a module is sharded.
 
 use burn::config::Config;
+use burn::tensor::DType;
 
 /// How [`crate::shard`] partitions a module and how the decorator gathers it.
 ///
@@ -8,10 +9,29 @@ use burn::config::Config;
 /// plus `with_*` setters.
 #[derive(Config, Debug, PartialEq)]
 pub struct ZeroConfig {
-    /// ZeRO stage. Stage 3 partitions parameters, gradients and optimizer state. (Stages 0–2
-    /// arrive with the gradient bucketer.)
+    /// ZeRO stage:
+    /// - 3: parameters, gradients and optimizer state partitioned; parameters gathered at use;
+    /// - 2: parameters replicated; gradients reduce-scattered bucket by bucket during backward
+    ///   (the full ones freed); optimizer state partitioned;
+    /// - 1: parameters replicated; gradients reduce-scattered after backward; optimizer state
+    ///   partitioned;
+    /// - 0: plain data parallelism: gradients all-reduced, nothing partitioned (the baseline).
     #[config(default = 3)]
     pub stage: u8,
+    /// Size of a gradient bucket in MiB (all ranks' rows together). Gradients are packed into
+    /// buckets and each bucket is reduced by one collective; a gradient larger than a bucket
+    /// is reduced on its own. 0 or less: one collective per parameter.
+    #[config(default = 25.0)]
+    pub bucket_size_mb: f64,
+    /// Element type gradients are reduced in; `None` keeps each parameter's own. `Some(F32)`
+    /// with f16/bf16 parameters reduces in full precision (ColossalAI's `fp32_reduce_scatter`).
+    #[config(default = "None")]
+    pub reduce_dtype: Option<DType>,
+    /// Gradients are divided by this factor before the collective and by
+    /// `world_size / factor` after it, so the result is the mean either way; a factor between
+    /// 1 and the world size trades overflow in low precision against underflow.
+    #[config(default = 1.0)]
+    pub gradient_predivide_factor: f64,
     /// Parameters with fewer elements than this stay replicated on every rank (their gradients
     /// are all-reduced, not reduce-scattered): gathering tiny tensors costs more in latency than
     /// it saves in memory. DeepSpeed's `stage3_param_persistence_threshold` plays the same role.
@@ -26,4 +46,31 @@ pub struct ZeroConfig {
     /// initialised differently still start from one model (FSDP's `sync_module_states`).
     #[config(default = true)]
     pub sync_module_states: bool,
+}
+
+impl ZeroConfig {
+    /// Checks the values that cannot work.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.stage > 3 {
+            return Err(format!("stage {} does not exist (0 to 3)", self.stage));
+        }
+        if !(self.gradient_predivide_factor.is_finite() && self.gradient_predivide_factor > 0.0) {
+            return Err(format!(
+                "gradient_predivide_factor must be a positive number, not {}",
+                self.gradient_predivide_factor
+            ));
+        }
+        if let Some(dtype) = self.reduce_dtype
+            && !dtype.is_float()
+        {
+            return Err(format!("reduce_dtype must be a float type, not {dtype:?}"));
+        }
+        if !self.bucket_size_mb.is_finite() {
+            return Err(format!(
+                "bucket_size_mb must be finite, not {}",
+                self.bucket_size_mb
+            ));
+        }
+        Ok(())
+    }
 }

@@ -1,22 +1,25 @@
 //! Gradient synchronisation: each parameter's final gradient is reduced across ranks (mean)
-//! and replaced, through autodiff's gradient slot, by this rank's shard of the result.
+//! and replaced, through autodiff's gradient slot, by this rank's shard of the result (or the
+//! whole mean, for all-reduced parameters).
 //!
-//! Collectives are issued in one fixed order on every rank — descending parameter key, the
-//! order in which backward usually finalises gradients — whatever order the hooks fire in
-//! and whichever parameters a rank used. A gradient that arrives early waits for its turn; at
-//! the end of backward the remaining parameters are reduced with zeros standing in for the
-//! gradients this rank does not have. So ranks never issue different collectives.
+//! Gradients are reduced in buckets ([`crate::bucket`]) in one fixed order on every rank —
+//! descending parameter key, the order in which backward usually finalises gradients —
+//! whatever order the hooks fire in and whichever parameters a rank used. A bucket is reduced
+//! once all its gradients have arrived and every bucket before it is done (stage 1: only at the
+//! end of backward); at the end of backward the remaining buckets are reduced with zeros
+//! standing in for the gradients this rank does not have. So ranks never issue different
+//! collectives.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Shape, Tensor, TensorPrimitive};
-use burn_zero_comm::ReduceOp;
 
+use crate::bucket::{self, Bucket};
 use crate::group::ZeroGroup;
-use crate::sharded::{ShardRole, ShardedParam};
-use crate::tensor::{ShardedView, ZeroTensor};
+use crate::memory::MemoryKind;
+use crate::tensor::ZeroTensor;
 
 /// Autodiff's slot for one parameter's gradient.
 pub(crate) struct GradSlot<B: Backend>(*mut ZeroTensor<B>);
@@ -50,15 +53,17 @@ impl<B: Backend> GradSlot<B> {
 
 /// Per-backward state of a rank's group.
 pub(crate) struct GradSync<B: Backend> {
-    /// Keys in the order their gradients are reduced.
-    order: Vec<usize>,
-    /// Index in `order` of the next gradient to reduce.
+    /// Buckets in the order they are reduced.
+    buckets: Vec<Bucket>,
+    /// Index of the next bucket to reduce.
     next: usize,
-    /// Gradients that arrived before their turn.
-    pending: BTreeMap<usize, (GradSlot<B>, B::FloatTensorPrimitive)>,
+    /// Reduce nothing before the end of backward (stage 1).
+    defer: bool,
+    /// Final gradients waiting for their bucket's turn, with their bytes.
+    pending: BTreeMap<usize, (GradSlot<B>, B::FloatTensorPrimitive, usize)>,
     /// Whether a backward pass is in progress.
     active: bool,
-    /// Reduced gradient shards of parameters this rank did not use in the last backward (its
+    /// Reduced gradients of parameters this rank did not use in the last backward (its
     /// autodiff graph has no slot for them), kept for the optimizer.
     orphans: BTreeMap<usize, ZeroTensor<B>>,
 }
@@ -66,8 +71,9 @@ pub(crate) struct GradSync<B: Backend> {
 impl<B: Backend> Default for GradSync<B> {
     fn default() -> Self {
         Self {
-            order: Vec::new(),
+            buckets: Vec::new(),
             next: 0,
+            defer: false,
             pending: BTreeMap::new(),
             active: false,
             orphans: BTreeMap::new(),
@@ -76,62 +82,72 @@ impl<B: Backend> Default for GradSync<B> {
 }
 
 impl<B: Backend> GradSync<B> {
-    /// Sets the reduction order: every parameter, highest key first.
-    pub(crate) fn set_params(&mut self, count: usize) {
-        self.order = (0..count).rev().collect();
+    /// Sets the static bucket layout; `defer` holds every reduction until the end of backward.
+    pub(crate) fn set_layout(&mut self, buckets: Vec<Bucket>, defer: bool) {
+        self.buckets = buckets;
+        self.defer = defer;
     }
 
-    /// Reduced shards of parameters this rank had no gradient for in the last backward.
+    /// Reduced gradients of parameters this rank had no gradient for in the last backward.
     pub(crate) fn take_orphans(&mut self) -> BTreeMap<usize, ZeroTensor<B>> {
         std::mem::take(&mut self.orphans)
+    }
+
+    /// The bucket layout, in reduction order.
+    pub(crate) fn buckets(&self) -> &[Bucket] {
+        &self.buckets
+    }
+
+    fn start(&mut self) {
+        if !self.active {
+            self.active = true;
+            self.next = 0;
+            self.pending.clear();
+            self.orphans.clear();
+        }
+    }
+
+    /// Whether every member of the next bucket has arrived.
+    fn next_is_full(&self) -> bool {
+        self.buckets.get(self.next).is_some_and(|bucket| {
+            bucket
+                .members
+                .iter()
+                .all(|m| self.pending.contains_key(&m.key))
+        })
     }
 }
 
 impl<B: Backend> ZeroGroup<B> {
     /// Starts a backward pass (idempotent within one pass).
     pub(crate) fn begin_backward(&self) {
-        let mut state = self.lock_grads();
-        if !state.active {
-            state.active = true;
-            state.next = 0;
-            state.pending.clear();
-            state.orphans.clear();
-        }
+        self.lock_grads().start();
     }
 
-    /// The final gradient of parameter `key` sits in `slot`: reduce every gradient whose turn
-    /// has come.
+    /// The final gradient of parameter `key` sits in `slot`: reduce every bucket whose turn
+    /// has come and whose gradients are all there.
     pub(crate) fn gradient_ready(self: &Arc<Self>, key: usize, slot: GradSlot<B>) {
         let grad = slot.read().materialize();
+        let bytes = grad.shape().num_elements() * grad.dtype().size();
+        self.memory().add(MemoryKind::Buckets, bytes);
         let mut state = self.lock_grads();
-        if !state.active {
-            state.active = true;
-            state.next = 0;
+        state.start();
+        state.pending.insert(key, (slot, grad, bytes));
+        if state.defer {
+            return;
         }
-        state.pending.insert(key, (slot, grad));
-        while let Some(&next) = state.order.get(state.next) {
-            let Some((slot, grad)) = state.pending.remove(&next) else {
-                break;
-            };
-            state.next += 1;
-            slot.write(self.reduce_gradient(next, Some(grad)));
+        while state.next_is_full() {
+            self.flush_next(&mut state);
         }
     }
 
-    /// Ends a backward pass: reduces every gradient not reduced yet, zero-filled where this
-    /// rank has none, and drops the gathered parameters the pass left in the cache.
+    /// Ends a backward pass: reduces every bucket not reduced yet, zero-filled where this rank
+    /// has no gradient, and drops the gathered parameters the pass left in the cache.
     pub(crate) fn end_backward(self: &Arc<Self>) {
         let mut state = self.lock_grads();
         if state.active {
-            while let Some(&key) = state.order.get(state.next) {
-                state.next += 1;
-                match state.pending.remove(&key) {
-                    Some((slot, grad)) => slot.write(self.reduce_gradient(key, Some(grad))),
-                    None => {
-                        let reduced = self.reduce_gradient(key, None);
-                        state.orphans.insert(key, reduced);
-                    }
-                }
+            while state.next < state.buckets.len() {
+                self.flush_next(&mut state);
             }
             state.active = false;
         }
@@ -139,65 +155,34 @@ impl<B: Backend> ZeroGroup<B> {
         self.clear_gather_cache();
     }
 
-    /// Mean over ranks of parameter `key`'s gradient (`None`: this rank contributes zeros):
-    /// this rank's shard for a sharded parameter, the whole mean for a replicated one.
-    fn reduce_gradient(
-        self: &Arc<Self>,
-        key: usize,
-        grad: Option<B::FloatTensorPrimitive>,
-    ) -> ZeroTensor<B> {
-        let info = self
-            .params()
-            .into_iter()
-            .nth(key)
-            .unwrap_or_else(|| unreachable!("keys index the parameter table"));
-        let numel = info.shape.num_elements();
-        let device = self.device().clone();
-        let flat = match grad {
-            Some(grad) => Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(B::float_reshape(
-                grad,
-                Shape::new([numel]),
-            ))),
-            None => Tensor::zeros([numel], (&device, info.dtype)),
-        };
-        let fail = |error| -> ! {
-            panic!(
-                "burn-zero: rank {} could not reduce the gradient of parameter #{key} `{}`: {error}",
-                self.rank(),
-                info.path
-            )
-        };
-        if info.persistent {
-            let mean = self
-                .comm()
-                .all_reduce(flat, ReduceOp::Mean)
-                .unwrap_or_else(|e| fail(e));
-            return ZeroTensor::Local(B::float_reshape(
-                mean.into_primitive().tensor(),
-                info.shape.clone(),
-            ));
+    /// Reduces the next bucket and delivers each member's result to its autodiff slot, or
+    /// keeps it as an orphan when this rank has no slot for it.
+    fn flush_next(self: &Arc<Self>, state: &mut GradSync<B>) {
+        let bucket = state.buckets[state.next].clone();
+        state.next += 1;
+        let mut slots = Vec::with_capacity(bucket.members.len());
+        let mut grads = Vec::with_capacity(bucket.members.len());
+        for member in &bucket.members {
+            match state.pending.remove(&member.key) {
+                Some((slot, grad, bytes)) => {
+                    self.memory().sub(MemoryKind::Buckets, bytes);
+                    slots.push(Some(slot));
+                    grads.push(Some(grad));
+                }
+                None => {
+                    slots.push(None);
+                    grads.push(None);
+                }
+            }
         }
-        let padded = self.block_len(numel) * self.world_size();
-        let flat = if padded > numel {
-            Tensor::cat(
-                vec![flat, Tensor::zeros([padded - numel], (&device, info.dtype))],
-                0,
-            )
-        } else {
-            flat
-        };
-        let shard = self
-            .comm()
-            .reduce_scatter(flat, ReduceOp::Mean)
-            .unwrap_or_else(|e| fail(e));
-        let param = ShardedParam::new(
-            key,
-            ShardRole::Gradient,
-            shard.into_primitive().tensor(),
-            info.shape.clone(),
-            info.dtype,
-            self.clone(),
-        );
-        ZeroTensor::Sharded(ShardedView::new(Arc::new(param)))
+        let reduced = bucket::reduce(self, &bucket, grads);
+        for ((member, slot), value) in bucket.members.iter().zip(slots).zip(reduced) {
+            match slot {
+                Some(slot) => slot.write(value),
+                None => {
+                    state.orphans.insert(member.key, value);
+                }
+            }
+        }
     }
 }

@@ -196,12 +196,25 @@ impl<B: Backend> ZeroGroup<B> {
         table.infos.push(info);
     }
 
+    pub(crate) fn param_ids(&self) -> std::collections::HashSet<DistributedParamId> {
+        lock(&self.params).keys.keys().copied().collect()
+    }
+
     pub(crate) fn key_of(&self, id: &DistributedParamId) -> Option<usize> {
         lock(&self.params).keys.get(id).copied()
     }
 
     pub(crate) fn lock_grads(&self) -> MutexGuard<'_, GradSync<B>> {
         lock(&self.grads)
+    }
+
+    /// The gradient bucket layout: the parameter keys of each bucket, in reduction order.
+    pub fn bucket_layout(&self) -> Vec<Vec<usize>> {
+        self.lock_grads()
+            .buckets()
+            .iter()
+            .map(|b| b.members.iter().map(|m| m.key).collect())
+            .collect()
     }
 
     /// Reduced gradient shards of parameters this rank did not use in the last backward pass

@@ -4,7 +4,8 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::{Arc, Weak};
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::{DistributedParamId, DistributedParams};
@@ -13,28 +14,38 @@ use crate::grads::GradSlot;
 use crate::group::ZeroGroup;
 use crate::tensor::ZeroTensor;
 
-thread_local! {
-    static GROUPS: RefCell<Vec<Weak<dyn Any + Send + Sync>>> = const { RefCell::new(Vec::new()) };
+/// A registered group and the parameter marks it answers for.
+struct Entry {
+    group: Arc<dyn Any + Send + Sync>,
+    params: HashSet<DistributedParamId>,
 }
 
-/// Makes `group` known to this thread's gradient hooks.
+thread_local! {
+    static GROUPS: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Makes `group` known to this thread's gradient hooks. The registry holds the group (below
+/// stage 3 no tensor does); a group whose parameters a newer group re-registers (the same
+/// model sharded again) is dropped.
 pub(crate) fn register<B: Backend>(group: &Arc<ZeroGroup<B>>) {
-    let any: Arc<dyn Any + Send + Sync> = group.clone();
+    let params = group.param_ids();
     GROUPS.with(|groups| {
         let mut groups = groups.borrow_mut();
-        groups.retain(|g| g.strong_count() > 0);
-        groups.push(Arc::downgrade(&any));
+        groups.retain(|entry| entry.params.is_disjoint(&params));
+        groups.push(Entry {
+            group: group.clone(),
+            params,
+        });
     });
 }
 
-/// This thread's live groups of backend `B`, oldest first.
+/// This thread's groups of backend `B`, oldest first.
 pub fn groups<B: Backend>() -> Vec<Arc<ZeroGroup<B>>> {
     GROUPS.with(|groups| {
         groups
             .borrow()
             .iter()
-            .filter_map(Weak::upgrade)
-            .filter_map(|g| g.downcast::<ZeroGroup<B>>().ok())
+            .filter_map(|entry| entry.group.clone().downcast::<ZeroGroup<B>>().ok())
             .collect()
     })
 }

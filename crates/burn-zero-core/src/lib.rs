@@ -6,11 +6,13 @@
 //! - [`backend`]: the `Zero<B>` type; `ops/`: its op traits, forwarded by macro.
 //! - [`tensor`]: the float primitive (local or sharded view); [`view`]: lazy view ops.
 //! - [`sharded`]: a rank's shard of a parameter or gradient; [`gather`]: the gather cache.
-//! - [`group`]: one rank's state for a sharded module; [`grads`]: gradient reduction.
+//! - [`group`]: one rank's state for a sharded module; `grads`: gradient reduction, in
+//!   buckets (`bucket`) of a static layout.
 //! - [`shard()`]: sharding a module; [`hooks`]: how autodiff's hooks find the group.
 //! - [`config`], [`memory`], [`error`].
 
 pub mod backend;
+mod bucket;
 pub mod config;
 pub mod error;
 mod gather;

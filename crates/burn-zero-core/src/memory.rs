@@ -9,15 +9,18 @@ use serde::Serialize;
 pub enum MemoryKind {
     /// This rank's shards of sharded parameters.
     ParameterShards,
-    /// Parameters below the persistence threshold, replicated on every rank.
+    /// Parameters replicated on every rank: all of them at stages 0–2, those below the
+    /// persistence threshold at stage 3.
     PersistentParameters,
     /// This rank's shards of reduced gradients.
     GradientShards,
     /// Full parameters gathered for compute (the cache plus the gather in flight).
     Gathered,
+    /// Gradient buckets: full gradients waiting for their bucket, and packed buckets in flight.
+    Buckets,
 }
 
-const KINDS: usize = 4;
+const KINDS: usize = 5;
 
 #[derive(Debug, Default)]
 struct Counter {
@@ -74,6 +77,7 @@ impl MemoryTracker {
             persistent_parameters: self.usage(MemoryKind::PersistentParameters),
             gradient_shards: self.usage(MemoryKind::GradientShards),
             gathered: self.usage(MemoryKind::Gathered),
+            buckets: self.usage(MemoryKind::Buckets),
         }
     }
 }
@@ -100,4 +104,6 @@ pub struct MemoryReport {
     pub gradient_shards: Usage,
     /// Gathered full parameters.
     pub gathered: Usage,
+    /// Gradients waiting for their bucket and packed buckets.
+    pub buckets: Usage,
 }

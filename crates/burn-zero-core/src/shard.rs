@@ -9,6 +9,7 @@ use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::RankContext;
 
 use crate::backend::Zero;
+use crate::bucket::{self, Mode};
 use crate::config::ZeroConfig;
 use crate::error::ZeroError;
 use crate::group::{ParamInfo, ZeroGroup};
@@ -26,9 +27,10 @@ const DESC_LEN: usize = 2 + 2 * MAX_DIMS;
 /// Shards every float parameter of `module` across the ranks of `ctx`'s group.
 ///
 /// Each parameter is visited in module order (its key), checked to have the same shape and
-/// dtype on every rank, copied from rank 0 when `config.sync_module_states`, and replaced by a
-/// sharded tensor holding this rank's padded 1/N block — or kept whole when it has fewer than
-/// `config.persist_below_numel` elements. Parameters are marked for autodiff's gradient hooks,
+/// dtype on every rank, and copied from rank 0 when `config.sync_module_states`. At stage 3 it
+/// is replaced by a sharded tensor holding this rank's padded 1/N block — or kept whole when it
+/// has fewer than `config.persist_below_numel` elements; below stage 3 it stays whole. The
+/// gradient bucket layout is fixed here, from the parameters in reverse visit order. Parameters are marked for autodiff's gradient hooks,
 /// so `backward` leaves each rank with its shard of the mean gradient. Lazily initialised
 /// parameters are materialised one at a time.
 ///
@@ -40,12 +42,7 @@ where
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
     M: Module<AB>,
 {
-    if config.stage != 3 {
-        return Err(ZeroError::InvalidConfig(format!(
-            "stage {} is not available yet; stage 3 is",
-            config.stage
-        )));
-    }
+    config.validate().map_err(ZeroError::InvalidConfig)?;
     let group = Arc::new(ZeroGroup::new(
         ctx.comm().clone(),
         ctx.device().clone(),
@@ -65,7 +62,23 @@ where
     if let Some(error) = sharder.error {
         return Err(error);
     }
-    group.lock_grads().set_params(sharder.next_key);
+    let params = group.params();
+    let stage = config.stage;
+    let buckets = bucket::layout(
+        // Reduction order: the reverse of the visit order, as backward produces gradients.
+        &params.iter().rev().cloned().collect::<Vec<_>>(),
+        |info| {
+            if stage == 0 || (stage == 3 && info.persistent) {
+                Mode::AllReduce
+            } else {
+                Mode::ReduceScatter
+            }
+        },
+        group.world_size(),
+        config.bucket_size_mb * (1u64 << 20) as f64,
+        config.reduce_dtype,
+    );
+    group.lock_grads().set_layout(buckets, stage == 1);
     hooks::register(&group);
     tracing::debug!(
         rank = group.rank(),
@@ -207,7 +220,8 @@ impl<B: Backend> Sharder<B> {
         } else {
             flat
         };
-        let persistent = numel < config.persist_below_numel;
+        // Below stage 3 every parameter stays whole on every rank.
+        let persistent = config.stage < 3 || numel < config.persist_below_numel;
         let info = ParamInfo {
             key,
             path: path.to_string(),

@@ -356,20 +356,22 @@ fn zero_config_round_trips_through_json() {
     std::fs::remove_file(&path).ok();
     assert_eq!(loaded, config);
     assert_eq!(ZeroConfig::new().stage, 3);
-    let stage2 = ZeroConfig::new().with_stage(2);
-    let error = launch::<Flex, _, _, ZeroError>(1, &[Default::default()], |ctx| {
-        Ok(
-            shard(Mlp::<Train>::new(3, false, ctx.device()), &ctx, &stage2)
-                .map(drop)
-                .expect_err("stage 2"),
-        )
-    })
-    .unwrap();
-    assert!(
-        error[0]
-            .to_string()
-            .contains("stage 2 is not available yet"),
-        "{}",
-        error[0]
-    );
+    for (bad, message) in [
+        (ZeroConfig::new().with_stage(4), "stage 4 does not exist"),
+        (
+            ZeroConfig::new().with_gradient_predivide_factor(0.0),
+            "gradient_predivide_factor must be a positive number",
+        ),
+        (
+            ZeroConfig::new().with_reduce_dtype(Some(burn::tensor::DType::I32)),
+            "reduce_dtype must be a float type",
+        ),
+    ] {
+        let error = launch::<Flex, _, _, ZeroError>(1, &[Default::default()], |ctx| {
+            let model = Mlp::<Train>::new(3, false, ctx.device());
+            Ok(shard(model, &ctx, &bad).map(drop).expect_err("invalid"))
+        })
+        .unwrap();
+        assert!(error[0].to_string().contains(message), "{}", error[0]);
+    }
 }

@@ -1,0 +1,235 @@
+//! Gradient buckets: many small gradient reductions packed into one collective.
+//!
+//! The layout is static — fixed when the module is sharded, from the parameters in reduction
+//! order — so every rank issues the same collectives. A reduce-scatter bucket is laid out rank
+//! by rank (`[world_size, chunk]`): each member contributes its padded gradient as
+//! `world_size` blocks, one per rank row, so that the reduce-scatter leaves every rank exactly
+//! its block of every member. An all-reduce bucket (stage 0, and replicated parameters at
+//! stage 3) is the members' gradients end to end.
+//!
+//! Packing casts to the reduce dtype and divides by `gradient_predivide_factor` before the
+//! collective; unpacking divides by the rest of the world size and casts back.
+
+use std::sync::Arc;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+use burn_zero_comm::ReduceOp;
+
+use crate::group::{ParamInfo, ZeroGroup};
+use crate::memory::MemoryKind;
+use crate::sharded::{ShardRole, ShardedParam};
+use crate::tensor::{ShardedView, ZeroTensor};
+
+/// How a bucket's gradients are reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Every rank receives the whole mean gradient (replicated result).
+    AllReduce,
+    /// Every rank receives its block of the mean gradient (sharded result).
+    ReduceScatter,
+}
+
+/// One parameter's place in a bucket.
+#[derive(Debug, Clone)]
+pub(crate) struct Member {
+    pub key: usize,
+    pub shape: Shape,
+    pub dtype: DType,
+    /// Elements per rank row: the padded block (reduce-scatter) or the whole gradient.
+    pub len: usize,
+    /// Start of the member within a row.
+    pub offset: usize,
+}
+
+/// A group of gradients reduced by one collective.
+#[derive(Debug, Clone)]
+pub(crate) struct Bucket {
+    pub mode: Mode,
+    pub reduce_dtype: DType,
+    pub members: Vec<Member>,
+    /// Elements per rank row.
+    pub len: usize,
+}
+
+/// Parameters (in reduction order) split into buckets of at most `bucket_bytes` each (≤ 0:
+/// one bucket per parameter). A gradient larger than a bucket gets a bucket of its own.
+pub(crate) fn layout(
+    params: &[ParamInfo],
+    mode_of: impl Fn(&ParamInfo) -> Mode,
+    world_size: usize,
+    bucket_bytes: f64,
+    reduce_dtype: Option<DType>,
+) -> Vec<Bucket> {
+    let mut buckets: Vec<Bucket> = Vec::new();
+    let mut open: Option<(Bucket, usize)> = None; // with its capacity per row
+    for info in params {
+        let mode = mode_of(info);
+        let reduce_dtype = reduce_dtype.unwrap_or(info.dtype);
+        let numel = info.shape.num_elements();
+        let (len, rows) = match mode {
+            Mode::ReduceScatter => (numel.div_ceil(world_size), world_size),
+            Mode::AllReduce => (numel, 1),
+        };
+        let capacity = if bucket_bytes > 0.0 {
+            (bucket_bytes / (reduce_dtype.size() * rows) as f64) as usize
+        } else {
+            0
+        };
+        let fits = |b: &Bucket, cap: usize| {
+            b.mode == mode && b.reduce_dtype == reduce_dtype && b.len + len <= cap
+        };
+        match open.as_mut() {
+            Some((bucket, cap)) if fits(bucket, *cap) => {
+                bucket.members.push(Member {
+                    key: info.key,
+                    shape: info.shape.clone(),
+                    dtype: info.dtype,
+                    len,
+                    offset: bucket.len,
+                });
+                bucket.len += len;
+                continue;
+            }
+            _ => {}
+        }
+        if let Some((bucket, _)) = open.take() {
+            buckets.push(bucket);
+        }
+        let bucket = Bucket {
+            mode,
+            reduce_dtype,
+            members: vec![Member {
+                key: info.key,
+                shape: info.shape.clone(),
+                dtype: info.dtype,
+                len,
+                offset: 0,
+            }],
+            len,
+        };
+        if len > capacity {
+            // Direct path: too large for any bucket.
+            buckets.push(bucket);
+        } else {
+            open = Some((bucket, capacity));
+        }
+    }
+    if let Some((bucket, _)) = open {
+        buckets.push(bucket);
+    }
+    buckets
+}
+
+/// Reduces one bucket: `grads[i]` is member `i`'s full gradient on this rank (`None`: this
+/// rank has none; zeros stand in). Returns each member's reduced gradient: this rank's shard
+/// (reduce-scatter) or the whole mean (all-reduce).
+pub(crate) fn reduce<B: Backend>(
+    group: &Arc<ZeroGroup<B>>,
+    bucket: &Bucket,
+    grads: Vec<Option<B::FloatTensorPrimitive>>,
+) -> Vec<ZeroTensor<B>> {
+    let world_size = group.world_size();
+    let predivide = group.config().gradient_predivide_factor;
+    let device = group.device().clone();
+    let rows = match bucket.mode {
+        Mode::ReduceScatter => world_size,
+        Mode::AllReduce => 1,
+    };
+
+    let parts: Vec<Tensor<B, 2>> = bucket
+        .members
+        .iter()
+        .zip(grads)
+        .map(|(member, grad)| {
+            let numel = member.shape.num_elements();
+            let flat = match grad {
+                Some(grad) => Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(
+                    B::float_reshape(grad, Shape::new([numel])),
+                )),
+                None => Tensor::zeros([numel], (&device, member.dtype)),
+            };
+            let flat = if member.dtype == bucket.reduce_dtype {
+                flat
+            } else {
+                flat.cast(bucket.reduce_dtype)
+            };
+            let flat = if predivide == 1.0 {
+                flat
+            } else {
+                flat.div_scalar(predivide)
+            };
+            let padded = member.len * rows;
+            let flat = if padded > numel {
+                Tensor::cat(
+                    vec![
+                        flat,
+                        Tensor::zeros([padded - numel], (&device, bucket.reduce_dtype)),
+                    ],
+                    0,
+                )
+            } else {
+                flat
+            };
+            flat.reshape([rows, member.len])
+        })
+        .collect();
+    let packed = Tensor::cat(parts, 1).reshape([rows * bucket.len]);
+    group.memory().touch(
+        MemoryKind::Buckets,
+        rows * bucket.len * bucket.reduce_dtype.size(),
+    );
+
+    let fail = |error| -> ! {
+        panic!(
+            "burn-zero: rank {} could not reduce a gradient bucket of {} parameter(s) (keys {:?}): {error}",
+            group.rank(),
+            bucket.members.len(),
+            bucket.members.iter().map(|m| m.key).collect::<Vec<_>>()
+        )
+    };
+    let reduced = match bucket.mode {
+        Mode::ReduceScatter => group.comm().reduce_scatter(packed, ReduceOp::Sum),
+        Mode::AllReduce => group.comm().all_reduce(packed, ReduceOp::Sum),
+    }
+    .unwrap_or_else(|e| fail(e));
+
+    // The rest of the mean: sum / world_size = (sum of grad / predivide) / (world_size / predivide).
+    let postdivide = world_size as f64 / predivide;
+    bucket
+        .members
+        .iter()
+        .map(|member| {
+            let part = reduced
+                .clone()
+                .slice(member.offset..member.offset + member.len);
+            let part = if postdivide == 1.0 {
+                part
+            } else {
+                part.div_scalar(postdivide)
+            };
+            let part = if member.dtype == bucket.reduce_dtype {
+                part
+            } else {
+                part.cast(member.dtype)
+            };
+            let primitive = part.into_primitive().tensor();
+            match bucket.mode {
+                Mode::AllReduce => {
+                    ZeroTensor::Local(B::float_reshape(primitive, member.shape.clone()))
+                }
+                Mode::ReduceScatter => {
+                    let shard = ShardedParam::new(
+                        member.key,
+                        ShardRole::Gradient,
+                        primitive,
+                        member.shape.clone(),
+                        member.dtype,
+                        group.clone(),
+                    );
+                    ZeroTensor::Sharded(ShardedView::new(Arc::new(shard)))
+                }
+            }
+        })
+        .collect()
+}
