@@ -3,12 +3,10 @@
 //! whole mean, for all-reduced parameters).
 //!
 //! Gradients are reduced in buckets ([`crate::bucket`]) in one fixed order on every rank —
-//! descending parameter key, the order in which backward usually finalises gradients —
-//! whatever order the hooks fire in and whichever parameters a rank used. A bucket is reduced
-//! once all its gradients have arrived and every bucket before it is done (stage 1: only at the
-//! end of backward); at the end of backward the remaining buckets are reduced with zeros
-//! standing in for the gradients this rank does not have. So ranks never issue different
-//! collectives.
+//! descending parameter key — whatever order the hooks fire in and whichever parameters a rank
+//! used, with zeros standing in for the gradients this rank does not have. So ranks never issue
+//! different collectives. The reductions run when backward ends (see
+//! [`ZeroGroup::gradient_ready`] for why not earlier).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -57,8 +55,6 @@ pub(crate) struct GradSync<B: Backend> {
     buckets: Vec<Bucket>,
     /// Index of the next bucket to reduce.
     next: usize,
-    /// Reduce nothing before the end of backward (stage 1).
-    defer: bool,
     /// Final gradients waiting for their bucket's turn, with their bytes.
     pending: BTreeMap<usize, (GradSlot<B>, B::FloatTensorPrimitive, usize)>,
     /// Whether a backward pass is in progress.
@@ -73,7 +69,6 @@ impl<B: Backend> Default for GradSync<B> {
         Self {
             buckets: Vec::new(),
             next: 0,
-            defer: false,
             pending: BTreeMap::new(),
             active: false,
             orphans: BTreeMap::new(),
@@ -82,10 +77,9 @@ impl<B: Backend> Default for GradSync<B> {
 }
 
 impl<B: Backend> GradSync<B> {
-    /// Sets the static bucket layout; `defer` holds every reduction until the end of backward.
-    pub(crate) fn set_layout(&mut self, buckets: Vec<Bucket>, defer: bool) {
+    /// Sets the static bucket layout.
+    pub(crate) fn set_layout(&mut self, buckets: Vec<Bucket>) {
         self.buckets = buckets;
-        self.defer = defer;
     }
 
     /// Reduced gradients of parameters this rank had no gradient for in the last backward.
@@ -106,16 +100,6 @@ impl<B: Backend> GradSync<B> {
             self.orphans.clear();
         }
     }
-
-    /// Whether every member of the next bucket has arrived.
-    fn next_is_full(&self) -> bool {
-        self.buckets.get(self.next).is_some_and(|bucket| {
-            bucket
-                .members
-                .iter()
-                .all(|m| self.pending.contains_key(&m.key))
-        })
-    }
 }
 
 impl<B: Backend> ZeroGroup<B> {
@@ -124,8 +108,13 @@ impl<B: Backend> ZeroGroup<B> {
         self.lock_grads().start();
     }
 
-    /// The final gradient of parameter `key` sits in `slot`: reduce every bucket whose turn
-    /// has come and whose gradients are all there.
+    /// The final gradient of parameter `key` sits in `slot`: keep it for its bucket.
+    ///
+    /// Nothing is reduced here. Autodiff calls this hook while it holds the rank's graph
+    /// lock, and after every backward pass burn-autodiff locks *every* graph of the process
+    /// to clean up. A rank blocked in a collective under its lock can then wait forever for a
+    /// rank that waits for that lock (seen with four ranks). So every bucket is reduced in
+    /// [`Self::end_backward`], after the locks are released.
     pub(crate) fn gradient_ready(self: &Arc<Self>, key: usize, slot: GradSlot<B>) {
         let grad = slot.read().materialize();
         let bytes = grad.shape().num_elements() * grad.dtype().size();
@@ -133,12 +122,6 @@ impl<B: Backend> ZeroGroup<B> {
         let mut state = self.lock_grads();
         state.start();
         state.pending.insert(key, (slot, grad, bytes));
-        if state.defer {
-            return;
-        }
-        while state.next_is_full() {
-            self.flush_next(&mut state);
-        }
     }
 
     /// Ends a backward pass: reduces every bucket not reduced yet, zero-filled where this rank

@@ -125,7 +125,7 @@ impl<B: Backend> ZeroGroup<B> {
 
     /// Cuts this rank's block out of a full flat tensor, zero-padding past its end, into a
     /// fresh buffer (so that the full tensor is not kept alive by a view).
-    pub(crate) fn own_block(&self, flat: Tensor<B, 1>) -> Tensor<B, 1> {
+    pub fn own_block(&self, flat: Tensor<B, 1>) -> Tensor<B, 1> {
         let numel = flat.dims()[0];
         let block = self.block_len(numel);
         let start = (self.rank() * block).min(numel);
@@ -206,6 +206,21 @@ impl<B: Backend> ZeroGroup<B> {
 
     pub(crate) fn lock_grads(&self) -> MutexGuard<'_, GradSync<B>> {
         lock(&self.grads)
+    }
+
+    /// Whether parameter `key`'s reduced gradient is this rank's shard (reduce-scattered: stages
+    /// 1–3) rather than the whole mean (all-reduced: stage 0, and replicated parameters at
+    /// stage 3).
+    pub fn gradient_is_sharded(&self, key: usize) -> bool {
+        let persistent = lock(&self.params)
+            .infos
+            .get(key)
+            .is_some_and(|i| i.persistent);
+        match self.config.stage {
+            0 => false,
+            3 => !persistent,
+            _ => true,
+        }
     }
 
     /// The gradient bucket layout: the parameter keys of each bucket, in reduction order.

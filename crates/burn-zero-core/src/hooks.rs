@@ -55,16 +55,21 @@ pub fn current_group<B: Backend>() -> Option<Arc<ZeroGroup<B>>> {
     groups::<B>().pop()
 }
 
-fn find<B: Backend>(id: &DistributedParamId) -> (Arc<ZeroGroup<B>>, usize) {
+/// The group that sharded the parameter with this mark (`DistributedParamId::from(param_id.val())`)
+/// on this thread, and the parameter's key in it.
+pub fn group_of<B: Backend>(id: &DistributedParamId) -> Option<(Arc<ZeroGroup<B>>, usize)> {
     groups::<B>()
         .into_iter()
         .find_map(|group| group.key_of(id).map(|key| (group, key)))
-        .unwrap_or_else(|| {
-            panic!(
-                "burn-zero: a gradient hook fired for a parameter that no `shard` on this thread \
+}
+
+fn find<B: Backend>(id: &DistributedParamId) -> (Arc<ZeroGroup<B>>, usize) {
+    group_of::<B>(id).unwrap_or_else(|| {
+        panic!(
+            "burn-zero: a gradient hook fired for a parameter that no `shard` on this thread \
                  knows; shard the module on the thread that runs backward"
-            )
-        })
+        )
+    })
 }
 
 /// `register_sync_parameters`: a backward pass with marked parameters begins.

@@ -78,7 +78,7 @@ where
         config.bucket_size_mb * (1u64 << 20) as f64,
         config.reduce_dtype,
     );
-    group.lock_grads().set_layout(buckets, stage == 1);
+    group.lock_grads().set_layout(buckets);
     hooks::register(&group);
     tracing::debug!(
         rank = group.rank(),

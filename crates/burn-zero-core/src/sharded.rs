@@ -91,6 +91,19 @@ impl<B: Backend> ShardedParam<B> {
         self.version
     }
 
+    /// The same tensor with new values for this rank's block (an optimizer step): same key,
+    /// role, shape, dtype and group, a new version.
+    pub fn with_shard(&self, shard: B::FloatTensorPrimitive) -> Self {
+        Self::new(
+            self.key,
+            self.role,
+            shard,
+            self.shape.clone(),
+            self.dtype,
+            self.group.clone(),
+        )
+    }
+
     /// The full tensor, all-gathered (or taken from the group's gather cache).
     pub fn gather(&self) -> B::FloatTensorPrimitive {
         self.group.gather(self)

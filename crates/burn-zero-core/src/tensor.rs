@@ -31,7 +31,7 @@ pub struct ShardedView<B: Backend> {
 
 impl<B: Backend> ShardedView<B> {
     /// A view of the whole tensor, in its own shape.
-    pub(crate) fn new(param: Arc<ShardedParam<B>>) -> Self {
+    pub fn new(param: Arc<ShardedParam<B>>) -> Self {
         let shape = param.shape().clone();
         Self {
             param,

@@ -2,14 +2,12 @@
 //! the ranks' gradients, bit for bit, whatever the bucket size; predivide factors keep the
 //! mean; an f32 reduce dtype with half-precision parameters rounds once.
 
-mod common;
-
 use burn::backend::Flex;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{DType, Tensor};
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, current_group, shard};
-use common::{Block, Materialise, Train, loss_and_grads, reference};
+use burn_zero_testing::{Block, Materialise, Train, loss_and_grads, reference};
 use half::{bf16, f16};
 
 /// One rank's loss, gathered gradients and bucket layout.

@@ -3,13 +3,11 @@
 //! the mean of the micro-batch gradients that world size 1 computes without sharding (averaged
 //! in the same rank order).
 
-mod common;
-
 use burn::backend::Flex;
 use burn::module::Module;
 use burn_zero_comm::{CommError, launch};
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
-use common::{Block, Materialise, Train, loss_and_grads, reference};
+use burn_zero_testing::{Block, Materialise, Train, loss_and_grads, reference};
 
 fn check_parity(world_size: usize, config: &ZeroConfig) {
     let device = Default::default();

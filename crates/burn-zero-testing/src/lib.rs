@@ -1,7 +1,5 @@
-//! The model and the reference shared by the gradient tests: a transformer block with a tied
-//! head, its micro-batches, and world-size-1 unsharded gradients averaged in rank order.
-
-#![allow(dead_code)]
+//! Fixtures shared by burn-zero's tests: a transformer block with a tied output head, its
+//! micro-batches, and world-size-1 unsharded references (gradients averaged in rank order).
 
 use burn::backend::flex::FlexDevice;
 use burn::backend::{Autodiff, Flex};
@@ -17,9 +15,12 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_zero_core::Zero;
 
+/// The backend every rank computes on.
 pub type Inner = Zero<Flex>;
+/// The training backend.
 pub type Train = Autodiff<Inner>;
 
+/// Vocabulary size.
 pub const VOCAB: usize = 13;
 const D_MODEL: usize = 10;
 const SEQ: usize = 5;
@@ -156,4 +157,57 @@ pub fn reference(model: &Block<Train>, world_size: usize) -> (Vec<f32>, Vec<Vec<
         })
         .collect();
     (losses, mean)
+}
+
+/// A freshly initialised block with every parameter materialised (clones share the values).
+pub fn base_model(device: &FlexDevice) -> Block<Train> {
+    let model = Block::<Train>::new(device);
+    model.visit(&mut Materialise);
+    model
+}
+
+/// Every parameter's values as f32, in visit order. Reading a sharded parameter gathers it: a
+/// collective every rank must run in the same order.
+pub fn param_values<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<f32>> {
+    struct Values(Vec<Vec<f32>>);
+    impl<B: Backend> ModuleVisitor<B> for Values {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let data = param.val().into_data().convert::<f32>();
+            self.0.push(data.to_vec::<f32>().expect("f32 data"));
+        }
+    }
+    let mut values = Values(Vec::new());
+    model.visit(&mut values);
+    values.0
+}
+
+/// The rank-order mean of each parameter's gradient over `grads` (one per micro-batch), as
+/// the collectives compute it: added left to right, then divided once.
+pub fn average_grads(model: &Block<Train>, grads: &[GradientsParams]) -> GradientsParams {
+    struct Average<'a> {
+        grads: &'a [GradientsParams],
+        out: GradientsParams,
+    }
+    impl ModuleVisitor<Train> for Average<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Train, D>>) {
+            let mut parts = self
+                .grads
+                .iter()
+                .filter_map(|g| g.get::<Inner, D>(param.id));
+            let Some(first) = parts.next() else { return };
+            let sum = parts.fold(first, |acc, g| acc + g);
+            let mean = if self.grads.len() > 1 {
+                sum.div_scalar(self.grads.len() as f64)
+            } else {
+                sum
+            };
+            self.out.register::<Inner, D>(param.id, mean);
+        }
+    }
+    let mut average = Average {
+        grads,
+        out: GradientsParams::new(),
+    };
+    model.visit(&mut average);
+    average.out
 }

@@ -1,0 +1,9 @@
+//! The optimizer half of ZeRO: [`ZeroOptimizer`] steps each rank's shard of every parameter
+//! with one of Burn's own optimizers (Adam, AdamW, SGD, …) on fp32 master copies, and writes
+//! the result back into the parameter — as its new shard (stage 3) or all-gathered into the
+//! replicated parameter (stages 1 and 2).
+
+mod master;
+mod optimizer;
+
+pub use optimizer::ZeroOptimizer;

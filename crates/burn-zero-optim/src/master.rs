@@ -1,0 +1,38 @@
+//! Master copies: the fp32 values and optimizer state of the part of a parameter a rank steps.
+
+use burn::optim::SimpleOptimizer;
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor};
+
+/// One parameter's master copy on this rank: its block (sharded gradients) or all of it
+/// (all-reduced gradients), in fp32, with the optimizer's state for it.
+pub(crate) struct Master<O: SimpleOptimizer<B>, B: Backend> {
+    pub values: Tensor<B, 1>,
+    pub state: Option<O::State<1>>,
+}
+
+impl<O: SimpleOptimizer<B>, B: Backend> Master<O, B> {
+    /// A master copy of `values` (converted to fp32), with no optimizer state yet.
+    pub fn new(values: Tensor<B, 1>) -> Self {
+        Self {
+            values: to_f32(values),
+            state: None,
+        }
+    }
+
+    /// Applies one step of `optim` with `grad` (any float dtype) and returns the new values.
+    pub fn step(&mut self, optim: &O, lr: f64, grad: Tensor<B, 1>) -> Tensor<B, 1> {
+        let (values, state) = optim.step(lr, self.values.clone(), to_f32(grad), self.state.take());
+        self.values = values.clone();
+        self.state = state;
+        values
+    }
+}
+
+fn to_f32<B: Backend>(tensor: Tensor<B, 1>) -> Tensor<B, 1> {
+    if tensor.dtype() == DType::F32 {
+        tensor
+    } else {
+        tensor.cast(DType::F32)
+    }
+}

@@ -1,0 +1,133 @@
+//! The central parity test: a transformer block trained 10 steps with the global batch split
+//! across 1, 2 or 4 ranks, at every ZeRO stage, with Adam, AdamW and SGD with momentum, ends
+//! with bit for bit the parameters of single-rank unsharded training with Burn's own optimizer
+//! on the same micro-batches, their gradients averaged in rank order.
+
+use burn::backend::Flex;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{
+    AdamConfig, AdamWConfig, GradientsParams, Optimizer, SgdConfig, SimpleOptimizer,
+};
+use burn_zero_comm::launch;
+use burn_zero_core::{ZeroConfig, ZeroError, shard};
+use burn_zero_optim::ZeroOptimizer;
+use burn_zero_testing::{Block, Train, average_grads, base_model, micro_batch, param_values};
+
+const STEPS: usize = 10;
+const LR: f64 = 1e-2;
+
+/// Single rank, no sharding, Burn's optimizer adaptor: each step averages the gradients of
+/// `world_size` micro-batches in rank order.
+fn reference<O: Optimizer<Block<Train>, Train>>(
+    base: &Block<Train>,
+    world_size: usize,
+    mut optim: O,
+) -> Vec<Vec<f32>> {
+    let device = Default::default();
+    let mut model = base.clone();
+    for step in 0..STEPS {
+        let grads: Vec<GradientsParams> = (0..world_size)
+            .map(|rank| {
+                let (tokens, targets) = micro_batch::<Train>(step * world_size + rank, &device);
+                GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model)
+            })
+            .collect();
+        let mean = average_grads(&model, &grads);
+        model = optim.step(LR, model, mean);
+    }
+    param_values(&model)
+}
+
+/// Each rank trains its micro-batches with `ZeroOptimizer`; returns its final parameters.
+fn sharded<O>(
+    base: &Block<Train>,
+    world_size: usize,
+    config: &ZeroConfig,
+    optim: impl Fn() -> O + Sync,
+) -> Vec<Vec<Vec<f32>>>
+where
+    O: SimpleOptimizer<Flex>,
+{
+    launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
+        let mut model = shard(base.clone(), &ctx, config)?;
+        let mut optimizer = ZeroOptimizer::new(optim());
+        for step in 0..STEPS {
+            let (tokens, targets) =
+                micro_batch::<Train>(step * world_size + ctx.rank(), ctx.device());
+            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+            model = optimizer.step(LR, model, grads);
+        }
+        Ok(param_values(&model))
+    })
+    .unwrap_or_else(|e| panic!("world {world_size}, {config:?}: {e}"))
+}
+
+fn assert_same(got: &[Vec<Vec<f32>>], want: &[Vec<f32>], what: &str) {
+    for (rank, params) in got.iter().enumerate() {
+        assert_eq!(params.len(), want.len());
+        for (i, (g, w)) in params.iter().zip(want).enumerate() {
+            let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{what}, rank {rank}, parameter #{i}:\n{g:?}\n{w:?}");
+        }
+    }
+}
+
+fn configs() -> Vec<ZeroConfig> {
+    (0..=3)
+        .map(|stage| {
+            ZeroConfig::new()
+                .with_stage(stage)
+                .with_persist_below_numel(12)
+                .with_bucket_size_mb(0.001)
+        })
+        .collect()
+}
+
+#[test]
+fn adam_matches_single_rank_training_bitwise() {
+    let base = base_model(&Default::default());
+    for world_size in [1, 2, 4] {
+        let want = reference(&base, world_size, AdamConfig::new().init());
+        for config in configs() {
+            let got = sharded(&base, world_size, &config, || AdamConfig::new().build());
+            assert_same(
+                &got,
+                &want,
+                &format!("Adam, world {world_size}, stage {}", config.stage),
+            );
+        }
+    }
+}
+
+#[test]
+fn adamw_matches_single_rank_training_bitwise() {
+    let base = base_model(&Default::default());
+    for world_size in [1, 2, 4] {
+        let want = reference(&base, world_size, AdamWConfig::new().init());
+        for config in configs() {
+            let got = sharded(&base, world_size, &config, || AdamWConfig::new().build());
+            assert_same(
+                &got,
+                &want,
+                &format!("AdamW, world {world_size}, stage {}", config.stage),
+            );
+        }
+    }
+}
+
+#[test]
+fn sgd_with_momentum_matches_single_rank_training_bitwise() {
+    let base = base_model(&Default::default());
+    let sgd = || SgdConfig::new().with_momentum(Some(MomentumConfig::new().with_momentum(0.9)));
+    for world_size in [1, 2, 4] {
+        let want = reference(&base, world_size, sgd().init());
+        for config in configs() {
+            let got = sharded(&base, world_size, &config, || sgd().build::<Flex>());
+            assert_same(
+                &got,
+                &want,
+                &format!("SGD, world {world_size}, stage {}", config.stage),
+            );
+        }
+    }
+}
