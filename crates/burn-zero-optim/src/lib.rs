@@ -3,7 +3,11 @@
 //! the result back into the parameter — as its new shard (stage 3) or all-gathered into the
 //! replicated parameter (stages 1 and 2).
 
+mod clip;
+mod loss_scale;
 mod master;
 mod optimizer;
 
+pub use clip::NormType;
+pub use loss_scale::{DynamicLossScaler, LossScalerConfig};
 pub use optimizer::ZeroOptimizer;

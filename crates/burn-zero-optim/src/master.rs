@@ -20,9 +20,16 @@ impl<O: SimpleOptimizer<B>, B: Backend> Master<O, B> {
         }
     }
 
-    /// Applies one step of `optim` with `grad` (any float dtype) and returns the new values.
-    pub fn step(&mut self, optim: &O, lr: f64, grad: Tensor<B, 1>) -> Tensor<B, 1> {
-        let (values, state) = optim.step(lr, self.values.clone(), to_f32(grad), self.state.take());
+    /// Applies one step of `optim` with `grad` (any float dtype) multiplied by `factor`
+    /// (unscaling and clipping), and returns the new values.
+    pub fn step(&mut self, optim: &O, lr: f64, grad: Tensor<B, 1>, factor: f64) -> Tensor<B, 1> {
+        let grad = to_f32(grad);
+        let grad = if factor == 1.0 {
+            grad
+        } else {
+            grad.mul_scalar(factor)
+        };
+        let (values, state) = optim.step(lr, self.values.clone(), grad, self.state.take());
         self.values = values.clone();
         self.state = state;
         values

@@ -1,15 +1,17 @@
 //! `ZeroOptimizer`: a Burn optimizer step on each rank's shard.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use burn::module::{AutodiffModule, ModuleMapper, Param};
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsParams, SimpleOptimizer};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Shape, Slice, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_core::{ShardedView, Zero, ZeroGroup, ZeroTensor, group_of};
 
+use crate::clip::{LocalStats, NormType};
+use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
 use crate::master::Master;
 
 /// Steps every parameter of a module sharded with `burn_zero_core::shard` using the
@@ -22,11 +24,26 @@ use crate::master::Master;
 /// - The result is written back in the parameter's dtype: as the parameter's new shard
 ///   (stage 3), or all-gathered into the replicated parameter (stages 1 and 2). Every
 ///   parameter stays marked for the gradient hooks.
+/// - Optional global gradient clipping ([`Self::with_clipping`]) and dynamic loss scaling
+///   ([`Self::with_loss_scaler`]): the global norm and the overflow flag travel in one
+///   all-reduce; an overflow on any rank skips the step on every rank.
 ///
 /// Call [`ZeroOptimizer::step`] on every rank with that rank's gradients.
 pub struct ZeroOptimizer<O: SimpleOptimizer<B>, B: Backend> {
     optim: O,
     masters: BTreeMap<usize, Master<O, B>>,
+    clipping: Option<(f32, NormType)>,
+    scaler: Option<DynamicLossScaler>,
+    skipped: usize,
+    last_norm: Option<f32>,
+}
+
+/// One parameter's gradient, taken out of `GradientsParams` (or the orphans) before the step.
+struct Taken<B: Backend> {
+    group: Arc<ZeroGroup<B>>,
+    key: usize,
+    /// This rank's part of the reduced gradient, flat.
+    grad: Tensor<B, 1>,
 }
 
 impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B> {
@@ -35,24 +52,41 @@ impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B> {
         Self {
             optim,
             masters: BTreeMap::new(),
+            clipping: None,
+            scaler: None,
+            skipped: 0,
+            last_norm: None,
         }
     }
 
-    /// One optimizer step with learning rate `lr`: `module` updated with `grads` (from
-    /// `GradientsParams::from_grads`). Parameters without a gradient on any rank are left as
-    /// they are.
-    pub fn step<AB, M>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M
-    where
-        AB: AutodiffBackend<InnerBackend = Zero<B>>,
-        M: AutodiffModule<AB>,
-    {
-        let mut stepper = Stepper {
-            optimizer: self,
-            lr,
-            grads,
-            orphans: Vec::new(),
-        };
-        module.map(&mut stepper)
+    /// Scales every gradient so that their global `norm` (over all ranks' shards, counting
+    /// replicated parameters once) is at most `max_norm`, as `clip_grad_norm_` does.
+    pub fn with_clipping(mut self, max_norm: f32, norm: NormType) -> Self {
+        self.clipping = Some((max_norm, norm));
+        self
+    }
+
+    /// Dynamic loss scaling: multiply the loss by [`Self::loss_scale`] before backward; the
+    /// step unscales the gradients, and skips itself on every rank when any gradient is not
+    /// finite.
+    pub fn with_loss_scaler(mut self, config: LossScalerConfig) -> Self {
+        self.scaler = Some(DynamicLossScaler::new(config));
+        self
+    }
+
+    /// The current loss scale (1 without a scaler).
+    pub fn loss_scale(&self) -> f64 {
+        self.scaler.as_ref().map_or(1.0, DynamicLossScaler::scale)
+    }
+
+    /// Steps skipped because a gradient overflowed.
+    pub fn skipped_steps(&self) -> usize {
+        self.skipped
+    }
+
+    /// The global gradient norm (unscaled) of the last step, when clipping or scaling is on.
+    pub fn last_grad_norm(&self) -> Option<f32> {
+        self.last_norm
     }
 
     /// Bytes of fp32 master copies this rank holds.
@@ -62,18 +96,83 @@ impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B> {
             .map(|m| m.values.shape().num_elements() * DType::F32.size())
             .sum()
     }
-}
 
-struct Stepper<'a, O: SimpleOptimizer<B>, B: Backend> {
-    optimizer: &'a mut ZeroOptimizer<O, B>,
-    lr: f64,
-    grads: GradientsParams,
-    /// Orphan gradients taken from each group met so far.
-    orphans: Vec<(Arc<ZeroGroup<B>>, Orphans<B>)>,
-}
+    /// One optimizer step with learning rate `lr`: `module` updated with `grads` (from
+    /// `GradientsParams::from_grads`). Parameters without a gradient on any rank are left as
+    /// they are; on an overflow every parameter and all optimizer state are left as they are.
+    pub fn step<AB, M>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M
+    where
+        AB: AutodiffBackend<InnerBackend = Zero<B>>,
+        M: AutodiffModule<AB>,
+    {
+        let mut collect = Collect {
+            grads,
+            orphans: Vec::new(),
+            taken: HashMap::new(),
+            order: Vec::new(),
+        };
+        module.visit(&mut collect);
+        let (taken, order) = (collect.taken, collect.order);
 
-/// Reduced gradients of parameters a rank did not use, by parameter key.
-type Orphans<B> = BTreeMap<usize, ZeroTensor<B>>;
+        let Some(factor) = self.gradient_factor(&taken, &order) else {
+            self.skipped += 1;
+            tracing::warn!(scale = self.loss_scale(), "gradient overflow: step skipped");
+            // Backward consumed the parameters' marks: renew them, values untouched.
+            return module.map(&mut Remark);
+        };
+        let mut apply = Apply {
+            optimizer: self,
+            lr,
+            factor,
+            taken,
+        };
+        module.map(&mut apply)
+    }
+
+    /// The factor every gradient is multiplied by (unscaling and clipping), or `None` when a
+    /// gradient overflowed on any rank. Updates the loss scaler.
+    fn gradient_factor(
+        &mut self,
+        taken: &HashMap<ParamId, Taken<B>>,
+        order: &[ParamId],
+    ) -> Option<f64> {
+        if self.clipping.is_none() && self.scaler.is_none() {
+            return Some(1.0);
+        }
+        let first = order.first().and_then(|id| taken.get(id))?;
+        let norm_type = self.clipping.map_or(NormType::L2, |(_, n)| n);
+        let mut stats = LocalStats::default();
+        for id in order {
+            let t = &taken[id];
+            let counts = t.group.gradient_is_sharded(t.key) || t.group.rank() == 0;
+            stats.add(&t.grad, norm_type, counts);
+        }
+        let group = &first.group;
+        let (norm, overflow) = stats
+            .combine(group.comm().as_ref(), norm_type, group.device())
+            .unwrap_or_else(|error| {
+                panic!(
+                    "burn-zero: rank {} could not combine gradient norms: {error}",
+                    group.rank()
+                )
+            });
+        let scale = self.loss_scale();
+        if let Some(scaler) = &mut self.scaler {
+            scaler.update(overflow);
+        }
+        if overflow {
+            self.last_norm = None;
+            return None;
+        }
+        let norm = norm as f64 / scale;
+        self.last_norm = Some(norm as f32);
+        let clip = match self.clipping {
+            Some((max_norm, _)) => (max_norm as f64 / (norm + 1e-6)).min(1.0),
+            None => 1.0,
+        };
+        Some(clip / scale)
+    }
+}
 
 /// A 1-D tensor of the inner backend from a primitive.
 fn flat<B: Backend>(primitive: B::FloatTensorPrimitive) -> Tensor<B, 1> {
@@ -84,7 +183,18 @@ fn flat<B: Backend>(primitive: B::FloatTensorPrimitive) -> Tensor<B, 1> {
     )))
 }
 
-impl<O: SimpleOptimizer<B>, B: Backend> Stepper<'_, O, B> {
+/// Reduced gradients of parameters a rank did not use, by parameter key.
+type Orphans<B> = BTreeMap<usize, ZeroTensor<B>>;
+
+/// First pass: takes every sharded parameter's gradient, in visit order.
+struct Collect<B: Backend> {
+    grads: GradientsParams,
+    orphans: Vec<(Arc<ZeroGroup<B>>, Orphans<B>)>,
+    taken: HashMap<ParamId, Taken<B>>,
+    order: Vec<ParamId>,
+}
+
+impl<B: Backend> Collect<B> {
     fn orphan(&mut self, group: &Arc<ZeroGroup<B>>, key: usize) -> Option<ZeroTensor<B>> {
         let index = match self.orphans.iter().position(|(g, _)| Arc::ptr_eq(g, group)) {
             Some(index) => index,
@@ -96,19 +206,28 @@ impl<O: SimpleOptimizer<B>, B: Backend> Stepper<'_, O, B> {
         };
         self.orphans[index].1.remove(&key)
     }
+}
 
-    /// The new value of parameter `key` (currently `value`) after a step with `grad`.
-    fn update(
-        &mut self,
-        group: &Arc<ZeroGroup<B>>,
-        key: usize,
-        value: ZeroTensor<B>,
-        grad: ZeroTensor<B>,
-    ) -> ZeroTensor<B> {
-        let sharded_grad = group.gradient_is_sharded(key);
+impl<AB, B> ModuleVisitor<AB> for Collect<B>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>>,
+{
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        let Some((group, key)) = group_of::<B>(&DistributedParamId::from(param.id.val())) else {
+            // Not a parameter of a sharded module: not ours to step.
+            return;
+        };
+        let grad = self
+            .grads
+            .remove::<Zero<B>, D>(param.id)
+            .map(|g| g.into_primitive().tensor())
+            .or_else(|| self.orphan(&group, key));
+        let Some(grad) = grad else { return };
+        let sharded = group.gradient_is_sharded(key);
         let grad = match grad {
-            ZeroTensor::Sharded(view) if sharded_grad => flat(view.param().shard().clone()),
-            ZeroTensor::Local(full) if !sharded_grad => flat(full),
+            ZeroTensor::Sharded(view) if sharded => flat(view.param().shard().clone()),
+            ZeroTensor::Local(full) if !sharded => flat(full),
             other => panic!(
                 "burn-zero: the gradient of parameter #{key} is {} but this stage reduces it {}",
                 if other.as_sharded().is_some() {
@@ -116,9 +235,27 @@ impl<O: SimpleOptimizer<B>, B: Backend> Stepper<'_, O, B> {
                 } else {
                     "whole"
                 },
-                if sharded_grad { "to shards" } else { "whole" },
+                if sharded { "to shards" } else { "whole" },
             ),
         };
+        self.order.push(param.id);
+        self.taken.insert(param.id, Taken { group, key, grad });
+    }
+}
+
+/// Second pass: steps every parameter that has a gradient.
+struct Apply<'a, O: SimpleOptimizer<B>, B: Backend> {
+    optimizer: &'a mut ZeroOptimizer<O, B>,
+    lr: f64,
+    factor: f64,
+    taken: HashMap<ParamId, Taken<B>>,
+}
+
+impl<O: SimpleOptimizer<B>, B: Backend> Apply<'_, O, B> {
+    /// The new value of a parameter (currently `value`) after a step with its gradient.
+    fn update(&mut self, taken: Taken<B>, value: ZeroTensor<B>) -> ZeroTensor<B> {
+        let Taken { group, key, grad } = taken;
+        let sharded_grad = group.gradient_is_sharded(key);
         let shape = value.shape();
         let dtype = value.dtype();
         let master = self.optimizer.masters.entry(key).or_insert_with(|| {
@@ -128,7 +265,7 @@ impl<O: SimpleOptimizer<B>, B: Backend> Stepper<'_, O, B> {
                 ZeroTensor::Local(full) => flat(full.clone()),
             })
         });
-        let updated = master.step(&self.optimizer.optim, self.lr, grad);
+        let updated = master.step(&self.optimizer.optim, self.lr, grad, self.factor);
         let updated = if dtype == DType::F32 {
             updated
         } else {
@@ -160,34 +297,41 @@ impl<O: SimpleOptimizer<B>, B: Backend> Stepper<'_, O, B> {
     }
 }
 
-impl<AB, O, B> ModuleMapper<AB> for Stepper<'_, O, B>
+impl<AB, O, B> ModuleMapper<AB> for Apply<'_, O, B>
 where
     B: Backend,
     O: SimpleOptimizer<B>,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
 {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let Some(taken) = self.taken.remove(&param.id) else {
+            return <Remark as ModuleMapper<AB>>::map_float(&mut Remark, param);
+        };
         let (id, tensor, mapper) = param.consume();
-        let mark = DistributedParamId::from(id.val());
-        let Some((group, key)) = group_of::<B>(&mark) else {
-            // Not a parameter of a sharded module: not ours to step.
-            return Param::from_mapped_value(id, tensor, mapper);
-        };
-        let grad = self
-            .grads
-            .remove::<Zero<B>, D>(id)
-            .map(|g| g.into_primitive().tensor())
-            .or_else(|| self.orphan(&group, key));
-        let Some(grad) = grad else {
-            return Param::from_mapped_value(id, tensor, mapper);
-        };
         let require_grad = tensor.is_require_grad();
         let value = tensor.inner().into_primitive().tensor();
-        let updated = self.update(&group, key, value, grad);
+        let updated = self.update(taken, value);
         let inner = Tensor::<Zero<B>, D>::from_primitive(TensorPrimitive::Float(updated));
         let tensor = Tensor::<AB, D>::from_inner(inner)
             .set_require_grad(require_grad)
-            .set_distributed(mark);
+            .set_distributed(DistributedParamId::from(id.val()));
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+/// Renews the gradient-hook mark of every parameter of a sharded module (each backward
+/// consumes it), leaving values as they are.
+struct Remark;
+
+impl<AB: AutodiffBackend> ModuleMapper<AB> for Remark {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let (id, tensor, mapper) = param.consume();
+        // Only parameters of a sharded module carry a mark to renew.
+        let tensor = if tensor.is_distributed() {
+            tensor.set_distributed(DistributedParamId::from(id.val()))
+        } else {
+            tensor
+        };
         Param::from_mapped_value(id, tensor, mapper)
     }
 }

@@ -1,0 +1,178 @@
+//! Global gradient clipping and dynamic loss scaling across ranks.
+
+use burn::backend::Flex;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::Tensor;
+use burn_zero_comm::launch;
+use burn_zero_core::{ZeroConfig, ZeroError, shard};
+use burn_zero_optim::{LossScalerConfig, NormType, ZeroOptimizer};
+use burn_zero_testing::{
+    Block, Inner, Train, average_grads, base_model, micro_batch, param_values,
+};
+
+const LR: f64 = 1e-2;
+
+/// Multiplies every gradient by `factor` and returns the global L2 norm before that.
+struct Norm<'a> {
+    grads: &'a GradientsParams,
+    sum_sq: f32,
+}
+
+impl ModuleVisitor<Train> for Norm<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Train, D>>) {
+        if let Some(g) = self.grads.get::<Inner, D>(param.id) {
+            self.sum_sq += g.powi_scalar(2).sum().into_scalar();
+        }
+    }
+}
+
+struct Scale<'a> {
+    grads: &'a mut GradientsParams,
+    factor: f64,
+}
+
+impl ModuleVisitor<Train> for Scale<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Train, D>>) {
+        if let Some(g) = self.grads.remove::<Inner, D>(param.id) {
+            self.grads
+                .register::<Inner, D>(param.id, g.mul_scalar(self.factor));
+        }
+    }
+}
+
+#[test]
+fn clipping_by_the_global_norm_matches_the_full_gradient_reference() {
+    let base = base_model(&Default::default());
+    let max_norm = 0.05;
+    let steps = 3;
+    for world_size in [2, 4] {
+        // Reference: one rank, the rank-order mean gradient, clipped by its global norm.
+        let device = Default::default();
+        let mut model = base.clone();
+        let mut adam = AdamConfig::new().init::<Train, Block<Train>>();
+        let mut norms = Vec::new();
+        for step in 0..steps {
+            let grads: Vec<GradientsParams> = (0..world_size)
+                .map(|rank| {
+                    let (tokens, targets) = micro_batch::<Train>(step * world_size + rank, &device);
+                    GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model)
+                })
+                .collect();
+            let mut mean = average_grads(&model, &grads);
+            let mut norm = Norm {
+                grads: &mean,
+                sum_sq: 0.0,
+            };
+            model.visit(&mut norm);
+            let norm = norm.sum_sq.sqrt();
+            norms.push(norm);
+            let factor = (max_norm as f64 / (norm as f64 + 1e-6)).min(1.0);
+            model.visit(&mut Scale {
+                grads: &mut mean,
+                factor,
+            });
+            model = adam.step(LR, model, mean);
+        }
+        assert!(
+            norms.iter().all(|n| *n > max_norm),
+            "clipping is active: {norms:?}"
+        );
+        let want = param_values(&model);
+
+        for stage in [2, 3] {
+            let config = ZeroConfig::new()
+                .with_stage(stage)
+                .with_persist_below_numel(12);
+            let per_rank =
+                launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
+                    let mut model = shard(base.clone(), &ctx, &config)?;
+                    let mut optimizer = ZeroOptimizer::new(AdamConfig::new().build())
+                        .with_clipping(max_norm, NormType::L2);
+                    let mut seen = Vec::new();
+                    for step in 0..steps {
+                        let (tokens, targets) =
+                            micro_batch::<Train>(step * world_size + ctx.rank(), ctx.device());
+                        let grads = GradientsParams::from_grads(
+                            model.loss(tokens, targets).backward(),
+                            &model,
+                        );
+                        model = optimizer.step(LR, model, grads);
+                        seen.push(optimizer.last_grad_norm().unwrap());
+                    }
+                    Ok((param_values(&model), seen))
+                })
+                .unwrap();
+            for (rank, (params, seen)) in per_rank.iter().enumerate() {
+                for (got, want) in seen.iter().zip(&norms) {
+                    assert!(
+                        (got - want).abs() <= 1e-5 * want,
+                        "norm {got} vs {want}, rank {rank}"
+                    );
+                }
+                for (p, (got, want)) in params.iter().zip(&want).enumerate() {
+                    for (g, w) in got.iter().zip(want) {
+                        assert!(
+                            (g - w).abs() <= 1e-6,
+                            "stage {stage}, world {world_size}, rank {rank}, param #{p}: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Trains on micro-batch indices `plan` (None: a step whose loss is infinite on rank 1), with
+/// a loss scaler; returns each rank's final parameters and the scale after each step.
+fn scaled_run(
+    base: &Block<Train>,
+    plan: &[Option<usize>],
+) -> Vec<(Vec<Vec<f32>>, Vec<f64>, usize)> {
+    let scaler = LossScalerConfig::new()
+        .with_initial_scale(1024.0)
+        .with_hysteresis(1)
+        .with_growth_interval(2);
+    let config = ZeroConfig::new().with_persist_below_numel(12);
+    launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+        let mut model = shard(base.clone(), &ctx, &config)?;
+        let mut optimizer =
+            ZeroOptimizer::new(AdamConfig::new().build()).with_loss_scaler(scaler.clone());
+        let mut scales = Vec::new();
+        for entry in plan {
+            let index = entry.unwrap_or(0);
+            let (tokens, targets) = micro_batch::<Train>(index * 2 + ctx.rank(), ctx.device());
+            let mut loss = model.loss(tokens, targets) * optimizer.loss_scale();
+            if entry.is_none() && ctx.rank() == 1 {
+                loss = loss * f32::INFINITY;
+            }
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optimizer.step(LR, model, grads);
+            scales.push(optimizer.loss_scale());
+        }
+        Ok((param_values(&model), scales, optimizer.skipped_steps()))
+    })
+    .unwrap()
+}
+
+#[test]
+fn an_overflow_on_one_rank_skips_the_step_everywhere_and_backs_off() {
+    let base = base_model(&Default::default());
+    let with_overflow = scaled_run(&base, &[Some(0), None, Some(1), Some(2)]);
+    let without = scaled_run(&base, &[Some(0), Some(1), Some(2)]);
+    for (rank, (params, scales, skipped)) in with_overflow.iter().enumerate() {
+        assert_eq!(*skipped, 1, "rank {rank}");
+        // 1024 → clean; overflow: back off to 512 (hysteresis 1); two clean steps: grow to 1024.
+        assert_eq!(scales, &vec![1024.0, 512.0, 512.0, 1024.0], "rank {rank}");
+        // The skipped step left parameters and optimizer state untouched: the run ends where
+        // the run without the bad step ends (scales are powers of two: unscaling is exact).
+        let (clean, clean_scales, clean_skipped) = &without[rank];
+        assert_eq!(*clean_skipped, 0);
+        assert_eq!(clean_scales, &vec![1024.0, 2048.0, 2048.0]);
+        let same = params
+            .iter()
+            .zip(clean)
+            .all(|(a, b)| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        assert!(same, "rank {rank}: the skipped step changed something");
+    }
+}
