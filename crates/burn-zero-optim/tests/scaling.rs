@@ -176,3 +176,69 @@ fn an_overflow_on_one_rank_skips_the_step_everywhere_and_backs_off() {
         assert!(same, "rank {rank}: the skipped step changed something");
     }
 }
+
+#[test]
+fn accumulating_four_micro_steps_equals_one_step_on_the_four_times_batch() {
+    let base = base_model(&Default::default());
+    let world_size = 2;
+    let micro = 4;
+    let steps = 2;
+    // Reference: per micro-step the rank-order mean over ranks, then the mean over micro-steps.
+    let device = Default::default();
+    let mut model = base.clone();
+    let mut adam = AdamConfig::new().init::<Train, Block<Train>>();
+    for step in 0..steps {
+        let per_micro: Vec<GradientsParams> = (0..micro)
+            .map(|m| {
+                let grads: Vec<GradientsParams> = (0..world_size)
+                    .map(|rank| {
+                        let index = (step * micro + m) * world_size + rank;
+                        let (tokens, targets) = micro_batch::<Train>(index, &device);
+                        GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model)
+                    })
+                    .collect();
+                average_grads(&model, &grads)
+            })
+            .collect();
+        let mean = average_grads(&model, &per_micro);
+        model = adam.step(LR, model, mean);
+    }
+    let want = param_values(&model);
+
+    for stage in [1, 3] {
+        let config = ZeroConfig::new()
+            .with_stage(stage)
+            .with_persist_below_numel(12);
+        let per_rank = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
+            let mut model = shard(base.clone(), &ctx, &config)?;
+            let mut optimizer =
+                ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(micro);
+            let mut between = Vec::new();
+            for step in 0..steps {
+                for m in 0..micro {
+                    let index = (step * micro + m) * world_size + ctx.rank();
+                    let (tokens, targets) = micro_batch::<Train>(index, ctx.device());
+                    let grads =
+                        GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+                    model = optimizer.step(LR, model, grads);
+                    if m + 1 < micro {
+                        between.push(optimizer.accumulator_bytes());
+                    }
+                }
+            }
+            Ok((param_values(&model), between))
+        })
+        .unwrap();
+        for (rank, (params, between)) in per_rank.iter().enumerate() {
+            assert!(
+                between.iter().all(|b| *b > 0),
+                "accumulators are held between micro-steps"
+            );
+            let same = params
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+            assert!(same, "stage {stage}, rank {rank}");
+        }
+    }
+}
