@@ -3,11 +3,11 @@
 //! mean; an f32 reduce dtype with half-precision parameters rounds once.
 
 use burn::backend::Flex;
-use burn::module::{Module, ModuleMapper, Param};
-use burn::tensor::{DType, Tensor};
+use burn::module::Module;
+use burn::tensor::DType;
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, current_group, shard};
-use burn_zero_testing::{Block, Materialise, Train, loss_and_grads, reference};
+use burn_zero_testing::{Block, CastParams, Materialise, Train, loss_and_grads, reference};
 use half::{bf16, f16};
 
 /// One rank's loss, gathered gradients and bucket layout.
@@ -118,21 +118,6 @@ fn predivide_factors_keep_the_mean() {
                 }
             }
         }
-    }
-}
-
-/// Casts every parameter of a model to `dtype`.
-struct CastParams(DType);
-
-impl ModuleMapper<Train> for CastParams {
-    fn map_float<const D: usize>(
-        &mut self,
-        param: Param<Tensor<Train, D>>,
-    ) -> Param<Tensor<Train, D>> {
-        let (id, tensor, mapper) = param.consume();
-        let require_grad = tensor.is_require_grad();
-        let tensor = Tensor::from_inner(tensor.inner().cast(self.0)).set_require_grad(require_grad);
-        Param::from_mapped_value(id, tensor, mapper)
     }
 }
 

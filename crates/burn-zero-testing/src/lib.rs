@@ -3,7 +3,7 @@
 
 use burn::backend::flex::FlexDevice;
 use burn::backend::{Autodiff, Flex};
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::attention::{
     MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, generate_autoregressive_mask,
 };
@@ -12,7 +12,7 @@ use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, L
 use burn::optim::GradientsParams;
 use burn::tensor::activation::gelu;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn_zero_core::Zero;
 
 /// The backend every rank computes on.
@@ -210,4 +210,19 @@ pub fn average_grads(model: &Block<Train>, grads: &[GradientsParams]) -> Gradien
     };
     model.visit(&mut average);
     average.out
+}
+
+/// Casts every parameter of a model to `dtype`.
+pub struct CastParams(pub DType);
+
+impl ModuleMapper<Train> for CastParams {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: Param<Tensor<Train, D>>,
+    ) -> Param<Tensor<Train, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let require_grad = tensor.is_require_grad();
+        let tensor = Tensor::from_inner(tensor.inner().cast(self.0)).set_require_grad(require_grad);
+        Param::from_mapped_value(id, tensor, mapper)
+    }
 }
