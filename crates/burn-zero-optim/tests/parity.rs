@@ -11,7 +11,7 @@ use burn::optim::{
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
 use burn_zero_optim::ZeroOptimizer;
-use burn_zero_testing::{Block, Train, average_grads, base_model, micro_batch, param_values};
+use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, step_mean_grads};
 
 const STEPS: usize = 10;
 const LR: f64 = 1e-2;
@@ -26,13 +26,7 @@ fn reference<O: Optimizer<Block<Train>, Train>>(
     let device = Default::default();
     let mut model = base.clone();
     for step in 0..STEPS {
-        let grads: Vec<GradientsParams> = (0..world_size)
-            .map(|rank| {
-                let (tokens, targets) = micro_batch::<Train>(step * world_size + rank, &device);
-                GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model)
-            })
-            .collect();
-        let mean = average_grads(&model, &grads);
+        let (mean, _) = step_mean_grads(&model, step, world_size, &device);
         model = optim.step(LR, model, mean);
     }
     param_values(&model)
@@ -83,51 +77,47 @@ fn configs() -> Vec<ZeroConfig> {
         .collect()
 }
 
-#[test]
-fn adam_matches_single_rank_training_bitwise() {
+/// Checks `ZeroOptimizer` with `build()` against Burn's adaptor `init()` of one optimizer, at
+/// world sizes 1, 2 and 4 and stages 0–3.
+fn check<OA, OS>(name: &str, init: impl Fn() -> OA, build: impl Fn() -> OS + Sync)
+where
+    OA: Optimizer<Block<Train>, Train>,
+    OS: SimpleOptimizer<Flex>,
+{
     let base = base_model(&Default::default());
     for world_size in [1, 2, 4] {
-        let want = reference(&base, world_size, AdamConfig::new().init());
+        let want = reference(&base, world_size, init());
         for config in configs() {
-            let got = sharded(&base, world_size, &config, || AdamConfig::new().build());
+            let got = sharded(&base, world_size, &config, &build);
             assert_same(
                 &got,
                 &want,
-                &format!("Adam, world {world_size}, stage {}", config.stage),
+                &format!("{name}, world {world_size}, stage {}", config.stage),
             );
         }
     }
+}
+
+#[test]
+fn adam_matches_single_rank_training_bitwise() {
+    check(
+        "Adam",
+        || AdamConfig::new().init(),
+        || AdamConfig::new().build(),
+    );
 }
 
 #[test]
 fn adamw_matches_single_rank_training_bitwise() {
-    let base = base_model(&Default::default());
-    for world_size in [1, 2, 4] {
-        let want = reference(&base, world_size, AdamWConfig::new().init());
-        for config in configs() {
-            let got = sharded(&base, world_size, &config, || AdamWConfig::new().build());
-            assert_same(
-                &got,
-                &want,
-                &format!("AdamW, world {world_size}, stage {}", config.stage),
-            );
-        }
-    }
+    check(
+        "AdamW",
+        || AdamWConfig::new().init(),
+        || AdamWConfig::new().build(),
+    );
 }
 
 #[test]
 fn sgd_with_momentum_matches_single_rank_training_bitwise() {
-    let base = base_model(&Default::default());
     let sgd = || SgdConfig::new().with_momentum(Some(MomentumConfig::new().with_momentum(0.9)));
-    for world_size in [1, 2, 4] {
-        let want = reference(&base, world_size, sgd().init());
-        for config in configs() {
-            let got = sharded(&base, world_size, &config, || sgd().build::<Flex>());
-            assert_same(
-                &got,
-                &want,
-                &format!("SGD, world {world_size}, stage {}", config.stage),
-            );
-        }
-    }
+    check("SGD", || sgd().init(), || sgd().build::<Flex>());
 }

@@ -8,7 +8,7 @@ use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
 use burn_zero_optim::{LossScalerConfig, NormType, ZeroOptimizer};
 use burn_zero_testing::{
-    Block, Inner, Train, average_grads, base_model, micro_batch, param_values,
+    Block, Inner, Train, average_grads, base_model, micro_batch, param_values, step_mean_grads,
 };
 
 const LR: f64 = 1e-2;
@@ -53,13 +53,7 @@ fn clipping_by_the_global_norm_matches_the_full_gradient_reference() {
         let mut adam = AdamConfig::new().init::<Train, Block<Train>>();
         let mut norms = Vec::new();
         for step in 0..steps {
-            let grads: Vec<GradientsParams> = (0..world_size)
-                .map(|rank| {
-                    let (tokens, targets) = micro_batch::<Train>(step * world_size + rank, &device);
-                    GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model)
-                })
-                .collect();
-            let mut mean = average_grads(&model, &grads);
+            let (mut mean, _) = step_mean_grads(&model, step, world_size, &device);
             let mut norm = Norm {
                 grads: &mean,
                 sum_sq: 0.0,
@@ -256,17 +250,8 @@ fn half_precision_training_tracks_the_fp32_reference() {
     let mut adam = AdamConfig::new().init::<Train, Block<Train>>();
     let mut want = Vec::new();
     for step in 0..steps {
-        let mut loss_sum = 0.0;
-        let grads: Vec<GradientsParams> = (0..world_size)
-            .map(|rank| {
-                let (tokens, targets) = micro_batch::<Train>(step * world_size + rank, &device);
-                let loss = model.loss(tokens, targets);
-                loss_sum += loss.clone().into_scalar();
-                GradientsParams::from_grads(loss.backward(), &model)
-            })
-            .collect();
-        want.push(loss_sum / world_size as f32);
-        let mean = average_grads(&model, &grads);
+        let (mean, loss) = step_mean_grads(&model, step, world_size, &device);
+        want.push(loss);
         model = adam.step(LR, model, mean);
     }
     assert!(

@@ -226,3 +226,23 @@ impl ModuleMapper<Train> for CastParams {
         Param::from_mapped_value(id, tensor, mapper)
     }
 }
+
+/// Single-rank view of one data-parallel step: the gradients of the `world_size` micro-batches
+/// of `step` (indices `step · world_size + rank`), averaged in rank order, and their mean loss.
+pub fn step_mean_grads(
+    model: &Block<Train>,
+    step: usize,
+    world_size: usize,
+    device: &FlexDevice,
+) -> (GradientsParams, f32) {
+    let mut loss_sum = 0.0;
+    let grads: Vec<GradientsParams> = (0..world_size)
+        .map(|rank| {
+            let (tokens, targets) = micro_batch::<Train>(step * world_size + rank, device);
+            let loss = model.loss(tokens, targets);
+            loss_sum += loss.clone().into_scalar();
+            GradientsParams::from_grads(loss.backward(), model)
+        })
+        .collect();
+    (average_grads(model, &grads), loss_sum / world_size as f32)
+}
