@@ -56,7 +56,7 @@ pub(crate) struct GradSync<B: Backend> {
     /// Index of the next bucket to reduce.
     next: usize,
     /// Final gradients waiting for their bucket's turn, with their bytes.
-    pending: BTreeMap<usize, (GradSlot<B>, B::FloatTensorPrimitive, usize)>,
+    pending: BTreeMap<usize, (GradSlot<B>, ZeroTensor<B>, usize)>,
     /// Whether a backward pass is in progress.
     active: bool,
     /// Reduced gradients of parameters this rank did not use in the last backward (its
@@ -116,7 +116,8 @@ impl<B: Backend> ZeroGroup<B> {
     /// rank that waits for that lock (seen with four ranks). So every bucket is reduced in
     /// [`Self::end_backward`], after the locks are released.
     pub(crate) fn gradient_ready(self: &Arc<Self>, key: usize, slot: GradSlot<B>) {
-        let grad = slot.read().materialize();
+        // Kept as it is: materialising a (rare) sharded gradient would gather under the lock.
+        let grad = slot.read();
         let bytes = grad.shape().num_elements() * grad.dtype().size();
         self.memory().add(MemoryKind::Buckets, bytes);
         let mut state = self.lock_grads();
@@ -150,7 +151,7 @@ impl<B: Backend> ZeroGroup<B> {
                 Some((slot, grad, bytes)) => {
                     self.memory().sub(MemoryKind::Buckets, bytes);
                     slots.push(Some(slot));
-                    grads.push(Some(grad));
+                    grads.push(Some(grad.materialize()));
                 }
                 None => {
                     slots.push(None);
