@@ -52,6 +52,17 @@ pub(crate) struct Bucket {
     pub len: usize,
 }
 
+impl Bucket {
+    /// Bytes of the packed bucket (all rows).
+    pub fn bytes(&self, world_size: usize) -> usize {
+        let rows = match self.mode {
+            Mode::ReduceScatter => world_size,
+            Mode::AllReduce => 1,
+        };
+        rows * self.len * self.reduce_dtype.size()
+    }
+}
+
 /// Parameters (in reduction order) split into buckets of at most `bucket_bytes` each (≤ 0:
 /// one bucket per parameter). A gradient larger than a bucket gets a bucket of its own.
 pub(crate) fn layout(
@@ -175,10 +186,9 @@ pub(crate) fn reduce<B: Backend>(
         })
         .collect();
     let packed = Tensor::cat(parts, 1).reshape([rows * bucket.len]);
-    group.memory().touch(
-        MemoryKind::Buckets,
-        rows * bucket.len * bucket.reduce_dtype.size(),
-    );
+    group
+        .memory()
+        .touch(MemoryKind::Buckets, bucket.bytes(world_size));
 
     let fail = |error| -> ! {
         panic!(

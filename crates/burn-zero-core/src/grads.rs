@@ -15,7 +15,7 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 
 use crate::bucket::{self, Bucket};
-use crate::group::ZeroGroup;
+use crate::group::{ReductionStats, ZeroGroup};
 use crate::memory::MemoryKind;
 use crate::tensor::ZeroTensor;
 
@@ -130,18 +130,24 @@ impl<B: Backend> ZeroGroup<B> {
     pub(crate) fn end_backward(self: &Arc<Self>) {
         let mut state = self.lock_grads();
         if state.active {
+            let started = std::time::Instant::now();
+            let mut stats = ReductionStats::default();
             while state.next < state.buckets.len() {
-                self.flush_next(&mut state);
+                stats.bytes += self.flush_next(&mut state);
+                stats.collectives += 1;
             }
+            stats.seconds = started.elapsed().as_secs_f64();
             state.active = false;
+            tracing::debug!(rank = self.rank(), ?stats, "gradients reduced");
+            *self.reduction.lock().unwrap_or_else(|p| p.into_inner()) = stats;
         }
         drop(state);
         self.clear_gather_cache();
     }
 
     /// Reduces the next bucket and delivers each member's result to its autodiff slot, or
-    /// keeps it as an orphan when this rank has no slot for it.
-    fn flush_next(self: &Arc<Self>, state: &mut GradSync<B>) {
+    /// keeps it as an orphan when this rank has no slot for it. Returns the bucket's bytes.
+    fn flush_next(self: &Arc<Self>, state: &mut GradSync<B>) -> usize {
         let bucket = state.buckets[state.next].clone();
         state.next += 1;
         let mut slots = Vec::with_capacity(bucket.members.len());
@@ -168,5 +174,6 @@ impl<B: Backend> ZeroGroup<B> {
                 }
             }
         }
+        bucket.bytes(self.world_size())
     }
 }

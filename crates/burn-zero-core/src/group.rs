@@ -45,6 +45,18 @@ pub struct ZeroGroup<B: Backend> {
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
     pub(crate) params: Mutex<ParamTable>,
     pub(crate) grads: Mutex<GradSync<B>>,
+    pub(crate) reduction: Mutex<ReductionStats>,
+}
+
+/// What the last backward pass spent on gradient reduction, on this rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ReductionStats {
+    /// Collectives issued (one per bucket).
+    pub collectives: usize,
+    /// Bytes this rank put into them (all ranks' rows of every bucket).
+    pub bytes: usize,
+    /// Wall time of packing, reducing and unpacking every bucket.
+    pub seconds: f64,
 }
 
 impl<B: Backend> std::fmt::Debug for ZeroGroup<B> {
@@ -75,6 +87,7 @@ impl<B: Backend> ZeroGroup<B> {
             memory: MemoryTracker::default(),
             params: Mutex::new(ParamTable::default()),
             grads: Mutex::new(GradSync::default()),
+            reduction: Mutex::new(ReductionStats::default()),
         }
     }
 
@@ -221,6 +234,11 @@ impl<B: Backend> ZeroGroup<B> {
             3 => !persistent,
             _ => true,
         }
+    }
+
+    /// Gradient-reduction statistics of the last backward pass.
+    pub fn last_reduction(&self) -> ReductionStats {
+        *lock(&self.reduction)
     }
 
     /// The gradient bucket layout: the parameter keys of each bucket, in reduction order.

@@ -29,7 +29,7 @@ pub mod view;
 pub use backend::Zero;
 pub use config::ZeroConfig;
 pub use error::ZeroError;
-pub use group::{ParamInfo, ZeroGroup};
+pub use group::{ParamInfo, ReductionStats, ZeroGroup};
 pub use hooks::{current_group, group_of};
 pub use memory::{MemoryKind, MemoryReport, Usage};
 pub use shard::{shard, unshard};
