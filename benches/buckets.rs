@@ -20,8 +20,8 @@ use criterion::{BenchmarkId, Criterion};
 
 type Train = Autodiff<Zero<NdArray>>;
 
-const WIDTH: usize = 3536; // 4 layers of 3536² + bias ≈ 50.0M parameters
-const LAYERS: usize = 4;
+const WIDTH: usize = 1024; // 48 layers of 1024² + bias ≈ 50.4M parameters, 4 MiB matrices
+const LAYERS: usize = 48;
 const RANKS: usize = 2;
 const SIZES: [f64; 5] = [0.0, 0.5, 5.0, 25.0, 100.0];
 
