@@ -16,6 +16,8 @@ use burn::tensor::backend::Backend;
 use burn_zero::comm::launch;
 use burn_zero::core::{ReductionStats, current_group};
 use burn_zero::{Zero, ZeroConfig, ZeroError, shard};
+mod common;
+
 use criterion::{BenchmarkId, Criterion};
 
 type Train = Autodiff<Zero<NdArray>>;
@@ -116,11 +118,7 @@ fn report() {
             median.bytes as f64 / median.seconds / 1e9
         );
     }
-    println!("\n{out}");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-reports");
-    if std::fs::create_dir_all(&dir).is_ok() {
-        let _ = std::fs::write(dir.join("buckets.md"), out);
-    }
+    common::publish("buckets", &out);
 }
 
 fn main() {

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use burn::backend::NdArray;
 use burn::tensor::Tensor;
 use burn_zero::comm::{CommError, ReduceOp, launch};
+mod common;
+
 use criterion::{BenchmarkId, Criterion, Throughput};
 
 type B = NdArray;
@@ -176,11 +178,7 @@ fn report() {
             memcpy.get(&bytes).copied().unwrap_or(f64::NAN),
         );
     }
-    println!("\n{out}");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-reports");
-    if std::fs::create_dir_all(&dir).is_ok() {
-        let _ = std::fs::write(dir.join("collectives.md"), out);
-    }
+    common::publish("collectives", &out);
 }
 
 fn main() {
