@@ -375,3 +375,41 @@ fn zero_config_round_trips_through_json() {
         assert!(error[0].to_string().contains(message), "{}", error[0]);
     }
 }
+
+#[test]
+fn rank_dependent_parameter_use_works_below_stage_3() {
+    // Stages 1 and 2 keep parameters whole, so nothing is gathered: a parameter only rank 0
+    // uses is reduced with rank 1's zeros, and rank 1 gets its shard as an orphan.
+    for stage in [1, 2] {
+        let config = ZeroConfig::new().with_stage(stage);
+        let per_rank = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+            let model = shard(Mlp::<Train>::new(6, false, ctx.device()), &ctx, &config)?;
+            let use_b = ctx.rank() == 0;
+            let loss = model
+                .forward(input(0, ctx.device()), use_b)
+                .powi_scalar(2)
+                .mean();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let own = grads
+                .get::<Inner, 2>(model.b.weight.id)
+                .map(|g| local_shard(g.into_primitive().tensor()));
+            let orphans = current_group::<Flex>().unwrap().take_orphan_gradients();
+            let orphan = orphans.get(&2).cloned().map(local_shard);
+            Ok((own, orphan))
+        })
+        .unwrap_or_else(|e| panic!("stage {stage}: {e}"));
+        let (own0, orphan0) = &per_rank[0];
+        let (own1, orphan1) = &per_rank[1];
+        assert!(orphan0.is_none() && own1.is_none(), "stage {stage}");
+        let (own0, orphan1) = (own0.as_ref().unwrap(), orphan1.as_ref().unwrap());
+        assert_eq!(
+            (own0.len(), orphan1.len()),
+            (9, 9),
+            "18 elements over 2 ranks"
+        );
+        assert!(
+            own0.iter().chain(orphan1).any(|v| *v != 0.0),
+            "stage {stage}: the mean carries rank 0's gradient"
+        );
+    }
+}
