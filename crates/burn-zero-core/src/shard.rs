@@ -147,7 +147,7 @@ impl<B: Backend> Sharder<B> {
                 .into_data()
                 .convert::<f32>()
                 .to_vec::<f32>()
-                .unwrap_or_default(),
+                .expect("data converted to f32 reads as f32"),
             Err(e) => {
                 self.error = Some(e.into());
                 return false;

@@ -65,7 +65,7 @@ impl LocalStats {
             .into_data()
             .convert::<f32>()
             .to_vec::<f32>()
-            .unwrap_or_default();
+            .expect("data converted to f32 reads as f32");
         let norm_value = match norm {
             NormType::L2 => global[0].sqrt(),
             NormType::Inf => global[0],
