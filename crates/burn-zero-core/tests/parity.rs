@@ -5,7 +5,7 @@
 
 use burn::backend::Flex;
 use burn::module::Module;
-use burn_zero_comm::{CommError, launch};
+use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
 use burn_zero_testing::{Block, Materialise, Train, loss_and_grads, reference};
 
@@ -64,9 +64,4 @@ fn no_cache_gathers_at_every_use_with_the_same_result() {
         .with_persist_below_numel(0)
         .with_max_live_gathered_bytes(0);
     check_parity(2, &config);
-}
-
-#[allow(dead_code)]
-fn _assert_comm_error_converts(e: CommError) -> ZeroError {
-    e.into()
 }
