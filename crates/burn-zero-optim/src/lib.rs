@@ -7,7 +7,9 @@ mod clip;
 mod loss_scale;
 mod master;
 mod optimizer;
+mod state;
 
 pub use clip::NormType;
 pub use loss_scale::{DynamicLossScaler, LossScalerConfig};
 pub use optimizer::ZeroOptimizer;
+pub use state::StateBytes;

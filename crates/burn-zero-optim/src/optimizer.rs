@@ -13,6 +13,7 @@ use burn_zero_core::{ShardedView, Zero, ZeroGroup, ZeroTensor, group_of};
 use crate::clip::{LocalStats, NormType};
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
 use crate::master::Master;
+use crate::state::StateBytes;
 
 /// Steps every parameter of a module sharded with `burn_zero_core::shard` using the
 /// [`SimpleOptimizer`] `O` (e.g. `AdamConfig::new().build()`), on this rank's part only.
@@ -114,6 +115,20 @@ impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B> {
         self.accumulated
             .values()
             .map(|t| t.shape().num_elements() * DType::F32.size())
+            .sum()
+    }
+
+    /// Bytes of optimizer state this rank holds (e.g. Adam's two moments per master copy).
+    pub fn state_bytes(&self) -> usize
+    where
+        O::State<1>: StateBytes,
+    {
+        self.masters
+            .values()
+            .filter_map(|m| {
+                let numel = m.values.shape().num_elements();
+                m.state.as_ref().map(|s| s.state_bytes(numel))
+            })
             .sum()
     }
 
