@@ -8,46 +8,21 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use burn::backend::{Autodiff, NdArray};
-use burn::module::Module;
-use burn::nn::{Linear, LinearConfig};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
-use burn::tensor::backend::Backend;
 use burn_zero::comm::launch;
 use burn_zero::core::{ReductionStats, current_group};
 use burn_zero::{Zero, ZeroConfig, ZeroError, shard};
 mod common;
 
+use common::{Deep, WIDTH};
+
 use criterion::{BenchmarkId, Criterion};
 
 type Train = Autodiff<Zero<NdArray>>;
 
-const WIDTH: usize = 1024; // 48 layers of 1024² + bias ≈ 50.4M parameters, 4 MiB matrices
-const LAYERS: usize = 48;
 const RANKS: usize = 2;
 const SIZES: [f64; 5] = [0.0, 0.5, 5.0, 25.0, 100.0];
-
-#[derive(Module, Debug)]
-struct Deep<B: Backend> {
-    layers: Vec<Linear<B>>,
-}
-
-impl<B: Backend> Deep<B> {
-    fn new(device: &B::Device) -> Self {
-        Self {
-            layers: (0..LAYERS)
-                .map(|_| LinearConfig::new(WIDTH, WIDTH).init(device))
-                .collect(),
-        }
-    }
-
-    fn forward(&self, mut x: Tensor<B, 2>) -> Tensor<B, 2> {
-        for layer in &self.layers {
-            x = layer.forward(x);
-        }
-        x
-    }
-}
 
 /// Reduction statistics of every measured backward, by bucket size.
 static STATS: Mutex<BTreeMap<u64, Vec<ReductionStats>>> = Mutex::new(BTreeMap::new());
