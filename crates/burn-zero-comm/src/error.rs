@@ -84,6 +84,14 @@ pub enum CommError {
         /// The collective.
         op: String,
     },
+    /// The backend failed while finishing this rank's pending work on its device.
+    #[error("rank {rank}'s device failed to finish its work: {reason}")]
+    Device {
+        /// The rank.
+        rank: usize,
+        /// The backend's error.
+        reason: String,
+    },
     /// A group that cannot be built as asked.
     #[error("invalid group: {0}")]
     InvalidGroup(String),

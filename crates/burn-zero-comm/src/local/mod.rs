@@ -139,7 +139,29 @@ impl<B: Backend> LocalGroup<B> {
         phase: u8,
         payload: Option<Tensor<B, 1>>,
     ) -> Result<Vec<Option<Tensor<B, 1>>>, CommError> {
+        if let Some(tensor) = &payload {
+            self.settle(&tensor.device())?;
+        }
         self.rendezvous.exchange(self.rank, call, phase, payload)
+    }
+
+    /// Waits until this thread's work on `device` is done. Ranks read each other's tensors from
+    /// their own threads; on backends with a queue per thread (cubecl's wgpu and CUDA streams)
+    /// a tensor must be written before another rank reads it, and another rank's tensor must be
+    /// read before its owner may reuse the memory. A no-op on CPU backends.
+    fn settle(&self, device: &B::Device) -> Result<(), CommError> {
+        B::sync(device).map_err(|error| {
+            self.rendezvous.fail(CommError::Device {
+                rank: self.rank,
+                reason: error.to_string(),
+            })
+        })
+    }
+
+    /// `result` once this rank has finished reading the other ranks' buffers.
+    fn settled(&self, result: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        self.settle(&result.device())?;
+        Ok(result)
     }
 
     /// Reduces `range` of every rank's buffer in rank order, on `device`.
@@ -204,7 +226,7 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
                     .to_device(&device)
             })
             .collect();
-        Ok(Tensor::cat(blocks, 0))
+        self.settled(Tensor::cat(blocks, 0))
     }
 
     fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
@@ -216,7 +238,7 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
         }
         let block = call.numel / self.world();
         let range = self.rank * block..(self.rank + 1) * block;
-        Ok(Self::reduce_range(&buffers, range, op, &device))
+        self.settled(Self::reduce_range(&buffers, range, op, &device))
     }
 
     fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
@@ -230,6 +252,7 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
         // reduced in rank order, and no rank does the whole reduction alone.
         let range = block_bounds(call.numel, self.world(), self.rank);
         let mine = (!range.is_empty()).then(|| Self::reduce_range(&buffers, range, op, &device));
+        self.settle(&device)?;
         drop(buffers);
         let blocks = self.exchange(&call, 1, mine)?;
         let blocks: Vec<Tensor<B, 1>> = blocks
@@ -237,7 +260,7 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
             .flatten()
             .map(|b| b.to_device(&device))
             .collect();
-        Ok(Tensor::cat(blocks, 0))
+        self.settled(Tensor::cat(blocks, 0))
     }
 
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
@@ -253,7 +276,7 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
             .nth(root)
             .flatten()
             .unwrap_or_else(|| unreachable!("the root deposits its buffer"));
-        Ok(sent.to_device(&device))
+        self.settled(sent.to_device(&device))
     }
 
     fn barrier(&self) -> Result<(), CommError> {
