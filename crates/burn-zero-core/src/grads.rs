@@ -15,7 +15,7 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 
 use crate::bucket::{self, Bucket};
-use crate::group::{ReductionStats, ZeroGroup};
+use crate::group::{ReductionStats, ZeroGroup, lock};
 use crate::memory::MemoryKind;
 use crate::tensor::ZeroTensor;
 
@@ -139,7 +139,7 @@ impl<B: Backend> ZeroGroup<B> {
             stats.seconds = started.elapsed().as_secs_f64();
             state.active = false;
             tracing::debug!(rank = self.rank(), ?stats, "gradients reduced");
-            *self.reduction.lock().unwrap_or_else(|p| p.into_inner()) = stats;
+            *lock(&self.reduction) = stats;
         }
         drop(state);
         self.clear_gather_cache();

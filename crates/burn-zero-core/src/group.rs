@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::{DType, Shape, Slice, Tensor, TensorPrimitive};
-use burn_zero_comm::Communicator;
+use burn_zero_comm::{CommError, Communicator};
 
 use crate::config::ZeroConfig;
 use crate::gather::GatherCache;
@@ -69,7 +69,7 @@ impl<B: Backend> std::fmt::Debug for ZeroGroup<B> {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
@@ -156,6 +156,20 @@ impl<B: Backend> ZeroGroup<B> {
         Tensor::cat(parts, 0)
     }
 
+    /// All-gathers every rank's block of a padded flat tensor and returns the full tensor of
+    /// `shape` (padding cut off). A collective.
+    pub fn all_gather_full(
+        &self,
+        block: Tensor<B, 1>,
+        shape: &Shape,
+    ) -> Result<B::FloatTensorPrimitive, CommError> {
+        let full = self.comm.all_gather(block)?.into_primitive().tensor();
+        Ok(B::float_reshape(
+            B::float_slice(full, &[Slice::from(0..shape.num_elements())]),
+            shape.clone(),
+        ))
+    }
+
     /// The full tensor behind `param`: from the cache, or all-gathered (and cached if it fits).
     pub(crate) fn gather(&self, param: &ShardedParam<B>) -> B::FloatTensorPrimitive {
         let caching = self.config.max_live_gathered_bytes > 0;
@@ -164,23 +178,20 @@ impl<B: Backend> ZeroGroup<B> {
         }
         let numel = param.shape().num_elements();
         let block = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(param.shard().clone()));
-        let full = self.comm.all_gather(block).unwrap_or_else(|error| {
-            let path = lock(&self.params)
-                .infos
-                .get(param.key())
-                .map(|info| info.path.clone())
-                .unwrap_or_default();
-            panic!(
-                "burn-zero: rank {} could not gather parameter #{} `{path}`: {error}",
-                self.rank(),
-                param.key()
-            )
-        });
-        let full = full.into_primitive().tensor();
-        let full = B::float_reshape(
-            B::float_slice(full, &[Slice::from(0..numel)]),
-            param.shape().clone(),
-        );
+        let full = self
+            .all_gather_full(block, param.shape())
+            .unwrap_or_else(|error| {
+                let path = lock(&self.params)
+                    .infos
+                    .get(param.key())
+                    .map(|info| info.path.clone())
+                    .unwrap_or_default();
+                panic!(
+                    "burn-zero: rank {} could not gather parameter #{} `{path}`: {error}",
+                    self.rank(),
+                    param.key()
+                )
+            });
         let bytes = numel * param.dtype().size();
         self.memory.touch(MemoryKind::Gathered, bytes);
         if caching && bytes <= self.config.max_live_gathered_bytes {

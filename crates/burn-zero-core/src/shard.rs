@@ -63,15 +63,14 @@ where
         return Err(error);
     }
     let params = group.params();
-    let stage = config.stage;
     let buckets = bucket::layout(
         // Reduction order: the reverse of the visit order, as backward produces gradients.
         &params.iter().rev().cloned().collect::<Vec<_>>(),
         |info| {
-            if stage == 0 || (stage == 3 && info.persistent) {
-                Mode::AllReduce
-            } else {
+            if group.gradient_is_sharded(info.key) {
                 Mode::ReduceScatter
+            } else {
+                Mode::AllReduce
             }
         },
         group.world_size(),

@@ -7,7 +7,7 @@ use burn::backend::Flex;
 use burn::module::Module;
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
-use burn_zero_testing::{Block, Materialise, Train, loss_and_grads, reference};
+use burn_zero_testing::{Block, Materialise, Train, bits_equal, loss_and_grads, reference};
 
 fn check_parity(world_size: usize, config: &ZeroConfig) {
     let device = Default::default();
@@ -31,10 +31,7 @@ fn check_parity(world_size: usize, config: &ZeroConfig) {
         );
         assert_eq!(grads.len(), ref_grads.len());
         for (i, (got, want)) in grads.iter().zip(&ref_grads).enumerate() {
-            let same = got
-                .iter()
-                .zip(want)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = bits_equal(got, want);
             assert!(
                 same,
                 "gradient of parameter #{i}, world {world_size}, rank {rank}:\n{got:?}\n{want:?}"

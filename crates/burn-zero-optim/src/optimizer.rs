@@ -7,7 +7,7 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsParams, SimpleOptimizer};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Shape, Slice, Tensor, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_core::{ShardedView, Zero, ZeroGroup, ZeroTensor, group_of};
 
 use crate::clip::{LocalStats, NormType};
@@ -346,17 +346,15 @@ impl<O: SimpleOptimizer<B>, B: Backend> Apply<'_, O, B> {
             }
             ZeroTensor::Local(_) if sharded_grad => {
                 // Stages 1 and 2: every rank stepped its block; gather the whole parameter.
-                let full = group.comm().all_gather(updated).unwrap_or_else(|error| {
-                    panic!(
-                        "burn-zero: rank {} could not gather updated parameter #{key}: {error}",
-                        group.rank()
-                    )
-                });
-                let full = full.into_primitive().tensor();
-                ZeroTensor::Local(B::float_reshape(
-                    B::float_slice(full, &[Slice::from(0..shape.num_elements())]),
-                    shape,
-                ))
+                let full = group
+                    .all_gather_full(updated, &shape)
+                    .unwrap_or_else(|error| {
+                        panic!(
+                            "burn-zero: rank {} could not gather updated parameter #{key}: {error}",
+                            group.rank()
+                        )
+                    });
+                ZeroTensor::Local(full)
             }
             ZeroTensor::Local(_) => {
                 ZeroTensor::Local(B::float_reshape(updated.into_primitive().tensor(), shape))

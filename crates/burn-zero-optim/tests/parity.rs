@@ -11,7 +11,9 @@ use burn::optim::{
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
 use burn_zero_optim::ZeroOptimizer;
-use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, step_mean_grads};
+use burn_zero_testing::{
+    Block, Train, base_model, bits_equal, micro_batch, param_values, step_mean_grads,
+};
 
 const STEPS: usize = 10;
 const LR: f64 = 1e-2;
@@ -60,7 +62,7 @@ fn assert_same(got: &[Vec<Vec<f32>>], want: &[Vec<f32>], what: &str) {
     for (rank, params) in got.iter().enumerate() {
         assert_eq!(params.len(), want.len());
         for (i, (g, w)) in params.iter().zip(want).enumerate() {
-            let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = bits_equal(g, w);
             assert!(same, "{what}, rank {rank}, parameter #{i}:\n{g:?}\n{w:?}");
         }
     }

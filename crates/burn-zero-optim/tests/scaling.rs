@@ -8,7 +8,8 @@ use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
 use burn_zero_optim::{LossScalerConfig, NormType, ZeroOptimizer};
 use burn_zero_testing::{
-    Block, Inner, Train, average_grads, base_model, micro_batch, param_values, step_mean_grads,
+    Block, Inner, Train, average_grads, base_model, micro_batch, param_values, params_bits_equal,
+    step_mean_grads,
 };
 
 const LR: f64 = 1e-2;
@@ -163,10 +164,7 @@ fn an_overflow_on_one_rank_skips_the_step_everywhere_and_backs_off() {
         let (clean, clean_scales, clean_skipped) = &without[rank];
         assert_eq!(*clean_skipped, 0);
         assert_eq!(clean_scales, &vec![1024.0, 2048.0, 2048.0]);
-        let same = params
-            .iter()
-            .zip(clean)
-            .all(|(a, b)| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        let same = params_bits_equal(params, clean);
         assert!(same, "rank {rank}: the skipped step changed something");
     }
 }
@@ -228,10 +226,7 @@ fn accumulating_four_micro_steps_equals_one_step_on_the_four_times_batch() {
                 between.iter().all(|b| *b > 0),
                 "accumulators are held between micro-steps"
             );
-            let same = params
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+            let same = params_bits_equal(params, &want);
             assert!(same, "stage {stage}, rank {rank}");
         }
     }

@@ -246,3 +246,13 @@ pub fn step_mean_grads(
         .collect();
     (average_grads(model, &grads), loss_sum / world_size as f32)
 }
+
+/// Whether two value lists are equal bit for bit (same length, same bits).
+pub fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Whether two lists of parameters are equal bit for bit.
+pub fn params_bits_equal(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| bits_equal(x, y))
+}
