@@ -10,7 +10,7 @@ use burn::optim::{
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{DType, Device, Shape, Tensor, TensorMetadata, TensorPrimitive};
-use burn_zero_core::{ShardedView, Zero, ZeroGroup, ZeroTensor, group_of};
+use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroGroup, ZeroTensor, group_of};
 
 use crate::clip::{LocalStats, NormType};
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
@@ -56,7 +56,15 @@ where
     /// The rank and world size of the group this optimizer last stepped (or whose record it
     /// loaded): a record only fits the same rank of a group of the same size.
     pub(crate) placement: Option<(usize, usize)>,
+    /// Bytes of one master copy's optimizer state, given the state and the copy's length.
+    state_size: StateSize<O, P::Host>,
+    /// The group whose memory accounting shows the masters, state and accumulators, and the
+    /// bytes of each last reported to it.
+    tracked: Option<(Arc<ZeroGroup<B>>, [usize; 3])>,
 }
+
+/// Bytes of an optimizer's state for a master copy of `numel` elements.
+pub type StateSize<O, H> = fn(&<O as SimpleOptimizer<H>>::State<1>, usize) -> usize;
 
 impl<O, B: Backend, P: Placement<B>> Clone for ZeroOptimizer<O, B, P>
 where
@@ -74,6 +82,8 @@ where
             accumulated: self.accumulated.clone(),
             micro_steps: self.micro_steps,
             placement: self.placement,
+            state_size: self.state_size,
+            tracked: self.tracked.clone(),
         }
     }
 }
@@ -86,18 +96,24 @@ struct Taken<B: Backend, H: Backend> {
     grad: Tensor<H, 1>,
 }
 
-impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B, OnDevice> {
-    /// Wraps `optim`; masters and optimizer state on the model's device.
+impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B, OnDevice>
+where
+    O::State<1>: StateBytes,
+{
+    /// Wraps `optim` (Adam, AdamW, SGD); masters and optimizer state on the model's device.
     pub fn new(optim: O) -> Self {
-        Self::placed(optim)
+        Self::with_placement(optim, StateBytes::state_bytes)
     }
 }
 
-impl<O: SimpleOptimizer<H>, B: Backend, H: Backend> ZeroOptimizer<O, B, Offload<H>> {
+impl<O: SimpleOptimizer<H>, B: Backend, H: Backend> ZeroOptimizer<O, B, Offload<H>>
+where
+    O::State<1>: StateBytes,
+{
     /// Wraps `optim`; masters, optimizer state and gradient accumulators on backend `H`'s
     /// default device (e.g. `Flex` on the CPU) while the model computes on `B`.
     pub fn offloaded(optim: O) -> Self {
-        Self::placed(optim)
+        Self::with_placement(optim, StateBytes::state_bytes)
     }
 }
 
@@ -105,7 +121,10 @@ impl<O, B: Backend, P: Placement<B>> ZeroOptimizer<O, B, P>
 where
     O: SimpleOptimizer<P::Host>,
 {
-    fn placed(optim: O) -> Self {
+    /// Wraps any [`SimpleOptimizer`], with masters placed by `P` ([`OnDevice`] or
+    /// [`Offload`]); `state_size` tells the memory accounting how many bytes of state the
+    /// optimizer keeps for a master copy (e.g. `|_, numel| 4 * numel` for one fp32 tensor).
+    pub fn with_placement(optim: O, state_size: StateSize<O, P::Host>) -> Self {
         Self {
             optim,
             masters: BTreeMap::new(),
@@ -117,6 +136,8 @@ where
             accumulated: BTreeMap::new(),
             micro_steps: 0,
             placement: None,
+            state_size,
+            tracked: None,
         }
     }
 
@@ -172,17 +193,35 @@ where
     }
 
     /// Bytes of optimizer state this rank holds (e.g. Adam's two moments per master copy).
-    pub fn state_bytes(&self) -> usize
-    where
-        O::State<1>: StateBytes,
-    {
+    pub fn state_bytes(&self) -> usize {
         self.masters
             .values()
             .filter_map(|m| {
                 let numel = m.values.shape().num_elements();
-                m.state.as_ref().map(|s| s.state_bytes(numel))
+                m.state.as_ref().map(|s| (self.state_size)(s, numel))
             })
             .sum()
+    }
+
+    /// Shows the current masters, state and accumulators in the group's memory accounting.
+    pub(crate) fn report_memory(&mut self) {
+        let now = [
+            self.master_bytes(),
+            self.state_bytes(),
+            self.accumulator_bytes(),
+        ];
+        if let Some((group, reported)) = &mut self.tracked {
+            let kinds = [
+                MemoryKind::MasterWeights,
+                MemoryKind::OptimizerState,
+                MemoryKind::GradientAccumulators,
+            ];
+            for ((kind, was), is) in kinds.into_iter().zip(reported.iter_mut()).zip(now) {
+                group.memory().sub(kind, *was);
+                group.memory().add(kind, is);
+                *was = is;
+            }
+        }
     }
 
     /// Bytes of fp32 master copies this rank holds.
@@ -209,11 +248,30 @@ where
             _placement: std::marker::PhantomData,
         };
         module.visit(&mut collect);
-        let (mut taken, order) = (collect.taken, collect.order);
+        let (taken, order) = (collect.taken, collect.order);
         if let Some(first) = order.first().and_then(|id| taken.get(id)) {
             self.check_placement(&first.group);
+            if self.tracked.is_none() {
+                self.tracked = Some((first.group.clone(), [0; 3]));
+            }
         }
+        let module = self.step_taken(lr, module, taken, order);
+        self.report_memory();
+        module
+    }
 
+    /// The step proper, on the gradients taken out of `grads`.
+    fn step_taken<AB, M>(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut taken: HashMap<ParamId, Taken<B, P::Host>>,
+        order: Vec<ParamId>,
+    ) -> M
+    where
+        AB: AutodiffBackend<InnerBackend = Zero<B>>,
+        M: AutodiffModule<AB>,
+    {
         if self.accumulation > 1 {
             for id in &order {
                 let t = &taken[id];

@@ -168,6 +168,7 @@ where
             ),
             _ => {}
         }
+        self.report_memory();
         self
     }
 }
