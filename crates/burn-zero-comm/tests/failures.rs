@@ -185,7 +185,9 @@ fn missing_rank_times_out_on_every_rank() {
             let error = ctx.comm().barrier().expect_err("rank 1 is missing");
             if ctx.rank() != 1 {
                 let waited = started.elapsed();
-                assert!(waited >= timeout, "gave up after {waited:?}");
+                // The first rank to arrive times out; one that arrived a little later has
+                // waited a little less when the failure reaches it.
+                assert!(waited >= timeout / 2, "gave up after {waited:?}");
                 // Promptly after the timeout (generous margin for a loaded CI machine).
                 assert!(
                     waited < timeout + Duration::from_secs(3),

@@ -53,6 +53,14 @@ pub struct ZeroConfig {
     /// on the training thread when backward ends. Results are bitwise the same either way.
     #[config(default = true)]
     pub overlap_comm: bool,
+    /// Stage 3 with f16/bf16 parameters: once a parameter's reduced gradient shard arrives,
+    /// free its half-precision parameter shard, whose values the optimizer's fp32 master copy
+    /// holds anyway; the next optimizer step writes a fresh shard. Between backward and step a
+    /// rank then holds 2Ψ/N bytes of parameters-or-gradients instead of 4Ψ/N (ColossalAI's
+    /// `reuse_fp16_shard`). Parameters are freed only after the optimizer's first step has
+    /// created their masters; nothing may read the parameters between backward and step.
+    #[config(default = false)]
+    pub reuse_fp16_shard: bool,
 }
 
 impl ZeroConfig {
@@ -78,6 +86,12 @@ impl ZeroConfig {
             && !dtype.is_float()
         {
             return Err(format!("reduce_dtype must be a float type, not {dtype:?}"));
+        }
+        if self.reuse_fp16_shard && self.stage != 3 {
+            return Err(format!(
+                "reuse_fp16_shard needs stage 3 (parameters sharded), not stage {}",
+                self.stage
+            ));
         }
         if !self.bucket_size_mb.is_finite() {
             return Err(format!(

@@ -265,6 +265,9 @@ impl<B: Backend> ZeroGroup<B> {
                         state.orphans.insert(member.key, value);
                     }
                 }
+                if mode == bucket::Mode::ReduceScatter {
+                    self.reuse_shard_for_gradient(member.key);
+                }
             }
         }
         stats

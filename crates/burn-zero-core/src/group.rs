@@ -1,8 +1,8 @@
 //! `ZeroGroup`: one rank's view of a sharded module — its communicator, configuration,
 //! parameter table, gather cache, gradient synchronisation and memory accounting.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::DistributedParamId;
@@ -46,6 +46,10 @@ pub struct ZeroGroup<B: Backend> {
     pub(crate) params: Mutex<ParamTable>,
     pub(crate) grads: Mutex<GradSync<B>>,
     pub(crate) reduction: Mutex<ReductionStats>,
+    /// The current shard of each sharded parameter, by key (for `reuse_fp16_shard`).
+    live: Mutex<HashMap<usize, Weak<ShardedParam<B>>>>,
+    /// Keys whose values an optimizer holds in an fp32 master copy.
+    mastered: Mutex<HashSet<usize>>,
 }
 
 /// What the last backward pass spent on gradient reduction, on this rank.
@@ -94,6 +98,8 @@ impl<B: Backend> ZeroGroup<B> {
             params: Mutex::new(ParamTable::default()),
             grads: Mutex::new(GradSync::default()),
             reduction: Mutex::new(ReductionStats::default()),
+            live: Mutex::new(HashMap::new()),
+            mastered: Mutex::new(HashSet::new()),
         }
     }
 
@@ -255,6 +261,34 @@ impl<B: Backend> ZeroGroup<B> {
             0 => false,
             3 => !persistent,
             _ => true,
+        }
+    }
+
+    /// Records `param` as the current shard of its parameter.
+    pub(crate) fn track_param(&self, param: &Arc<ShardedParam<B>>) {
+        if param.key() != usize::MAX {
+            lock(&self.live).insert(param.key(), Arc::downgrade(param));
+        }
+    }
+
+    /// Tells the group that an optimizer keeps parameter `key`'s values in an fp32 master copy
+    /// on this rank, so that with `reuse_fp16_shard` its half-precision shard may be released
+    /// once its gradient shard arrives.
+    pub fn hold_master(&self, key: usize) {
+        lock(&self.mastered).insert(key);
+    }
+
+    /// With `reuse_fp16_shard`: frees parameter `key`'s half-precision shard when a master
+    /// copy holds its values, so the gradient shard takes its place in memory.
+    pub(crate) fn reuse_shard_for_gradient(&self, key: usize) {
+        if !self.config.reuse_fp16_shard || !lock(&self.mastered).contains(&key) {
+            return;
+        }
+        let current = lock(&self.live).get(&key).and_then(Weak::upgrade);
+        if let Some(param) = current
+            && matches!(param.dtype(), DType::F16 | DType::BF16)
+        {
+            param.release();
         }
     }
 

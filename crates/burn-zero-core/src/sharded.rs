@@ -1,7 +1,7 @@
 //! `ShardedParam`: this rank's flat slice of a parameter (or of its reduced gradient).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape};
@@ -26,7 +26,10 @@ pub enum ShardRole {
 pub struct ShardedParam<B: Backend> {
     key: usize,
     role: ShardRole,
-    shard: B::FloatTensorPrimitive,
+    /// The block; `None` once released for `reuse_fp16_shard` (the optimizer's fp32 master
+    /// holds the values until the step writes a new shard).
+    shard: RwLock<Option<B::FloatTensorPrimitive>>,
+    device: B::Device,
     shape: Shape,
     dtype: DType,
     group: Arc<ZeroGroup<B>>,
@@ -49,7 +52,8 @@ impl<B: Backend> ShardedParam<B> {
         Self {
             key,
             role,
-            shard,
+            device: B::float_device(&shard),
+            shard: RwLock::new(Some(shard)),
             shape,
             dtype,
             group,
@@ -68,8 +72,50 @@ impl<B: Backend> ShardedParam<B> {
     }
 
     /// This rank's flat block (padded length / world size elements).
-    pub fn shard(&self) -> &B::FloatTensorPrimitive {
-        &self.shard
+    ///
+    /// # Panics
+    /// When the block was released after backward (`ZeroConfig::reuse_fp16_shard`) and no
+    /// optimizer step has written a new one yet.
+    pub fn shard(&self) -> B::FloatTensorPrimitive {
+        self.shard
+            .read()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone()
+            .unwrap_or_else(|| {
+                panic!(
+                    "burn-zero: parameter #{} was released after backward (reuse_fp16_shard): \
+                     its values live in the optimizer's fp32 master until the next optimizer \
+                     step; step before the next forward",
+                    self.key
+                )
+            })
+    }
+
+    /// The device the block lives on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// Whether the block was released (`reuse_fp16_shard`).
+    pub fn is_released(&self) -> bool {
+        self.shard
+            .read()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .is_none()
+    }
+
+    /// Frees the block: its memory is then the gradient shard's to use.
+    pub(crate) fn release(&self) {
+        let freed = self
+            .shard
+            .write()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .take();
+        if let Some(shard) = freed {
+            self.group
+                .memory()
+                .sub(self.role.memory_kind(), shard_bytes(&shard));
+        }
     }
 
     /// The full tensor's shape.
@@ -121,9 +167,7 @@ impl ShardRole {
 
 impl<B: Backend> Drop for ShardedParam<B> {
     fn drop(&mut self) {
-        self.group
-            .memory()
-            .sub(self.role.memory_kind(), shard_bytes(&self.shard));
+        self.release();
     }
 }
 

@@ -32,6 +32,9 @@ pub struct ShardedView<B: Backend> {
 impl<B: Backend> ShardedView<B> {
     /// A view of the whole tensor, in its own shape.
     pub fn new(param: Arc<ShardedParam<B>>) -> Self {
+        if param.role() == crate::sharded::ShardRole::Parameter {
+            param.group().track_param(&param);
+        }
         let shape = param.shape().clone();
         Self {
             param,
@@ -97,7 +100,7 @@ impl<B: Backend> ZeroTensor<B> {
     pub fn device(&self) -> B::Device {
         match self {
             ZeroTensor::Local(tensor) => B::float_device(tensor),
-            ZeroTensor::Sharded(view) => B::float_device(view.param.shard()),
+            ZeroTensor::Sharded(view) => view.param.device().clone(),
         }
     }
 }

@@ -285,7 +285,7 @@ where
             self.micro_steps += 1;
             if self.micro_steps < self.accumulation {
                 // Not a boundary: keep the parameters, renew their hook marks.
-                return module.map(&mut Remark);
+                return module.map(&mut Refill { optimizer: self });
             }
             self.micro_steps = 0;
             let n = self.accumulation as f64;
@@ -301,7 +301,7 @@ where
             self.skipped += 1;
             tracing::warn!(scale = self.loss_scale(), "gradient overflow: step skipped");
             // Backward consumed the parameters' marks: renew them, values untouched.
-            return module.map(&mut Remark);
+            return module.map(&mut Refill { optimizer: self });
         };
         let mut apply = Apply {
             optimizer: self,
@@ -482,6 +482,9 @@ where
                 master.values.dims()[0]
             );
         }
+        if matches!(value, ZeroTensor::Sharded(_)) {
+            group.hold_master(key);
+        }
         let updated = master.step(&self.optimizer.optim, self.lr, grad, self.factor);
         let updated = P::to_model(updated, group.device());
         let updated = if dtype == DType::F32 {
@@ -532,6 +535,56 @@ where
         let tensor = Tensor::<AB, D>::from_inner(inner)
             .set_require_grad(require_grad)
             .set_distributed(DistributedParamId::from(id.val()));
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+/// For steps that leave values as they are (a skipped step, a micro-step inside an
+/// accumulation window): renews every parameter's gradient-hook mark, and rewrites shards
+/// released by `reuse_fp16_shard` from their fp32 masters.
+struct Refill<'a, O, B: Backend, P: Placement<B>>
+where
+    O: SimpleOptimizer<P::Host>,
+{
+    optimizer: &'a ZeroOptimizer<O, B, P>,
+}
+
+impl<AB, O, B, P> ModuleMapper<AB> for Refill<'_, O, B, P>
+where
+    B: Backend,
+    P: Placement<B>,
+    O: SimpleOptimizer<P::Host>,
+    AB: AutodiffBackend<InnerBackend = Zero<B>>,
+{
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let param = <Remark as ModuleMapper<AB>>::map_float(&mut Remark, param);
+        let (id, tensor, mapper) = param.consume();
+        let tensor = match tensor.clone().inner().into_primitive().tensor() {
+            ZeroTensor::Sharded(view) if view.param().is_released() => {
+                let shard = view.param();
+                let master = self.optimizer.masters.get(&shard.key()).unwrap_or_else(|| {
+                    panic!(
+                        "burn-zero: parameter #{} was released but this optimizer has no master \
+                         copy of it",
+                        shard.key()
+                    )
+                });
+                let values = P::to_model(master.values.clone(), shard.device());
+                let values = if shard.dtype() == DType::F32 {
+                    values
+                } else {
+                    values.cast(shard.dtype())
+                };
+                let refilled = shard.with_shard(values.into_primitive().tensor());
+                let inner = Tensor::<Zero<B>, D>::from_primitive(TensorPrimitive::Float(
+                    ZeroTensor::Sharded(ShardedView::new(Arc::new(refilled))),
+                ));
+                Tensor::<AB, D>::from_inner(inner)
+                    .set_require_grad(tensor.is_require_grad())
+                    .set_distributed(DistributedParamId::from(id.val()))
+            }
+            _ => tensor,
+        };
         Param::from_mapped_value(id, tensor, mapper)
     }
 }
