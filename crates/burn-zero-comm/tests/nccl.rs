@@ -7,6 +7,7 @@
 
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use burn::tensor::{DType, Tensor, TensorData};
@@ -19,14 +20,20 @@ type B = CudaBackend;
 
 const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min];
 
-/// Every visible CUDA device, or `None` (after saying so) when there is none.
-fn gpus(test: &str) -> Option<Vec<CudaDevice>> {
+/// Held by every GPU test: collectives of two communicators on the same GPUs, launched from
+/// different threads, can deadlock each other, so GPU tests run one at a time.
+static GPUS: Mutex<()> = Mutex::new(());
+
+/// Every visible CUDA device and the GPU lock, or `None` (after saying so) when there is no
+/// device.
+fn gpus(test: &str) -> Option<(MutexGuard<'static, ()>, Vec<CudaDevice>)> {
     let count = cuda_device_count();
     if count == 0 {
         eprintln!("{test}: skipped, no CUDA device visible");
         return None;
     }
-    Some((0..count).map(CudaDevice::new).collect())
+    let guard = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    Some((guard, (0..count).map(CudaDevice::new).collect()))
 }
 
 /// Rank `rank`'s values: multiples of 1/8 in [-4, 4), so that every sum over up to 8 ranks is
@@ -118,7 +125,7 @@ fn check_parity(devices: &[CudaDevice]) {
 
 #[test]
 fn nccl_matches_local_group_at_world_size_one() {
-    let Some(devices) = gpus("nccl_matches_local_group_at_world_size_one") else {
+    let Some((_gpus, devices)) = gpus("nccl_matches_local_group_at_world_size_one") else {
         return;
     };
     check_parity(&devices[..1]);
@@ -126,7 +133,7 @@ fn nccl_matches_local_group_at_world_size_one() {
 
 #[test]
 fn nccl_matches_local_group_on_every_gpu() {
-    let Some(devices) = gpus("nccl_matches_local_group_on_every_gpu") else {
+    let Some((_gpus, devices)) = gpus("nccl_matches_local_group_on_every_gpu") else {
         return;
     };
     if devices.len() < 2 {
@@ -138,7 +145,7 @@ fn nccl_matches_local_group_on_every_gpu() {
 
 #[test]
 fn an_invalid_call_fails_the_group_for_good() {
-    let Some(devices) = gpus("an_invalid_call_fails_the_group_for_good") else {
+    let Some((_gpus, devices)) = gpus("an_invalid_call_fails_the_group_for_good") else {
         return;
     };
     let group = NcclGroup::local_group(&devices[..1], &NcclOptions::default())
@@ -170,7 +177,7 @@ fn an_invalid_call_fails_the_group_for_good() {
 
 #[test]
 fn a_duplicate_is_independent_and_survives_an_abort() {
-    let Some(devices) = gpus("a_duplicate_is_independent_and_survives_an_abort") else {
+    let Some((_gpus, devices)) = gpus("a_duplicate_is_independent_and_survives_an_abort") else {
         return;
     };
     let world = devices.len();
@@ -206,7 +213,7 @@ fn a_duplicate_is_independent_and_survives_an_abort() {
 
 #[test]
 fn a_rank_that_stops_early_does_not_hang_the_others() {
-    let Some(devices) = gpus("a_rank_that_stops_early_does_not_hang_the_others") else {
+    let Some((_gpus, devices)) = gpus("a_rank_that_stops_early_does_not_hang_the_others") else {
         return;
     };
     if devices.len() < 2 {
@@ -239,7 +246,8 @@ fn a_rank_that_stops_early_does_not_hang_the_others() {
 
 #[test]
 fn ranks_in_separate_processes_meet_through_the_environment() {
-    let Some(devices) = gpus("ranks_in_separate_processes_meet_through_the_environment") else {
+    let Some((_gpus, devices)) = gpus("ranks_in_separate_processes_meet_through_the_environment")
+    else {
         return;
     };
     let world = devices.len();
@@ -248,10 +256,13 @@ fn ranks_in_separate_processes_meet_through_the_environment() {
         .local_addr()
         .unwrap()
         .port();
+    // A test binary carried to another machine is told where the probe is (scripts/cuda.sh).
+    let probe = std::env::var_os("NCCL_RANK_PROBE")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_nccl-rank-probe").into());
     // Start every rank before waiting for any: they meet in the rendezvous.
     let children: Vec<_> = (0..world)
         .map(|rank| {
-            Command::new(env!("CARGO_BIN_EXE_nccl-rank-probe"))
+            Command::new(&probe)
                 .env("RANK", rank.to_string())
                 .env("WORLD_SIZE", world.to_string())
                 .env("LOCAL_RANK", rank.to_string())

@@ -125,6 +125,10 @@ impl NcclGroup {
     /// A new group over the same ranks, in the same order, with its own NCCL communicator
     /// (`ncclCommSplit` on NCCL 2.18 and later, otherwise a fresh unique id broadcast over this
     /// group). Collective: every rank must call it.
+    ///
+    /// As with any two NCCL communicators over the same GPUs, every rank must issue the
+    /// collectives of both in the same relative order; NCCL may deadlock otherwise (a collective
+    /// of one waits on the GPU for a peer that is blocked in the other).
     pub fn duplicate_group(&self) -> Result<NcclGroup, CommError> {
         let during = "duplicate (communicator split)";
         let version = sys::version().map_err(|f| self.nccl_error(during, f))?;
