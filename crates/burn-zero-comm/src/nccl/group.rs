@@ -336,6 +336,12 @@ impl NcclGroup {
             rank: self.rank,
             reason,
         };
+        // Failing before NCCL is called still fails the group, so this rank's schedule never
+        // silently diverges from the others'.
+        let fail_now = |reason: String| {
+            let mut link = self.lock();
+            self.fail(&mut link, device_error(reason))
+        };
         let input = into_contiguous(input);
         let client = input.client.clone();
         let elem_size = input.dtype.size();
@@ -344,24 +350,21 @@ impl NcclGroup {
         // on other streams; `sync` then waits for all of it.
         let send = client
             .get_resource(input.handle.clone())
-            .map_err(|e| device_error(format!("input buffer: {e}")))?;
+            .map_err(|e| fail_now(format!("input buffer: {e}")))?;
         let recv = client
             .get_resource(output.clone())
-            .map_err(|e| device_error(format!("output buffer: {e}")))?;
+            .map_err(|e| fail_now(format!("output buffer: {e}")))?;
         if (send.resource().size as usize) < numel * elem_size
             || (recv.resource().size as usize) < out_numel * elem_size
         {
-            return Err(device_error(
+            return Err(fail_now(
                 "a CubeCL buffer is smaller than its tensor".into(),
             ));
         }
         <CubeBackend<CudaRuntime, f32, i32, u8> as burn::tensor::backend::Backend>::sync(
             &self.device,
         )
-        .map_err(|e| {
-            let mut link = self.lock();
-            self.fail(&mut link, device_error(format!("finishing the input: {e}")))
-        })?;
+        .map_err(|e| fail_now(format!("finishing the input: {e}")))?;
 
         let send_ptr = DevicePtr(send.resource().ptr);
         let recv_ptr = DevicePtr(recv.resource().ptr);
