@@ -20,6 +20,8 @@ pub enum CollectiveOp {
     },
     /// Every rank waits until all ranks arrive.
     Barrier,
+    /// Every rank receives a handle on a new group over the same ranks.
+    Duplicate,
 }
 
 /// How a reduction combines the ranks' values, element by element, in rank order.
@@ -54,6 +56,7 @@ impl fmt::Display for CollectiveOp {
             CollectiveOp::AllReduce(op) => write!(f, "all_reduce({op})"),
             CollectiveOp::Broadcast { root } => write!(f, "broadcast(root {root})"),
             CollectiveOp::Barrier => f.write_str("barrier"),
+            CollectiveOp::Duplicate => f.write_str("duplicate"),
         }
     }
 }

@@ -1,5 +1,7 @@
 //! The `Communicator` trait: the collectives every engine provides.
 
+use std::sync::Arc;
+
 use burn::tensor::{Tensor, backend::Backend};
 
 use crate::call::ReduceOp;
@@ -39,6 +41,13 @@ pub trait Communicator<B: Backend>: Send + Sync {
 
     /// Returns once every rank has called `barrier`.
     fn barrier(&self) -> Result<(), CommError>;
+
+    /// A new group over the same ranks, in the same order, whose collectives are sequenced
+    /// independently of this one's: a second thread of every rank may use it while the first
+    /// keeps using this group (DeepSpeed and FSDP run gradient reductions on such a second
+    /// group). It is a collective: every rank calls it as its next call on this group. A
+    /// failure of either group ends the other as well.
+    fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError>;
 
     /// Ends the group on behalf of this rank (it failed): every rank's pending and later
     /// collectives return [`CommError::PeerFailed`] with `reason`.

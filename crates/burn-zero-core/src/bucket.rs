@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
-use burn_zero_comm::ReduceOp;
+use burn_zero_comm::{CommError, Communicator, ReduceOp};
 
 use crate::group::{ParamInfo, ZeroGroup};
-use crate::memory::MemoryKind;
+use crate::memory::{MemoryKind, MemoryTracker};
 use crate::sharded::{ShardRole, ShardedParam};
 use crate::tensor::{ShardedView, ZeroTensor};
 
@@ -132,17 +132,26 @@ pub(crate) fn layout(
     buckets
 }
 
+/// What reducing a bucket needs: the communicator and device of the thread that reduces, the
+/// predivide factor and the rank's memory accounting.
+pub(crate) struct Reduction<'a, B: Backend> {
+    pub comm: &'a dyn Communicator<B>,
+    pub device: &'a B::Device,
+    pub predivide: f64,
+    pub memory: &'a MemoryTracker,
+}
+
 /// Reduces one bucket: `grads[i]` is member `i`'s full gradient on this rank (`None`: this
-/// rank has none; zeros stand in). Returns each member's reduced gradient: this rank's shard
-/// (reduce-scatter) or the whole mean (all-reduce).
+/// rank has none; zeros stand in). Returns each member's reduced gradient, flat: this rank's
+/// block (reduce-scatter) or the whole mean (all-reduce).
 pub(crate) fn reduce<B: Backend>(
-    group: &Arc<ZeroGroup<B>>,
+    ctx: &Reduction<'_, B>,
     bucket: &Bucket,
     grads: Vec<Option<B::FloatTensorPrimitive>>,
-) -> Vec<ZeroTensor<B>> {
-    let world_size = group.world_size();
-    let predivide = group.config().gradient_predivide_factor;
-    let device = group.device().clone();
+) -> Result<Vec<B::FloatTensorPrimitive>, CommError> {
+    let world_size = ctx.comm.world_size();
+    let predivide = ctx.predivide;
+    let device = ctx.device;
     let rows = match bucket.mode {
         Mode::ReduceScatter => world_size,
         Mode::AllReduce => 1,
@@ -158,7 +167,7 @@ pub(crate) fn reduce<B: Backend>(
                 Some(grad) => Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(
                     B::float_reshape(grad, Shape::new([numel])),
                 )),
-                None => Tensor::zeros([numel], (&device, member.dtype)),
+                None => Tensor::zeros([numel], (device, member.dtype)),
             };
             let flat = if member.dtype == bucket.reduce_dtype {
                 flat
@@ -175,7 +184,7 @@ pub(crate) fn reduce<B: Backend>(
                 Tensor::cat(
                     vec![
                         flat,
-                        Tensor::zeros([padded - numel], (&device, bucket.reduce_dtype)),
+                        Tensor::zeros([padded - numel], (device, bucket.reduce_dtype)),
                     ],
                     0,
                 )
@@ -186,27 +195,17 @@ pub(crate) fn reduce<B: Backend>(
         })
         .collect();
     let packed = Tensor::cat(parts, 1).reshape([rows * bucket.len]);
-    group
-        .memory()
+    ctx.memory
         .touch(MemoryKind::Buckets, bucket.bytes(world_size));
 
-    let fail = |error| -> ! {
-        panic!(
-            "burn-zero: rank {} could not reduce a gradient bucket of {} parameter(s) (keys {:?}): {error}",
-            group.rank(),
-            bucket.members.len(),
-            bucket.members.iter().map(|m| m.key).collect::<Vec<_>>()
-        )
-    };
     let reduced = match bucket.mode {
-        Mode::ReduceScatter => group.comm().reduce_scatter(packed, ReduceOp::Sum),
-        Mode::AllReduce => group.comm().all_reduce(packed, ReduceOp::Sum),
-    }
-    .unwrap_or_else(|e| fail(e));
+        Mode::ReduceScatter => ctx.comm.reduce_scatter(packed, ReduceOp::Sum),
+        Mode::AllReduce => ctx.comm.all_reduce(packed, ReduceOp::Sum),
+    }?;
 
     // The rest of the mean: sum / world_size = (sum of grad / predivide) / (world_size / predivide).
     let postdivide = world_size as f64 / predivide;
-    bucket
+    Ok(bucket
         .members
         .iter()
         .map(|member| {
@@ -223,23 +222,31 @@ pub(crate) fn reduce<B: Backend>(
             } else {
                 part.cast(member.dtype)
             };
-            let primitive = part.into_primitive().tensor();
-            match bucket.mode {
-                Mode::AllReduce => {
-                    ZeroTensor::Local(B::float_reshape(primitive, member.shape.clone()))
-                }
-                Mode::ReduceScatter => {
-                    let shard = ShardedParam::new(
-                        member.key,
-                        ShardRole::Gradient,
-                        primitive,
-                        member.shape.clone(),
-                        member.dtype,
-                        group.clone(),
-                    );
-                    ZeroTensor::Sharded(ShardedView::new(Arc::new(shard)))
-                }
-            }
+            part.into_primitive().tensor()
         })
-        .collect()
+        .collect())
+}
+
+/// Turns a member's reduced flat gradient into the tensor autodiff receives: the mean
+/// gradient in the parameter's shape (all-reduce), or this rank's shard of it (reduce-scatter).
+pub(crate) fn deliver<B: Backend>(
+    group: &Arc<ZeroGroup<B>>,
+    mode: Mode,
+    member: &Member,
+    reduced: B::FloatTensorPrimitive,
+) -> ZeroTensor<B> {
+    match mode {
+        Mode::AllReduce => ZeroTensor::Local(B::float_reshape(reduced, member.shape.clone())),
+        Mode::ReduceScatter => {
+            let shard = ShardedParam::new(
+                member.key,
+                ShardRole::Gradient,
+                reduced,
+                member.shape.clone(),
+                member.dtype,
+                group.clone(),
+            );
+            ZeroTensor::Sharded(ShardedView::new(Arc::new(shard)))
+        }
+    }
 }

@@ -46,6 +46,20 @@ pub struct ZeroConfig {
     /// initialised differently still start from one model (FSDP's `sync_module_states`).
     #[config(default = true)]
     pub sync_module_states: bool,
+    /// Reduce gradient buckets on a communication thread while backward is still running
+    /// (DeepSpeed's `overlap_comm`, FSDP's default): each bucket goes as soon as its last
+    /// gradient is final, and full gradients are freed bucket by bucket. Applies to stages 0,
+    /// 2 and 3; stage 1 reduces after backward by definition. `false` reduces every bucket
+    /// on the training thread when backward ends. Results are bitwise the same either way.
+    #[config(default = true)]
+    pub overlap_comm: bool,
+}
+
+impl ZeroConfig {
+    /// Whether gradient reduction runs on a communication thread during backward.
+    pub fn overlaps_reduction(&self) -> bool {
+        self.overlap_comm && self.stage != 1
+    }
 }
 
 impl ZeroConfig {

@@ -5,18 +5,24 @@
 //! Gradients are reduced in buckets ([`crate::bucket`]) in one fixed order on every rank —
 //! descending parameter key — whatever order the hooks fire in and whichever parameters a rank
 //! used, with zeros standing in for the gradients this rank does not have. So ranks never issue
-//! different collectives. The reductions run when backward ends (see
-//! [`ZeroGroup::gradient_ready`] for why not earlier).
+//! different collectives. With `overlap_comm` (stages 0, 2, 3) a communication thread
+//! ([`crate::reducer`]) reduces each bucket as soon as it is complete, while backward goes on;
+//! otherwise, and at stage 1, every bucket is reduced when backward ends. Either way the hook
+//! itself never blocks (see [`ZeroGroup::gradient_ready`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
-use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorMetadata};
+use burn_zero_comm::CommError;
 
-use crate::bucket::{self, Bucket};
+use crate::bucket::{self, Bucket, Reduction};
 use crate::group::{ReductionStats, ZeroGroup, lock};
 use crate::memory::MemoryKind;
+use crate::queue::{BucketQueue, Reduced};
+use crate::reducer::Reducer;
 use crate::tensor::ZeroTensor;
 
 /// Autodiff's slot for one parameter's gradient.
@@ -43,7 +49,7 @@ impl<B: Backend> GradSlot<B> {
     }
 
     /// Replaces the gradient in the slot.
-    fn write(self, value: ZeroTensor<B>) {
+    fn write(&self, value: ZeroTensor<B>) {
         // SAFETY: as in `read`; no other reference to the entry exists during backward.
         unsafe { *self.0 = value }
     }
@@ -51,12 +57,17 @@ impl<B: Backend> GradSlot<B> {
 
 /// Per-backward state of a rank's group.
 pub(crate) struct GradSync<B: Backend> {
-    /// Buckets in the order they are reduced.
-    buckets: Vec<Bucket>,
-    /// Index of the next bucket to reduce.
-    next: usize,
-    /// Final gradients waiting for their bucket's turn, with their bytes.
-    pending: BTreeMap<usize, (GradSlot<B>, ZeroTensor<B>, usize)>,
+    /// Gradients waiting for their bucket, when buckets are reduced on this thread.
+    queue: BucketQueue<B>,
+    /// The communication thread, when reduction overlaps backward.
+    reducer: Option<Reducer<B>>,
+    /// Autodiff's slots of this pass's gradients, by parameter key.
+    slots: BTreeMap<usize, GradSlot<B>>,
+    /// Gradients that stay with this thread until backward ends, with their bytes: all of
+    /// them without a communication thread; with one, the (rare) sharded ones, which gather.
+    held: BTreeMap<usize, (ZeroTensor<B>, usize)>,
+    /// What a slot holds between its gradient's hand-over and the result: one element, shared.
+    placeholder: Option<B::FloatTensorPrimitive>,
     /// Whether a backward pass is in progress.
     active: bool,
     /// Reduced gradients of parameters this rank did not use in the last backward (its
@@ -67,9 +78,11 @@ pub(crate) struct GradSync<B: Backend> {
 impl<B: Backend> Default for GradSync<B> {
     fn default() -> Self {
         Self {
-            buckets: Vec::new(),
-            next: 0,
-            pending: BTreeMap::new(),
+            queue: BucketQueue::new(Vec::new()),
+            reducer: None,
+            slots: BTreeMap::new(),
+            held: BTreeMap::new(),
+            placeholder: None,
             active: false,
             orphans: BTreeMap::new(),
         }
@@ -77,9 +90,10 @@ impl<B: Backend> Default for GradSync<B> {
 }
 
 impl<B: Backend> GradSync<B> {
-    /// Sets the static bucket layout.
-    pub(crate) fn set_layout(&mut self, buckets: Vec<Bucket>) {
-        self.buckets = buckets;
+    /// Sets the static bucket layout, and the communication thread that reduces it (if any).
+    pub(crate) fn set_layout(&mut self, buckets: Vec<Bucket>, reducer: Option<Reducer<B>>) {
+        self.queue = BucketQueue::new(buckets);
+        self.reducer = reducer;
     }
 
     /// Reduced gradients of parameters this rank had no gradient for in the last backward.
@@ -89,14 +103,14 @@ impl<B: Backend> GradSync<B> {
 
     /// The bucket layout, in reduction order.
     pub(crate) fn buckets(&self) -> &[Bucket] {
-        &self.buckets
+        self.queue.buckets()
     }
 
     fn start(&mut self) {
         if !self.active {
             self.active = true;
-            self.next = 0;
-            self.pending.clear();
+            self.slots.clear();
+            self.held.clear();
             self.orphans.clear();
         }
     }
@@ -108,35 +122,90 @@ impl<B: Backend> ZeroGroup<B> {
         self.lock_grads().start();
     }
 
-    /// The final gradient of parameter `key` sits in `slot`: keep it for its bucket.
+    /// The final gradient of parameter `key` sits in `slot`: hand it to the communication
+    /// thread, or keep it until backward ends.
     ///
-    /// Nothing is reduced here. Autodiff calls this hook while it holds the rank's graph
-    /// lock, and after every backward pass burn-autodiff locks *every* graph of the process
-    /// to clean up. A rank blocked in a collective under its lock can then wait forever for a
-    /// rank that waits for that lock (seen with four ranks). So every bucket is reduced in
-    /// [`Self::end_backward`], after the locks are released.
+    /// Nothing is reduced on this thread here. Autodiff calls this hook while it holds the
+    /// rank's graph lock, and after every backward pass burn-autodiff locks *every* graph of
+    /// the process to clean up. A rank blocked in a collective under its lock can then wait
+    /// forever for a rank that waits for that lock (seen with four ranks). The communication
+    /// thread holds no graph lock, so it may block.
     pub(crate) fn gradient_ready(self: &Arc<Self>, key: usize, slot: GradSlot<B>) {
-        // Kept as it is: materialising a (rare) sharded gradient would gather under the lock.
         let grad = slot.read();
         let bytes = grad.shape().num_elements() * grad.dtype().size();
         self.memory().add(MemoryKind::Buckets, bytes);
         let mut state = self.lock_grads();
         state.start();
-        state.pending.insert(key, (slot, grad, bytes));
+        match (&state.reducer, grad) {
+            (Some(reducer), ZeroTensor::Local(grad)) => {
+                // The thread reads the gradient from its own stream on cubecl backends.
+                if let Err(error) = B::sync(self.device()) {
+                    panic!(
+                        "burn-zero: rank {} could not finish a gradient on its device: {error}",
+                        self.rank()
+                    );
+                }
+                reducer.submit(key, grad, bytes);
+                // Autodiff's container no longer keeps the full gradient alive.
+                let placeholder = state
+                    .placeholder
+                    .get_or_insert_with(|| {
+                        Tensor::<B, 1>::zeros([1], self.device())
+                            .into_primitive()
+                            .tensor()
+                    })
+                    .clone();
+                slot.write(ZeroTensor::Local(placeholder));
+            }
+            // Kept as it is: materialising a sharded gradient would gather under the lock.
+            (_, grad) => {
+                state.held.insert(key, (grad, bytes));
+            }
+        }
+        state.slots.insert(key, slot);
     }
 
     /// Ends a backward pass: reduces every bucket not reduced yet, zero-filled where this rank
-    /// has no gradient, and drops the gathered parameters the pass left in the cache.
+    /// has no gradient, writes the results into autodiff's slots, and drops the gathered
+    /// parameters the pass left in the cache.
     pub(crate) fn end_backward(self: &Arc<Self>) {
         let mut state = self.lock_grads();
         if state.active {
-            let started = std::time::Instant::now();
-            let mut stats = ReductionStats::default();
-            while state.next < state.buckets.len() {
-                stats.bytes += self.flush_next(&mut state);
-                stats.collectives += 1;
-            }
-            stats.seconds = started.elapsed().as_secs_f64();
+            let started = Instant::now();
+            let held = std::mem::take(&mut state.held);
+            let (reduced, overlap) = match &state.reducer {
+                Some(reducer) => {
+                    for (key, (grad, bytes)) in held {
+                        reducer.submit(key, grad.materialize(), bytes);
+                    }
+                    // A fence on the training thread's schedule: a rank that gathered more
+                    // or less than the others in this pass meets a mismatch here, which ends
+                    // the communication thread's group too, instead of leaving both threads
+                    // waiting for each other.
+                    match self.comm().barrier() {
+                        Ok(()) => {
+                            let finished = reducer.finish();
+                            let overlap = (finished.busy_seconds, finished.early);
+                            (finished.reduced, Some(overlap))
+                        }
+                        Err(error) => (Err(error), None),
+                    }
+                }
+                None => {
+                    for (key, (grad, bytes)) in held {
+                        state.queue.push(key, grad.materialize(), bytes);
+                    }
+                    (self.reduce_here(&mut state.queue), None)
+                }
+            };
+            let reduced = reduced.unwrap_or_else(|error| {
+                panic!(
+                    "burn-zero: rank {} could not reduce its gradients: {error}",
+                    self.rank()
+                )
+            });
+            let exposed = started.elapsed().as_secs_f64();
+            let stats = self.deliver(&mut state, reduced, exposed, overlap);
             state.active = false;
             tracing::debug!(rank = self.rank(), ?stats, "gradients reduced");
             *lock(&self.reduction) = stats;
@@ -145,35 +214,59 @@ impl<B: Backend> ZeroGroup<B> {
         self.clear_gather_cache();
     }
 
-    /// Reduces the next bucket and delivers each member's result to its autodiff slot, or
-    /// keeps it as an orphan when this rank has no slot for it. Returns the bucket's bytes.
-    fn flush_next(self: &Arc<Self>, state: &mut GradSync<B>) -> usize {
-        let bucket = state.buckets[state.next].clone();
-        state.next += 1;
-        let mut slots = Vec::with_capacity(bucket.members.len());
-        let mut grads = Vec::with_capacity(bucket.members.len());
-        for member in &bucket.members {
-            match state.pending.remove(&member.key) {
-                Some((slot, grad, bytes)) => {
-                    self.memory().sub(MemoryKind::Buckets, bytes);
-                    slots.push(Some(slot));
-                    grads.push(Some(grad.materialize()));
-                }
-                None => {
-                    slots.push(None);
-                    grads.push(None);
+    /// Reduces every bucket on this thread, in order.
+    fn reduce_here(&self, queue: &mut BucketQueue<B>) -> Result<Vec<Reduced<B>>, CommError> {
+        let ctx = Reduction {
+            comm: self.comm().as_ref(),
+            device: self.device(),
+            predivide: self.config().gradient_predivide_factor,
+            memory: self.memory(),
+        };
+        let mut reduced = Vec::new();
+        while !queue.is_done() {
+            match queue.reduce_next(&ctx) {
+                Ok(bucket) => reduced.push(bucket),
+                Err(error) => {
+                    queue.reset(self.memory());
+                    return Err(error);
                 }
             }
         }
-        let reduced = bucket::reduce(self, &bucket, grads);
-        for ((member, slot), value) in bucket.members.iter().zip(slots).zip(reduced) {
-            match slot {
-                Some(slot) => slot.write(value),
-                None => {
-                    state.orphans.insert(member.key, value);
+        queue.reset(self.memory());
+        Ok(reduced)
+    }
+
+    /// Writes each reduced gradient into its autodiff slot, or keeps it as an orphan when
+    /// this rank has no slot for it.
+    fn deliver(
+        self: &Arc<Self>,
+        state: &mut GradSync<B>,
+        reduced: Vec<Reduced<B>>,
+        exposed_seconds: f64,
+        overlap: Option<(f64, usize)>,
+    ) -> ReductionStats {
+        let (seconds, overlapped) = overlap.unwrap_or((exposed_seconds, 0));
+        let mut stats = ReductionStats {
+            exposed_seconds,
+            seconds,
+            overlapped,
+            ..ReductionStats::default()
+        };
+        for Reduced { bucket, values } in reduced {
+            let bucket = &state.queue.buckets()[bucket];
+            stats.collectives += 1;
+            stats.bytes += bucket.bytes(self.world_size());
+            let (mode, members) = (bucket.mode, bucket.members.clone());
+            for (member, value) in members.iter().zip(values) {
+                let value = bucket::deliver(self, mode, member, value);
+                match state.slots.remove(&member.key) {
+                    Some(slot) => slot.write(value),
+                    None => {
+                        state.orphans.insert(member.key, value);
+                    }
                 }
             }
         }
-        bucket.bytes(self.world_size())
+        stats
     }
 }

@@ -41,7 +41,7 @@ pub struct ZeroGroup<B: Backend> {
     comm: Arc<dyn Communicator<B>>,
     device: B::Device,
     config: ZeroConfig,
-    memory: MemoryTracker,
+    memory: Arc<MemoryTracker>,
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
     pub(crate) params: Mutex<ParamTable>,
     pub(crate) grads: Mutex<GradSync<B>>,
@@ -55,8 +55,14 @@ pub struct ReductionStats {
     pub collectives: usize,
     /// Bytes this rank put into them (all ranks' rows of every bucket).
     pub bytes: usize,
-    /// Wall time of packing, reducing and unpacking every bucket.
+    /// Wall time of packing, reducing and unpacking every bucket (on the communication
+    /// thread when reduction overlaps backward).
     pub seconds: f64,
+    /// Time the training thread waited for reductions once backward was over: all of
+    /// `seconds` without overlap, only the part backward did not hide with it.
+    pub exposed_seconds: f64,
+    /// Buckets reduced while backward was still running.
+    pub overlapped: usize,
 }
 
 impl<B: Backend> std::fmt::Debug for ZeroGroup<B> {
@@ -84,7 +90,7 @@ impl<B: Backend> ZeroGroup<B> {
             cache: Mutex::new(GatherCache::new(config.max_live_gathered_bytes)),
             comm,
             config,
-            memory: MemoryTracker::default(),
+            memory: Arc::new(MemoryTracker::default()),
             params: Mutex::new(ParamTable::default()),
             grads: Mutex::new(GradSync::default()),
             reduction: Mutex::new(ReductionStats::default()),
@@ -119,6 +125,11 @@ impl<B: Backend> ZeroGroup<B> {
     /// Live memory counters.
     pub fn memory(&self) -> &MemoryTracker {
         &self.memory
+    }
+
+    /// The memory counters, shared (the communication thread updates them too).
+    pub(crate) fn memory_handle(&self) -> Arc<MemoryTracker> {
+        self.memory.clone()
     }
 
     /// A snapshot of this rank's memory accounting.

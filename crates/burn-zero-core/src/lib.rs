@@ -7,7 +7,8 @@
 //! - [`tensor`]: the float primitive (local or sharded view); [`view`]: lazy view ops.
 //! - [`sharded`]: a rank's shard of a parameter or gradient; [`gather`]: the gather cache.
 //! - [`group`]: one rank's state for a sharded module; `grads`: gradient reduction, in
-//!   buckets (`bucket`) of a static layout.
+//!   buckets (`bucket`) of a static layout, queued in order (`queue`) and reduced on a
+//!   communication thread (`reducer`) while backward runs.
 //! - [`shard()`]: sharding a module; [`hooks`]: how autodiff's hooks find the group.
 //! - [`config`], [`memory`], [`error`].
 
@@ -21,6 +22,8 @@ pub mod group;
 pub mod hooks;
 pub mod memory;
 mod ops;
+mod queue;
+mod reducer;
 pub mod shard;
 pub mod sharded;
 pub mod tensor;

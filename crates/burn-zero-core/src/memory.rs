@@ -18,9 +18,15 @@ pub enum MemoryKind {
     Gathered,
     /// Gradient buckets: full gradients waiting for their bucket, and packed buckets in flight.
     Buckets,
+    /// fp32 master copies of this rank's part of the parameters (kept by the optimizer).
+    MasterWeights,
+    /// Optimizer state of this rank's part (e.g. Adam's two moments).
+    OptimizerState,
+    /// fp32 gradient sums of an accumulation window.
+    GradientAccumulators,
 }
 
-const KINDS: usize = 5;
+const KINDS: usize = 8;
 
 #[derive(Debug, Default)]
 struct Counter {
@@ -78,6 +84,9 @@ impl MemoryTracker {
             gradient_shards: self.usage(MemoryKind::GradientShards),
             gathered: self.usage(MemoryKind::Gathered),
             buckets: self.usage(MemoryKind::Buckets),
+            master_weights: self.usage(MemoryKind::MasterWeights),
+            optimizer_state: self.usage(MemoryKind::OptimizerState),
+            gradient_accumulators: self.usage(MemoryKind::GradientAccumulators),
         }
     }
 }
@@ -106,4 +115,21 @@ pub struct MemoryReport {
     pub gathered: Usage,
     /// Gradients waiting for their bucket and packed buckets.
     pub buckets: Usage,
+    /// fp32 master copies (on the host when the optimizer offloads).
+    pub master_weights: Usage,
+    /// Optimizer state (on the host when the optimizer offloads).
+    pub optimizer_state: Usage,
+    /// fp32 gradient accumulators (on the host when the optimizer offloads).
+    pub gradient_accumulators: Usage,
+}
+
+impl MemoryReport {
+    /// Model state now: parameters, gradient shards, masters and optimizer state.
+    pub fn model_state_bytes(&self) -> u64 {
+        self.parameter_shards.current
+            + self.persistent_parameters.current
+            + self.gradient_shards.current
+            + self.master_weights.current
+            + self.optimizer_state.current
+    }
 }

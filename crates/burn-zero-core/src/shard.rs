@@ -6,7 +6,7 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
-use burn_zero_comm::RankContext;
+use burn_zero_comm::{CommError, RankContext};
 
 use crate::backend::Zero;
 use crate::bucket::{self, Mode};
@@ -15,6 +15,7 @@ use crate::error::ZeroError;
 use crate::group::{ParamInfo, ZeroGroup};
 use crate::hooks;
 use crate::memory::MemoryKind;
+use crate::reducer::Reducer;
 use crate::sharded::{ShardRole, ShardedParam};
 use crate::tensor::{ShardedView, ZeroTensor};
 
@@ -77,7 +78,26 @@ where
         config.bucket_size_mb * (1u64 << 20) as f64,
         config.reduce_dtype,
     );
-    group.lock_grads().set_layout(buckets);
+    let reducer = if config.overlaps_reduction() {
+        // A collective: every rank reaches this point with the same schedule.
+        let comm = group.comm().duplicate()?;
+        let reducer = Reducer::spawn(
+            comm,
+            buckets.clone(),
+            group.device().clone(),
+            config.gradient_predivide_factor,
+            group.memory_handle(),
+        )
+        .map_err(|error| {
+            ZeroError::Comm(CommError::InvalidGroup(format!(
+                "could not start the gradient communication thread: {error}"
+            )))
+        })?;
+        Some(reducer)
+    } else {
+        None
+    };
+    group.lock_grads().set_layout(buckets, reducer);
     hooks::register(&group);
     tracing::debug!(
         rank = group.rank(),

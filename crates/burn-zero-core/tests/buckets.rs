@@ -48,36 +48,39 @@ fn every_stage_and_bucket_size_gives_the_rank_order_mean() {
     let sizes = [0.0, 0.0002, 25.0, 1e4];
     for world_size in 1..=4 {
         let (ref_losses, ref_grads) = reference(&base, world_size);
-        for stage in 0..=3u8 {
-            for bucket_size_mb in sizes {
-                let config = ZeroConfig::new()
-                    .with_stage(stage)
-                    .with_persist_below_numel(12)
-                    .with_bucket_size_mb(bucket_size_mb);
-                let per_rank = run(&base, world_size, &config);
-                let (_, _, layout) = &per_rank[0];
-                let params: usize = layout.iter().map(Vec::len).sum();
-                assert_eq!(params, ref_grads.len());
-                if bucket_size_mb == 0.0 {
-                    assert_eq!(layout.len(), params, "one bucket per parameter");
-                }
-                if bucket_size_mb == 0.0002 {
-                    assert!(
-                        layout.iter().any(|b| b.len() > 1),
-                        "small gradients share buckets: {layout:?}"
-                    );
-                    assert!(layout.len() > 3, "several flushes: {layout:?}");
-                }
-                if bucket_size_mb == 1e4 && stage != 3 {
-                    assert_eq!(layout.len(), 1, "one bucket holds everything");
-                }
-                for (rank, (loss, grads, _)) in per_rank.iter().enumerate() {
-                    let ctx = format!(
-                        "world {world_size}, stage {stage}, bucket {bucket_size_mb} MiB, rank {rank}"
-                    );
-                    assert_eq!(loss.to_bits(), ref_losses[rank].to_bits(), "loss, {ctx}");
-                    assert_eq!(bits(grads), bits(&ref_grads), "gradients, {ctx}");
-                }
+        for (stage, bucket_size_mb, overlap_comm) in (0..=3u8)
+            .flat_map(|stage| sizes.map(|size| (stage, size)))
+            .flat_map(|(stage, size)| [(stage, size, true), (stage, size, false)])
+        {
+            let config = ZeroConfig::new()
+                .with_stage(stage)
+                .with_persist_below_numel(12)
+                .with_bucket_size_mb(bucket_size_mb)
+                .with_overlap_comm(overlap_comm);
+            let per_rank = run(&base, world_size, &config);
+            let (_, _, layout) = &per_rank[0];
+            let params: usize = layout.iter().map(Vec::len).sum();
+            assert_eq!(params, ref_grads.len());
+            if bucket_size_mb == 0.0 {
+                assert_eq!(layout.len(), params, "one bucket per parameter");
+            }
+            if bucket_size_mb == 0.0002 {
+                assert!(
+                    layout.iter().any(|b| b.len() > 1),
+                    "small gradients share buckets: {layout:?}"
+                );
+                assert!(layout.len() > 3, "several flushes: {layout:?}");
+            }
+            if bucket_size_mb == 1e4 && stage != 3 {
+                assert_eq!(layout.len(), 1, "one bucket holds everything");
+            }
+            for (rank, (loss, grads, _)) in per_rank.iter().enumerate() {
+                let ctx = format!(
+                    "world {world_size}, stage {stage}, bucket {bucket_size_mb} MiB, \
+                         overlap {overlap_comm}, rank {rank}"
+                );
+                assert_eq!(loss.to_bits(), ref_losses[rank].to_bits(), "loss, {ctx}");
+                assert_eq!(bits(grads), bits(&ref_grads), "gradients, {ctx}");
             }
         }
     }

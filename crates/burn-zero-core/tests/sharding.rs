@@ -265,6 +265,12 @@ impl<B: Backend> burn_zero_comm::Communicator<B> for CountingComm<B> {
     fn barrier(&self) -> Result<(), burn_zero_comm::CommError> {
         self.inner.barrier()
     }
+    fn duplicate(
+        &self,
+    ) -> Result<std::sync::Arc<dyn burn_zero_comm::Communicator<B>>, burn_zero_comm::CommError>
+    {
+        self.inner.duplicate()
+    }
     fn abort(&self, reason: &str) {
         self.inner.abort(reason)
     }

@@ -7,9 +7,13 @@ mod clip;
 mod loss_scale;
 mod master;
 mod optimizer;
+mod placement;
+mod record;
 mod state;
 
 pub use clip::NormType;
 pub use loss_scale::{DynamicLossScaler, LossScalerConfig};
-pub use optimizer::ZeroOptimizer;
+pub use optimizer::{StateSize, ZeroOptimizer};
+pub use placement::{Offload, OnDevice, Placement};
+pub use record::{ZeroOptimizerRecord, ZeroOptimizerRecordItem};
 pub use state::StateBytes;

@@ -53,6 +53,18 @@ impl DynamicLossScaler {
         }
     }
 
+    /// The state that changes from step to step: scale, clean steps, overflows.
+    pub(crate) fn state(&self) -> (f64, usize, usize) {
+        (self.scale, self.clean_steps, self.overflows)
+    }
+
+    /// Restores a state taken with `state`.
+    pub(crate) fn set_state(&mut self, (scale, clean_steps, overflows): (f64, usize, usize)) {
+        self.scale = scale;
+        self.clean_steps = clean_steps;
+        self.overflows = overflows;
+    }
+
     /// The current scale: multiply the loss by it before `backward`.
     pub fn scale(&self) -> f64 {
         self.scale

@@ -11,6 +11,15 @@ pub(crate) struct Master<O: SimpleOptimizer<B>, B: Backend> {
     pub state: Option<O::State<1>>,
 }
 
+impl<O: SimpleOptimizer<B>, B: Backend> Clone for Master<O, B> {
+    fn clone(&self) -> Self {
+        Self {
+            values: self.values.clone(),
+            state: self.state.clone(),
+        }
+    }
+}
+
 impl<O: SimpleOptimizer<B>, B: Backend> Master<O, B> {
     /// A master copy of `values` (converted to fp32), with no optimizer state yet.
     pub fn new(values: Tensor<B, 1>) -> Self {

@@ -4,15 +4,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::optim::{GradientsParams, SimpleOptimizer};
+use burn::optim::{
+    GradientsParams, LearningRate, MultiGradientsParams, Optimizer, SimpleOptimizer,
+};
 use burn::tensor::backend::distributed::DistributedParamId;
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
-use burn_zero_core::{ShardedView, Zero, ZeroGroup, ZeroTensor, group_of};
+use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
+use burn::tensor::{DType, Device, Shape, Tensor, TensorMetadata, TensorPrimitive};
+use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroGroup, ZeroTensor, group_of};
 
 use crate::clip::{LocalStats, NormType};
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
 use crate::master::Master;
+use crate::placement::{Offload, OnDevice, Placement};
+use crate::record::ZeroOptimizerRecord;
 use crate::state::StateBytes;
 
 /// Steps every parameter of a module sharded with `burn_zero_core::shard` using the
@@ -29,31 +33,98 @@ use crate::state::StateBytes;
 ///   ([`Self::with_loss_scaler`]): the global norm and the overflow flag travel in one
 ///   all-reduce; an overflow on any rank skips the step on every rank.
 ///
+/// - Masters, optimizer state and gradient accumulators stay on the model's device
+///   ([`ZeroOptimizer::new`]) or live on a host backend ([`ZeroOptimizer::offloaded`]).
+/// - It is a Burn [`Optimizer`](burn::optim::Optimizer), so it drops into an ordinary training
+///   loop; its record is this rank's part only ([`crate::ZeroOptimizerRecord`]).
+///
 /// Call [`ZeroOptimizer::step`] on every rank with that rank's gradients.
-pub struct ZeroOptimizer<O: SimpleOptimizer<B>, B: Backend> {
-    optim: O,
-    masters: BTreeMap<usize, Master<O, B>>,
+pub struct ZeroOptimizer<O, B: Backend, P: Placement<B> = OnDevice>
+where
+    O: SimpleOptimizer<P::Host>,
+{
+    pub(crate) optim: O,
+    pub(crate) masters: BTreeMap<usize, Master<O, P::Host>>,
     clipping: Option<(f32, NormType)>,
-    scaler: Option<DynamicLossScaler>,
-    skipped: usize,
+    pub(crate) scaler: Option<DynamicLossScaler>,
+    pub(crate) skipped: usize,
     last_norm: Option<f32>,
     /// Micro-steps per optimizer step, fp32 gradient accumulators by key, micro-steps so far.
     accumulation: usize,
-    accumulated: BTreeMap<usize, Tensor<B, 1>>,
-    micro_steps: usize,
+    pub(crate) accumulated: BTreeMap<usize, Tensor<P::Host, 1>>,
+    pub(crate) micro_steps: usize,
+    /// The rank and world size of the group this optimizer last stepped (or whose record it
+    /// loaded): a record only fits the same rank of a group of the same size.
+    pub(crate) placement: Option<(usize, usize)>,
+    /// Bytes of one master copy's optimizer state, given the state and the copy's length.
+    state_size: StateSize<O, P::Host>,
+    /// The group whose memory accounting shows the masters, state and accumulators, and the
+    /// bytes of each last reported to it.
+    tracked: Option<(Arc<ZeroGroup<B>>, [usize; 3])>,
+}
+
+/// Bytes of an optimizer's state for a master copy of `numel` elements.
+pub type StateSize<O, H> = fn(&<O as SimpleOptimizer<H>>::State<1>, usize) -> usize;
+
+impl<O, B: Backend, P: Placement<B>> Clone for ZeroOptimizer<O, B, P>
+where
+    O: SimpleOptimizer<P::Host>,
+{
+    fn clone(&self) -> Self {
+        Self {
+            optim: self.optim.clone(),
+            masters: self.masters.clone(),
+            clipping: self.clipping,
+            scaler: self.scaler.clone(),
+            skipped: self.skipped,
+            last_norm: self.last_norm,
+            accumulation: self.accumulation,
+            accumulated: self.accumulated.clone(),
+            micro_steps: self.micro_steps,
+            placement: self.placement,
+            state_size: self.state_size,
+            tracked: self.tracked.clone(),
+        }
+    }
 }
 
 /// One parameter's gradient, taken out of `GradientsParams` (or the orphans) before the step.
-struct Taken<B: Backend> {
+struct Taken<B: Backend, H: Backend> {
     group: Arc<ZeroGroup<B>>,
     key: usize,
-    /// This rank's part of the reduced gradient, flat.
-    grad: Tensor<B, 1>,
+    /// This rank's part of the reduced gradient, flat, where the masters live.
+    grad: Tensor<H, 1>,
 }
 
-impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B> {
-    /// Wraps `optim`.
+impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B, OnDevice>
+where
+    O::State<1>: StateBytes,
+{
+    /// Wraps `optim` (Adam, AdamW, SGD); masters and optimizer state on the model's device.
     pub fn new(optim: O) -> Self {
+        Self::with_placement(optim, StateBytes::state_bytes)
+    }
+}
+
+impl<O: SimpleOptimizer<H>, B: Backend, H: Backend> ZeroOptimizer<O, B, Offload<H>>
+where
+    O::State<1>: StateBytes,
+{
+    /// Wraps `optim`; masters, optimizer state and gradient accumulators on backend `H`'s
+    /// default device (e.g. `Flex` on the CPU) while the model computes on `B`.
+    pub fn offloaded(optim: O) -> Self {
+        Self::with_placement(optim, StateBytes::state_bytes)
+    }
+}
+
+impl<O, B: Backend, P: Placement<B>> ZeroOptimizer<O, B, P>
+where
+    O: SimpleOptimizer<P::Host>,
+{
+    /// Wraps any [`SimpleOptimizer`], with masters placed by `P` ([`OnDevice`] or
+    /// [`Offload`]); `state_size` tells the memory accounting how many bytes of state the
+    /// optimizer keeps for a master copy (e.g. `|_, numel| 4 * numel` for one fp32 tensor).
+    pub fn with_placement(optim: O, state_size: StateSize<O, P::Host>) -> Self {
         Self {
             optim,
             masters: BTreeMap::new(),
@@ -64,6 +135,9 @@ impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B> {
             accumulation: 1,
             accumulated: BTreeMap::new(),
             micro_steps: 0,
+            placement: None,
+            state_size,
+            tracked: None,
         }
     }
 
@@ -119,17 +193,35 @@ impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B> {
     }
 
     /// Bytes of optimizer state this rank holds (e.g. Adam's two moments per master copy).
-    pub fn state_bytes(&self) -> usize
-    where
-        O::State<1>: StateBytes,
-    {
+    pub fn state_bytes(&self) -> usize {
         self.masters
             .values()
             .filter_map(|m| {
                 let numel = m.values.shape().num_elements();
-                m.state.as_ref().map(|s| s.state_bytes(numel))
+                m.state.as_ref().map(|s| (self.state_size)(s, numel))
             })
             .sum()
+    }
+
+    /// Shows the current masters, state and accumulators in the group's memory accounting.
+    pub(crate) fn report_memory(&mut self) {
+        let now = [
+            self.master_bytes(),
+            self.state_bytes(),
+            self.accumulator_bytes(),
+        ];
+        if let Some((group, reported)) = &mut self.tracked {
+            let kinds = [
+                MemoryKind::MasterWeights,
+                MemoryKind::OptimizerState,
+                MemoryKind::GradientAccumulators,
+            ];
+            for ((kind, was), is) in kinds.into_iter().zip(reported.iter_mut()).zip(now) {
+                group.memory().sub(kind, *was);
+                group.memory().add(kind, is);
+                *was = is;
+            }
+        }
     }
 
     /// Bytes of fp32 master copies this rank holds.
@@ -148,15 +240,38 @@ impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B> {
         AB: AutodiffBackend<InnerBackend = Zero<B>>,
         M: AutodiffModule<AB>,
     {
-        let mut collect = Collect {
+        let mut collect = Collect::<B, P> {
             grads,
             orphans: Vec::new(),
             taken: HashMap::new(),
             order: Vec::new(),
+            _placement: std::marker::PhantomData,
         };
         module.visit(&mut collect);
-        let (mut taken, order) = (collect.taken, collect.order);
+        let (taken, order) = (collect.taken, collect.order);
+        if let Some(first) = order.first().and_then(|id| taken.get(id)) {
+            self.check_placement(&first.group);
+            if self.tracked.is_none() {
+                self.tracked = Some((first.group.clone(), [0; 3]));
+            }
+        }
+        let module = self.step_taken(lr, module, taken, order);
+        self.report_memory();
+        module
+    }
 
+    /// The step proper, on the gradients taken out of `grads`.
+    fn step_taken<AB, M>(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut taken: HashMap<ParamId, Taken<B, P::Host>>,
+        order: Vec<ParamId>,
+    ) -> M
+    where
+        AB: AutodiffBackend<InnerBackend = Zero<B>>,
+        M: AutodiffModule<AB>,
+    {
         if self.accumulation > 1 {
             for id in &order {
                 let t = &taken[id];
@@ -197,11 +312,25 @@ impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B> {
         module.map(&mut apply)
     }
 
+    /// Remembers which rank of which group size this optimizer steps for; refuses state that
+    /// another rank, or a group of another size, produced.
+    fn check_placement(&mut self, group: &ZeroGroup<B>) {
+        let here = (group.rank(), group.world_size());
+        match self.placement {
+            Some(saved) if saved != here => panic!(
+                "burn-zero: this optimizer's state belongs to rank {} of {} but it steps rank {} \
+                 of {}: load each rank's own record, into a group of the same size",
+                saved.0, saved.1, here.0, here.1
+            ),
+            _ => self.placement = Some(here),
+        }
+    }
+
     /// The factor every gradient is multiplied by (unscaling and clipping), or `None` when a
     /// gradient overflowed on any rank. Updates the loss scaler.
     fn gradient_factor(
         &mut self,
-        taken: &HashMap<ParamId, Taken<B>>,
+        taken: &HashMap<ParamId, Taken<B, P::Host>>,
         order: &[ParamId],
     ) -> Option<f64> {
         if self.clipping.is_none() && self.scaler.is_none() {
@@ -254,15 +383,17 @@ fn flat<B: Backend>(primitive: B::FloatTensorPrimitive) -> Tensor<B, 1> {
 /// Reduced gradients of parameters a rank did not use, by parameter key.
 type Orphans<B> = BTreeMap<usize, ZeroTensor<B>>;
 
-/// First pass: takes every sharded parameter's gradient, in visit order.
-struct Collect<B: Backend> {
+/// First pass: takes every sharded parameter's gradient, in visit order, to where the masters
+/// live.
+struct Collect<B: Backend, P: Placement<B>> {
     grads: GradientsParams,
     orphans: Vec<(Arc<ZeroGroup<B>>, Orphans<B>)>,
-    taken: HashMap<ParamId, Taken<B>>,
+    taken: HashMap<ParamId, Taken<B, P::Host>>,
     order: Vec<ParamId>,
+    _placement: std::marker::PhantomData<P>,
 }
 
-impl<B: Backend> Collect<B> {
+impl<B: Backend, P: Placement<B>> Collect<B, P> {
     fn orphan(&mut self, group: &Arc<ZeroGroup<B>>, key: usize) -> Option<ZeroTensor<B>> {
         let index = match self.orphans.iter().position(|(g, _)| Arc::ptr_eq(g, group)) {
             Some(index) => index,
@@ -276,9 +407,10 @@ impl<B: Backend> Collect<B> {
     }
 }
 
-impl<AB, B> ModuleVisitor<AB> for Collect<B>
+impl<AB, B, P> ModuleVisitor<AB> for Collect<B, P>
 where
     B: Backend,
+    P: Placement<B>,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
 {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
@@ -306,34 +438,52 @@ where
                 if sharded { "to shards" } else { "whole" },
             ),
         };
+        let grad = P::to_host(grad);
         self.order.push(param.id);
         self.taken.insert(param.id, Taken { group, key, grad });
     }
 }
 
 /// Second pass: steps every parameter that has a gradient.
-struct Apply<'a, O: SimpleOptimizer<B>, B: Backend> {
-    optimizer: &'a mut ZeroOptimizer<O, B>,
+struct Apply<'a, O, B: Backend, P: Placement<B>>
+where
+    O: SimpleOptimizer<P::Host>,
+{
+    optimizer: &'a mut ZeroOptimizer<O, B, P>,
     lr: f64,
     factor: f64,
-    taken: HashMap<ParamId, Taken<B>>,
+    taken: HashMap<ParamId, Taken<B, P::Host>>,
 }
 
-impl<O: SimpleOptimizer<B>, B: Backend> Apply<'_, O, B> {
+impl<O, B: Backend, P: Placement<B>> Apply<'_, O, B, P>
+where
+    O: SimpleOptimizer<P::Host>,
+{
     /// The new value of a parameter (currently `value`) after a step with its gradient.
-    fn update(&mut self, taken: Taken<B>, value: ZeroTensor<B>) -> ZeroTensor<B> {
+    fn update(&mut self, taken: Taken<B, P::Host>, value: ZeroTensor<B>) -> ZeroTensor<B> {
         let Taken { group, key, grad } = taken;
         let sharded_grad = group.gradient_is_sharded(key);
         let shape = value.shape();
         let dtype = value.dtype();
         let master = self.optimizer.masters.entry(key).or_insert_with(|| {
-            Master::new(match &value {
+            Master::new(P::to_host(match &value {
                 ZeroTensor::Sharded(view) => flat(view.param().shard().clone()),
                 ZeroTensor::Local(full) if sharded_grad => group.own_block(flat(full.clone())),
                 ZeroTensor::Local(full) => flat(full.clone()),
-            })
+            }))
         });
+        if master.values.dims() != grad.dims() {
+            panic!(
+                "burn-zero: rank {}: parameter #{key} has a gradient part of {} elements but its \
+                 optimizer state holds {}; was the optimizer record saved by another rank or a \
+                 group of another size?",
+                group.rank(),
+                grad.dims()[0],
+                master.values.dims()[0]
+            );
+        }
         let updated = master.step(&self.optimizer.optim, self.lr, grad, self.factor);
+        let updated = P::to_model(updated, group.device());
         let updated = if dtype == DType::F32 {
             updated
         } else {
@@ -363,10 +513,11 @@ impl<O: SimpleOptimizer<B>, B: Backend> Apply<'_, O, B> {
     }
 }
 
-impl<AB, O, B> ModuleMapper<AB> for Apply<'_, O, B>
+impl<AB, O, B, P> ModuleMapper<AB> for Apply<'_, O, B, P>
 where
     B: Backend,
-    O: SimpleOptimizer<B>,
+    P: Placement<B>,
+    O: SimpleOptimizer<P::Host>,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
 {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
@@ -399,5 +550,44 @@ impl<AB: AutodiffBackend> ModuleMapper<AB> for Remark {
             tensor
         };
         Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+impl<M, AB, O, B, P> Optimizer<M, AB> for ZeroOptimizer<O, B, P>
+where
+    M: AutodiffModule<AB>,
+    AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = Device<B>>,
+    B: Backend,
+    P: Placement<B>,
+    O: SimpleOptimizer<P::Host>,
+{
+    type Record = ZeroOptimizerRecord<O, B, P>;
+
+    fn step(&mut self, lr: LearningRate, module: M, grads: GradientsParams) -> M {
+        ZeroOptimizer::step::<AB, M>(self, lr, module, grads)
+    }
+
+    /// Burn's multi-device gradients (one training process driving several devices) have one
+    /// entry per device; burn-zero runs one rank per device instead, so exactly one entry is
+    /// accepted.
+    fn step_multi(&mut self, lr: LearningRate, module: M, grads: MultiGradientsParams) -> M {
+        let devices = grads.grads.len();
+        let mut grads = grads.grads.into_iter();
+        match (grads.next(), grads.next()) {
+            (Some((grads, _)), None) => ZeroOptimizer::step::<AB, M>(self, lr, module, grads),
+            _ => panic!(
+                "burn-zero: ZeroOptimizer got gradients from {devices} devices in one step; \
+                 burn-zero runs one rank per device (burn_zero::comm::launch), each stepping its \
+                 own gradients"
+            ),
+        }
+    }
+
+    fn to_record(&self) -> Self::Record {
+        self.record()
+    }
+
+    fn load_record(self, record: Self::Record) -> Self {
+        self.restore(record)
     }
 }

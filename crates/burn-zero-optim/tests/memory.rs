@@ -45,6 +45,11 @@ fn stage3_mixed_precision_adam_holds_sixteen_bytes_per_parameter_over_n() {
             assert_eq!(grads, 2 * share, "f16 gradient shards");
             assert_eq!(*master, 4 * share, "fp32 master copies");
             assert_eq!(*state, 8 * share, "Adam's two fp32 moments");
+            // The group's tracker shows the optimizer's part too.
+            assert_eq!(report.master_weights.current as usize, *master);
+            assert_eq!(report.optimizer_state.current as usize, *state);
+            assert_eq!(report.gradient_accumulators.peak, 0, "no accumulation");
+            assert_eq!(report.buckets.current, 0, "buckets freed after backward");
             let total = params + grads + master + state;
             let formula = 16.0 * psi as f64 / world_size as f64;
             // Padding adds at most one element per parameter and rank.

@@ -10,7 +10,7 @@ use burn::optim::{
 };
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{StateBytes, ZeroOptimizer};
 use burn_zero_testing::{
     Block, Train, base_model, bits_equal, micro_batch, param_values, step_mean_grads,
 };
@@ -43,6 +43,7 @@ fn sharded<O>(
 ) -> Vec<Vec<Vec<f32>>>
 where
     O: SimpleOptimizer<Flex>,
+    O::State<1>: StateBytes,
 {
     launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
         let mut model = shard(base.clone(), &ctx, config)?;
@@ -85,6 +86,7 @@ fn check<OA, OS>(name: &str, init: impl Fn() -> OA, build: impl Fn() -> OS + Syn
 where
     OA: Optimizer<Block<Train>, Train>,
     OS: SimpleOptimizer<Flex>,
+    OS::State<1>: StateBytes,
 {
     let base = base_model(&Default::default());
     for world_size in [1, 2, 4] {

@@ -63,12 +63,16 @@ impl<B: Backend> LocalGroup<B> {
         }
         let rendezvous = Arc::new(Rendezvous::new(world_size, options.timeout));
         Ok((0..world_size)
-            .map(|rank| LocalGroup {
-                rank,
-                rendezvous: rendezvous.clone(),
-                issued: AtomicU64::new(0),
-            })
+            .map(|rank| Self::handle(rank, rendezvous.clone()))
             .collect())
+    }
+
+    fn handle(rank: usize, rendezvous: Arc<Rendezvous<Option<Tensor<B, 1>>>>) -> Self {
+        LocalGroup {
+            rank,
+            rendezvous,
+            issued: AtomicU64::new(0),
+        }
     }
 
     /// The error that ended this group, if it has ended.
@@ -283,6 +287,15 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
     fn barrier(&self) -> Result<(), CommError> {
         let call = self.begin(CollectiveOp::Barrier, None)?;
         self.exchange(&call, 0, None).map(drop)
+    }
+
+    fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        let call = self.begin(CollectiveOp::Duplicate, None)?;
+        let child = Rendezvous::child(&self.rendezvous, call.seq);
+        // Once the exchange completes, every rank has taken the child.
+        self.exchange(&call, 0, None)?;
+        self.rendezvous.forget_child(call.seq);
+        Ok(Arc::new(Self::handle(self.rank, child)))
     }
 
     fn abort(&self, reason: &str) {

@@ -2,7 +2,7 @@
 //! their call and leave with every rank's payload, or with the error that ended the group.
 
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::call::CollectiveCall;
@@ -29,17 +29,54 @@ struct State<P> {
     departed: Vec<bool>,
 }
 
+/// How often a duplicated group looks at its parent's failure while it waits.
+const PARENT_POLL: Duration = Duration::from_millis(20);
+
 /// Shared state of one group: open rounds, the error that ended the group (if any), and which
-/// ranks have left.
+/// ranks have left. A duplicated group keeps its parent: each ends when the other fails.
 pub(crate) struct Rendezvous<P> {
     world_size: usize,
     timeout: Duration,
     state: Mutex<State<P>>,
     changed: Condvar,
+    parent: Option<Arc<Rendezvous<P>>>,
+    /// Groups being duplicated from this one, by the sequence number of the `duplicate` call:
+    /// the first rank to arrive creates the child, the others take it.
+    children: Mutex<HashMap<u64, Arc<Rendezvous<P>>>>,
 }
 
 impl<P: Clone> Rendezvous<P> {
     pub fn new(world_size: usize, timeout: Duration) -> Self {
+        Self::with_parent(world_size, timeout, None)
+    }
+
+    /// The group over the same ranks as `parent`, with its own sequence of rounds, made by the
+    /// `duplicate` call number `seq`: created by the first rank to ask.
+    pub fn child(parent: &Arc<Self>, seq: u64) -> Arc<Self> {
+        parent
+            .children
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .entry(seq)
+            .or_insert_with(|| {
+                Arc::new(Self::with_parent(
+                    parent.world_size,
+                    parent.timeout,
+                    Some(parent.clone()),
+                ))
+            })
+            .clone()
+    }
+
+    /// Drops the parent's record of child `seq` once every rank has taken it.
+    pub fn forget_child(&self, seq: u64) {
+        self.children
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .remove(&seq);
+    }
+
+    fn with_parent(world_size: usize, timeout: Duration, parent: Option<Arc<Self>>) -> Self {
         Self {
             world_size,
             timeout,
@@ -49,6 +86,8 @@ impl<P: Clone> Rendezvous<P> {
                 departed: vec![false; world_size],
             }),
             changed: Condvar::new(),
+            parent,
+            children: Mutex::new(HashMap::new()),
         }
     }
 
@@ -66,11 +105,30 @@ impl<P: Clone> Rendezvous<P> {
 
     /// Ends the group with `error` unless it already ended; wakes every waiting rank.
     pub fn fail(&self, error: CommError) -> CommError {
-        let mut state = self.lock();
+        let state = self.lock();
+        self.end(state, error)
+    }
+
+    /// Records `error` as the group's failure unless one is recorded, releases the lock, wakes
+    /// the waiting ranks and ends the parent group too. Returns the recorded failure.
+    fn end(&self, mut state: MutexGuard<'_, State<P>>, error: CommError) -> CommError {
         let first = state.failure.get_or_insert(error).clone();
         drop(state);
         self.changed.notify_all();
+        if let Some(parent) = &self.parent {
+            parent.fail(first.clone());
+        }
         first
+    }
+
+    /// The failure of this group or, for a duplicate, of the group it came from. Locks the
+    /// parent while holding this group's lock: parents never lock their children, so the order
+    /// is fixed.
+    fn failure_in(&self, state: &State<P>) -> Option<CommError> {
+        state
+            .failure
+            .clone()
+            .or_else(|| self.parent.as_ref().and_then(|parent| parent.failure()))
     }
 
     /// Records that `rank` will issue no more collectives.
@@ -79,9 +137,10 @@ impl<P: Clone> Rendezvous<P> {
         self.changed.notify_all();
     }
 
-    /// The error that ended the group, if any.
+    /// The error that ended the group (or the group it was duplicated from), if any.
     pub fn failure(&self) -> Option<CommError> {
-        self.lock().failure.clone()
+        let state = self.lock();
+        self.failure_in(&state)
     }
 
     /// Deposits `payload` for `call` and returns every rank's payload in rank order, once all
@@ -102,8 +161,8 @@ impl<P: Clone> Rendezvous<P> {
         let world_size = self.world_size;
 
         let mut state = self.lock();
-        if let Some(failure) = &state.failure {
-            return Err(failure.clone());
+        if let Some(failure) = self.failure_in(&state) {
+            return Err(failure);
         }
         let round = state.rounds.entry(key).or_insert_with(|| Round {
             calls: vec![None; world_size],
@@ -125,9 +184,7 @@ impl<P: Clone> Rendezvous<P> {
                 other_rank,
                 other_call: Box::new(other_call.clone()),
             };
-            let failure = state.failure.get_or_insert(error).clone();
-            drop(state);
-            self.changed.notify_all();
+            let failure = self.end(state, error);
             tracing::error!(rank, %failure, "collective mismatch");
             return Err(failure);
         }
@@ -139,15 +196,17 @@ impl<P: Clone> Rendezvous<P> {
         }
 
         loop {
-            if let Some(failure) = &state.failure {
-                return Err(failure.clone());
-            }
+            // A round every rank reached completes even if the group fails meanwhile: the
+            // others may already have returned from it.
             let round = state
                 .rounds
                 .get(&key)
                 .unwrap_or_else(|| unreachable!("a round lives until every rank collected it"));
             if round.arrived == world_size {
                 break;
+            }
+            if let Some(failure) = self.failure_in(&state) {
+                return Err(failure);
             }
             let missing: Vec<usize> = (0..world_size)
                 .filter(|&r| round.calls[r].is_none())
@@ -169,13 +228,14 @@ impl<P: Clone> Rendezvous<P> {
                 None
             };
             if let Some(error) = error {
-                let failure = state.failure.get_or_insert(error).clone();
-                drop(state);
-                self.changed.notify_all();
+                let failure = self.end(state, error);
                 tracing::error!(rank, %failure, "collective abandoned");
                 return Err(failure);
             }
-            let wait = deadline.saturating_duration_since(Instant::now());
+            let mut wait = deadline.saturating_duration_since(Instant::now());
+            if self.parent.is_some() {
+                wait = wait.min(PARENT_POLL);
+            }
             state = self
                 .changed
                 .wait_timeout(state, wait)

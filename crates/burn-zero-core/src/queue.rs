@@ -1,0 +1,91 @@
+//! The bucket queue: final gradients wait here until their bucket is complete, and buckets
+//! are reduced strictly in layout order, so every rank issues the same collectives whatever
+//! order its hooks fire in.
+
+use std::collections::BTreeMap;
+
+use burn::tensor::backend::Backend;
+use burn_zero_comm::CommError;
+
+use crate::bucket::{self, Bucket, Reduction};
+use crate::memory::MemoryKind;
+
+/// One reduced bucket: its index in the layout and each member's reduced flat gradient.
+pub(crate) struct Reduced<B: Backend> {
+    pub bucket: usize,
+    pub values: Vec<B::FloatTensorPrimitive>,
+}
+
+/// Gradients of one backward pass waiting for their bucket.
+pub(crate) struct BucketQueue<B: Backend> {
+    buckets: Vec<Bucket>,
+    next: usize,
+    /// Full gradients by parameter key, with their bytes (counted as bucket memory).
+    pending: BTreeMap<usize, (B::FloatTensorPrimitive, usize)>,
+}
+
+impl<B: Backend> BucketQueue<B> {
+    pub fn new(buckets: Vec<Bucket>) -> Self {
+        Self {
+            buckets,
+            next: 0,
+            pending: BTreeMap::new(),
+        }
+    }
+
+    /// The layout, in reduction order.
+    pub fn buckets(&self) -> &[Bucket] {
+        &self.buckets
+    }
+
+    /// Keeps parameter `key`'s final gradient (`bytes` already counted as bucket memory).
+    pub fn push(&mut self, key: usize, grad: B::FloatTensorPrimitive, bytes: usize) {
+        self.pending.insert(key, (grad, bytes));
+    }
+
+    /// Whether the next bucket has every member's gradient.
+    pub fn next_is_complete(&self) -> bool {
+        self.buckets.get(self.next).is_some_and(|bucket| {
+            bucket
+                .members
+                .iter()
+                .all(|m| self.pending.contains_key(&m.key))
+        })
+    }
+
+    /// Whether every bucket of this pass has been reduced.
+    pub fn is_done(&self) -> bool {
+        self.next == self.buckets.len()
+    }
+
+    /// Reduces the next bucket, with zeros for members whose gradient never came (parameters
+    /// this rank did not use), and frees the members' full gradients.
+    pub fn reduce_next(&mut self, ctx: &Reduction<'_, B>) -> Result<Reduced<B>, CommError> {
+        let index = self.next;
+        self.next += 1;
+        let bucket = &self.buckets[index];
+        let grads = bucket
+            .members
+            .iter()
+            .map(|member| {
+                self.pending.remove(&member.key).map(|(grad, bytes)| {
+                    ctx.memory.sub(MemoryKind::Buckets, bytes);
+                    grad
+                })
+            })
+            .collect();
+        let values = bucket::reduce(ctx, bucket, grads)?;
+        Ok(Reduced {
+            bucket: index,
+            values,
+        })
+    }
+
+    /// Forgets this pass (after a failure, or when the pass is over) and starts the next.
+    pub fn reset(&mut self, memory: &crate::memory::MemoryTracker) {
+        for (_, (_, bytes)) in std::mem::take(&mut self.pending) {
+            memory.sub(MemoryKind::Buckets, bytes);
+        }
+        self.next = 0;
+    }
+}

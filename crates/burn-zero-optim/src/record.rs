@@ -1,0 +1,174 @@
+//! Saving and loading a [`ZeroOptimizer`]: each rank records its own part — fp32 master shards,
+//! optimizer state, gradient accumulators and the loss scaler — with no gathering.
+
+use std::marker::PhantomData;
+
+use burn::optim::SimpleOptimizer;
+use burn::record::{PrecisionSettings, Record};
+use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
+use burn::tensor::{Device, Tensor};
+use burn_zero_core::Zero;
+use serde::{Deserialize, Serialize};
+
+use crate::master::Master;
+use crate::optimizer::ZeroOptimizer;
+use crate::placement::{OnDevice, Placement};
+
+/// One rank's optimizer state: a Burn [`Record`] of the autodiff backend, so Burn's recorders
+/// save it (`BinFileRecorder`, `NamedMpkFileRecorder`, … with `FullPrecisionSettings` to keep
+/// the masters in fp32). Save one file per rank and load it into the same rank of a group of
+/// the same size: the optimizer refuses anything else at its next step.
+pub struct ZeroOptimizerRecord<O, B: Backend, P: Placement<B> = OnDevice>
+where
+    O: SimpleOptimizer<P::Host>,
+{
+    /// Rank and world size of the group the state belongs to (`None` before the first step).
+    pub placement: Option<(usize, usize)>,
+    /// Per parameter key: the fp32 master part and the optimizer's state for it.
+    pub masters: Vec<(usize, Tensor<P::Host, 1>, Option<O::State<1>>)>,
+    /// Per parameter key: fp32 gradient sums of the current accumulation window.
+    pub accumulated: Vec<(usize, Tensor<P::Host, 1>)>,
+    /// Micro-steps taken in the current accumulation window.
+    pub micro_steps: usize,
+    /// Loss scaler state: scale, clean steps since the last change, overflows counted towards
+    /// hysteresis.
+    pub scaler: Option<(f64, usize, usize)>,
+    /// Steps skipped because of overflow.
+    pub skipped: usize,
+    _model: PhantomData<B>,
+}
+
+/// The serialisable form of a [`ZeroOptimizerRecord`].
+#[derive(Serialize, Deserialize, Clone)]
+#[serde(bound = "")]
+pub struct ZeroOptimizerRecordItem<O: SimpleOptimizer<H>, H: Backend, S: PrecisionSettings> {
+    placement: Option<(usize, usize)>,
+    masters: Vec<MasterItem<O, H, S>>,
+    accumulated: Vec<(usize, <Tensor<H, 1> as Record<H>>::Item<S>)>,
+    micro_steps: usize,
+    scaler: Option<(f64, usize, usize)>,
+    skipped: usize,
+}
+
+/// One master copy in serialisable form.
+#[derive(Serialize, Deserialize, Clone)]
+#[serde(bound = "")]
+struct MasterItem<O: SimpleOptimizer<H>, H: Backend, S: PrecisionSettings> {
+    key: usize,
+    values: <Tensor<H, 1> as Record<H>>::Item<S>,
+    state: Option<<O::State<1> as Record<H>>::Item<S>>,
+}
+
+impl<AB, O, B, P> Record<AB> for ZeroOptimizerRecord<O, B, P>
+where
+    AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = Device<B>>,
+    B: Backend,
+    P: Placement<B>,
+    O: SimpleOptimizer<P::Host>,
+{
+    type Item<S: PrecisionSettings> = ZeroOptimizerRecordItem<O, P::Host, S>;
+
+    fn into_item<S: PrecisionSettings>(self) -> Self::Item<S> {
+        ZeroOptimizerRecordItem {
+            placement: self.placement,
+            masters: self
+                .masters
+                .into_iter()
+                .map(|(key, values, state)| MasterItem {
+                    key,
+                    values: Record::<P::Host>::into_item::<S>(values),
+                    state: state.map(|s| Record::<P::Host>::into_item::<S>(s)),
+                })
+                .collect(),
+            accumulated: self
+                .accumulated
+                .into_iter()
+                .map(|(key, sum)| (key, Record::<P::Host>::into_item::<S>(sum)))
+                .collect(),
+            micro_steps: self.micro_steps,
+            scaler: self.scaler,
+            skipped: self.skipped,
+        }
+    }
+
+    fn from_item<S: PrecisionSettings>(item: Self::Item<S>, device: &AB::Device) -> Self {
+        let host = P::host_device(device);
+        Self {
+            placement: item.placement,
+            masters: item
+                .masters
+                .into_iter()
+                .map(|m| {
+                    let values =
+                        <Tensor<P::Host, 1> as Record<P::Host>>::from_item(m.values, &host);
+                    let state = m
+                        .state
+                        .map(|s| <O::State<1> as Record<P::Host>>::from_item(s, &host));
+                    (m.key, values, state)
+                })
+                .collect(),
+            accumulated: item
+                .accumulated
+                .into_iter()
+                .map(|(key, sum)| {
+                    let sum = <Tensor<P::Host, 1> as Record<P::Host>>::from_item(sum, &host);
+                    (key, sum)
+                })
+                .collect(),
+            micro_steps: item.micro_steps,
+            scaler: item.scaler,
+            skipped: item.skipped,
+            _model: PhantomData,
+        }
+    }
+}
+
+impl<O, B: Backend, P: Placement<B>> ZeroOptimizer<O, B, P>
+where
+    O: SimpleOptimizer<P::Host>,
+{
+    /// This rank's state as a record (no communication).
+    pub fn record(&self) -> ZeroOptimizerRecord<O, B, P> {
+        ZeroOptimizerRecord {
+            placement: self.placement,
+            masters: self
+                .masters
+                .iter()
+                .map(|(&key, m)| (key, m.values.clone(), m.state.clone()))
+                .collect(),
+            accumulated: self
+                .accumulated
+                .iter()
+                .map(|(&key, sum)| (key, sum.clone()))
+                .collect(),
+            micro_steps: self.micro_steps,
+            scaler: self.scaler.as_ref().map(|s| s.state()),
+            skipped: self.skipped,
+            _model: PhantomData,
+        }
+    }
+
+    /// Replaces this rank's state with `record`. The optimizer's own settings (the wrapped
+    /// optimizer, clipping, accumulation, loss-scaler knobs) stay; a recorded loss-scaler state
+    /// is restored only into an optimizer that has a scaler.
+    pub fn restore(mut self, record: ZeroOptimizerRecord<O, B, P>) -> Self {
+        self.placement = record.placement;
+        self.masters = record
+            .masters
+            .into_iter()
+            .map(|(key, values, state)| (key, Master { values, state }))
+            .collect();
+        self.accumulated = record.accumulated.into_iter().collect();
+        self.micro_steps = record.micro_steps;
+        self.skipped = record.skipped;
+        match (&mut self.scaler, record.scaler) {
+            (Some(scaler), Some(state)) => scaler.set_state(state),
+            (None, Some(_)) => tracing::warn!(
+                "the optimizer record has a loss-scaler state but this optimizer has no scaler"
+            ),
+            _ => {}
+        }
+        self.report_memory();
+        self
+    }
+}

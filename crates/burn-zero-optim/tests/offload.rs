@@ -1,0 +1,83 @@
+//! Offload: master shards, optimizer state and gradient accumulators on a host backend while
+//! the model computes on `Zero<Flex>`. With the same backend on both sides the only change is
+//! the round trip through host memory, so training is bitwise unchanged; with NdArray as the
+//! host, Adam's arithmetic runs in another backend and agrees to float rounding.
+
+use burn::backend::{Flex, NdArray};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn_zero_comm::launch;
+use burn_zero_core::{ZeroConfig, ZeroError, shard};
+use burn_zero_optim::{Offload, Placement, ZeroOptimizer};
+use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
+
+const WORLD: usize = 2;
+const STEPS: usize = 6;
+const LR: f64 = 1e-2;
+
+/// Final parameters of every rank, and rank 0's master and state bytes.
+fn train<P: Placement<Flex>>(
+    base: &Block<Train>,
+    optim: impl Fn() -> ZeroOptimizer<burn::optim::Adam, Flex, P> + Sync,
+) -> (Vec<Vec<Vec<f32>>>, (usize, usize))
+where
+    burn::optim::Adam: burn::optim::SimpleOptimizer<P::Host>,
+    <burn::optim::Adam as burn::optim::SimpleOptimizer<P::Host>>::State<1>:
+        burn_zero_optim::StateBytes,
+{
+    let config = ZeroConfig::new().with_persist_below_numel(12);
+    let per_rank = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let mut model = shard(base.clone(), &ctx, &config)?;
+        let mut optimizer = optim().with_accumulation(2);
+        for step in 0..STEPS {
+            let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
+            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+            model = optimizer.step(LR, model, grads);
+        }
+        Ok((
+            param_values(&model),
+            (optimizer.master_bytes(), optimizer.state_bytes()),
+        ))
+    })
+    .unwrap();
+    let bytes = per_rank[0].1;
+    (per_rank.into_iter().map(|(p, _)| p).collect(), bytes)
+}
+
+fn max_relative_difference(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f32 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .flat_map(|(x, y)| x.iter().zip(y))
+        .map(|(x, y)| (x - y).abs() / x.abs().max(y.abs()).max(1e-3))
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn offloading_to_the_same_backend_is_bitwise_unchanged() {
+    let base = base_model(&Default::default());
+    let (on_device, device_bytes) = train(&base, || ZeroOptimizer::new(AdamConfig::new().build()));
+    let (offloaded, host_bytes) = train(&base, || {
+        ZeroOptimizer::<_, Flex, Offload<Flex>>::offloaded(AdamConfig::new().build())
+    });
+    assert!(device_bytes.0 > 0 && device_bytes.1 == 2 * device_bytes.0);
+    assert_eq!(device_bytes, host_bytes, "the same state, somewhere else");
+    for rank in 0..WORLD {
+        assert!(
+            params_bits_equal(&on_device[rank], &offloaded[rank]),
+            "rank {rank}"
+        );
+    }
+}
+
+#[test]
+fn offloading_to_ndarray_agrees_to_rounding() {
+    let base = base_model(&Default::default());
+    let (on_device, _) = train(&base, || ZeroOptimizer::new(AdamConfig::new().build()));
+    let (offloaded, _) = train(&base, || {
+        ZeroOptimizer::<_, Flex, Offload<NdArray>>::offloaded(AdamConfig::new().build())
+    });
+    // The masters' type is `Tensor<NdArray, 1>`: the steps ran in NdArray's Adam.
+    let difference = max_relative_difference(&on_device, &offloaded);
+    println!("max relative difference, Flex masters vs NdArray masters: {difference:e}");
+    assert!(difference < 1e-5, "max relative difference {difference:e}");
+}

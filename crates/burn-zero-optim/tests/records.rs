@@ -1,0 +1,134 @@
+//! `ZeroOptimizer` as Burn's `Optimizer`: its record is each rank's own part, saved to a file
+//! per rank with Burn's recorders and loaded into a fresh optimizer, after which training goes
+//! on exactly as if it had never stopped.
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::Flex;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
+use burn_zero_comm::{RankContext, launch};
+use burn_zero_core::{ZeroConfig, ZeroError, shard};
+use burn_zero_optim::{LossScalerConfig, ZeroOptimizer};
+use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
+
+const WORLD: usize = 2;
+const LR: f64 = 1e-2;
+
+type Recorded = BinFileRecorder<FullPrecisionSettings>;
+
+/// An ordinary Burn training loop, generic over the optimizer: steps `from..to`.
+fn train<O: Optimizer<Block<Train>, Train>>(
+    mut model: Block<Train>,
+    optim: &mut O,
+    ctx: &RankContext<Flex>,
+    steps: std::ops::Range<usize>,
+) -> Block<Train> {
+    for step in steps {
+        let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
+        let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+        model = optim.step(LR, model, grads);
+    }
+    model
+}
+
+fn optimizer() -> ZeroOptimizer<burn::optim::Adam, Flex> {
+    ZeroOptimizer::new(AdamConfig::new().build())
+        .with_accumulation(2)
+        .with_loss_scaler(
+            LossScalerConfig::new()
+                .with_initial_scale(1024.0)
+                .with_growth_interval(2),
+        )
+}
+
+fn config() -> ZeroConfig {
+    ZeroConfig::new().with_persist_below_numel(12)
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-zero-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn rank_file(dir: &Path, rank: usize) -> PathBuf {
+    dir.join(format!("optimizer-rank{rank}"))
+}
+
+#[test]
+fn a_saved_and_reloaded_optimizer_trains_on_bitwise_unchanged() {
+    let base = base_model(&Default::default());
+    let dir = scratch("records");
+
+    let straight = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let model = shard(base.clone(), &ctx, &config())?;
+        let mut optim = optimizer();
+        let model = train(model, &mut optim, &ctx, 0..7);
+        Ok(param_values(&model))
+    })
+    .unwrap();
+
+    let resumed = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let model = shard(base.clone(), &ctx, &config())?;
+        let mut optim = optimizer();
+        // Stop in the middle of an accumulation window (3 micro-steps: one step, one pending).
+        let model = train(model, &mut optim, &ctx, 0..3);
+        let record = Optimizer::<Block<Train>, Train>::to_record(&optim);
+        assert_eq!(record.placement, Some((ctx.rank(), WORLD)));
+        assert_eq!(record.micro_steps, 1);
+        assert!(!record.accumulated.is_empty());
+        Recorder::<Train>::record(&Recorded::new(), record, rank_file(&dir, ctx.rank()))
+            .expect("record saved");
+        drop(optim);
+
+        let loaded =
+            Recorder::<Train>::load(&Recorded::new(), rank_file(&dir, ctx.rank()), ctx.device())
+                .expect("record loaded");
+        let mut optim = Optimizer::<Block<Train>, Train>::load_record(optimizer(), loaded);
+        let model = train(model, &mut optim, &ctx, 3..7);
+        Ok(param_values(&model))
+    })
+    .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+
+    for rank in 0..WORLD {
+        assert!(
+            params_bits_equal(&straight[rank], &resumed[rank]),
+            "rank {rank}: resumed training differs from uninterrupted training"
+        );
+    }
+}
+
+#[test]
+fn a_record_loaded_on_another_rank_is_refused_by_name() {
+    let base = base_model(&Default::default());
+    let dir = scratch("swapped");
+    let result = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let model = shard(base.clone(), &ctx, &config())?;
+        let mut optim = ZeroOptimizer::new(AdamConfig::new().build());
+        let model = train(model, &mut optim, &ctx, 0..1);
+        let record = Optimizer::<Block<Train>, Train>::to_record(&optim);
+        Recorder::<Train>::record(&Recorded::new(), record, rank_file(&dir, ctx.rank())).unwrap();
+        ctx.comm().barrier()?;
+        // Each rank loads the other rank's file.
+        let other = (ctx.rank() + 1) % WORLD;
+        let loaded =
+            Recorder::<Train>::load(&Recorded::new(), rank_file(&dir, other), ctx.device())
+                .unwrap();
+        let mut optim = Optimizer::<Block<Train>, Train>::load_record(
+            ZeroOptimizer::new(AdamConfig::new().build()),
+            loaded,
+        );
+        train(model, &mut optim, &ctx, 1..2);
+        Ok(())
+    });
+    std::fs::remove_dir_all(&dir).ok();
+    let message = result
+        .expect_err("a swapped record must be refused")
+        .to_string();
+    assert!(
+        message.contains("belongs to rank") && message.contains("of 2 but it steps rank"),
+        "{message}"
+    );
+}
