@@ -176,27 +176,30 @@ fn an_invalid_call_fails_the_group_for_good() {
 }
 
 #[test]
-fn a_duplicate_is_independent_and_survives_an_abort() {
-    let Some((_gpus, devices)) = gpus("a_duplicate_is_independent_and_survives_an_abort") else {
+fn a_duplicate_works_and_shares_the_fate_of_its_group() {
+    let Some((_gpus, devices)) = gpus("a_duplicate_works_and_shares_the_fate_of_its_group") else {
         return;
     };
     let world = devices.len();
     let groups = NcclGroup::local_group(&devices, &NcclOptions::default()).unwrap();
-    let sums = std::thread::scope(|scope| {
+    let results = std::thread::scope(|scope| {
         let handles: Vec<_> = groups
             .iter()
             .zip(&devices)
             .map(|(group, device)| {
                 scope.spawn(move || {
-                    let copy = group.duplicate_group()?;
-                    Communicator::<B>::barrier(&copy)?;
+                    let copy = Communicator::<B>::duplicate(group)?;
+                    // Both work, in the same order on every rank.
+                    let one =
+                        group.all_reduce(tensor(&[1.0], DType::F32, device), ReduceOp::Sum)?;
+                    let two = copy.all_reduce(tensor(&[2.0], DType::F32, device), ReduceOp::Sum)?;
+                    copy.barrier()?;
+                    // Ending the original ends its duplicate on this rank.
                     Communicator::<B>::abort(group, "test abort");
-                    let after = group
+                    let after = copy
                         .all_reduce(tensor(&[1.0], DType::F32, device), ReduceOp::Sum)
                         .unwrap_err();
-                    assert!(matches!(after, CommError::PeerFailed { .. }), "{after}");
-                    let sum = copy.all_reduce(tensor(&[2.0], DType::F32, device), ReduceOp::Sum)?;
-                    Ok::<_, CommError>(bits(sum))
+                    Ok::<_, CommError>((bits(one), bits(two), after))
                 })
             })
             .collect();
@@ -205,9 +208,22 @@ fn a_duplicate_is_independent_and_survives_an_abort() {
             .map(|h| h.join().unwrap())
             .collect::<Vec<_>>()
     });
-    let expected = bits(tensor(&[2.0 * world as f32], DType::F32, &devices[0]));
-    for sum in sums {
-        assert_eq!(sum.unwrap(), expected);
+    let one = bits(tensor(&[world as f32], DType::F32, &devices[0]));
+    let two = bits(tensor(&[2.0 * world as f32], DType::F32, &devices[0]));
+    for (rank, result) in results.into_iter().enumerate() {
+        let (got_one, got_two, after) = result.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(
+            (got_one, got_two),
+            (one.clone(), two.clone()),
+            "rank {rank}"
+        );
+        assert_eq!(
+            after,
+            CommError::PeerFailed {
+                rank,
+                reason: "test abort".into()
+            }
+        );
     }
 }
 

@@ -52,8 +52,14 @@ pub struct NcclGroup {
     stream: Arc<CudaStream>,
     /// Set by [`Communicator::abort`] while another thread is inside a collective.
     abort_request: Mutex<Option<String>>,
+    /// Shared with the group this one was duplicated from and every duplicate: the first
+    /// failure of any of them ends them all.
+    family: Family,
     issued: AtomicU64,
 }
+
+/// The failure shared by a group and its duplicates.
+type Family = Arc<Mutex<Option<CommError>>>;
 
 /// The communicator and what it needs to run one collective at a time.
 struct Link {
@@ -84,6 +90,27 @@ impl NcclGroup {
         context: Arc<CudaContext>,
         comm: RawComm,
     ) -> Result<Self, CommError> {
+        Self::in_family(
+            rank,
+            world_size,
+            device,
+            options,
+            context,
+            comm,
+            Family::default(),
+        )
+    }
+
+    /// [`NcclGroup::from_parts`] for a member of an existing family of groups.
+    fn in_family(
+        rank: usize,
+        world_size: usize,
+        device: CudaDevice,
+        options: NcclOptions,
+        context: Arc<CudaContext>,
+        comm: RawComm,
+        family: Family,
+    ) -> Result<Self, CommError> {
         let device_error = |error: cudarc::driver::DriverError| CommError::Device {
             rank,
             reason: format!("CUDA: {error}"),
@@ -103,6 +130,7 @@ impl NcclGroup {
                 done,
             }),
             abort_request: Mutex::new(None),
+            family,
             issued: AtomicU64::new(0),
         })
     }
@@ -122,16 +150,22 @@ impl NcclGroup {
         self.lock().failure.clone()
     }
 
-    /// A new group over the same ranks, in the same order, with its own NCCL communicator
-    /// (`ncclCommSplit` on NCCL 2.18 and later, otherwise a fresh unique id broadcast over this
-    /// group). Collective: every rank must call it.
+    /// A new group over the same ranks, in the same order, with its own NCCL communicator and
+    /// stream (`ncclCommSplit` on NCCL 2.18 and later, otherwise a fresh unique id broadcast
+    /// over this group). Collective: every rank must call it as its next call on this group. A
+    /// failure of either group ends the other too (see [`Communicator::duplicate`]).
     ///
     /// As with any two NCCL communicators over the same GPUs, every rank must issue the
     /// collectives of both in the same relative order; NCCL may deadlock otherwise (a collective
     /// of one waits on the GPU for a peer that is blocked in the other).
     pub fn duplicate_group(&self) -> Result<NcclGroup, CommError> {
-        let during = "duplicate (communicator split)";
-        let version = sys::version().map_err(|f| self.nccl_error(during, f))?;
+        let call = self.call(CollectiveOp::Duplicate, None, 0);
+        let during = call.to_string();
+        let during = during.as_str();
+        let version = sys::version().map_err(|f| {
+            let mut link = self.lock();
+            self.fail(&mut link, self.nccl_error(during, f))
+        })?;
         if version >= sys::SPLIT_VERSION {
             let mut link = self.lock();
             self.bind(&mut link)?;
@@ -147,14 +181,19 @@ impl NcclGroup {
                 started,
                 self.options.timeout,
                 during,
-            )?;
-            return NcclGroup::from_parts(
+            )
+            .map_err(|error| {
+                let mut link = self.lock();
+                self.fail(&mut link, error)
+            })?;
+            return NcclGroup::in_family(
                 self.rank,
                 self.world_size,
                 self.device.clone(),
                 self.options.clone(),
                 self.context.clone(),
                 child,
+                self.family.clone(),
             );
         }
         // Older NCCL: rank 0 makes an id and broadcasts it over this group.
@@ -187,13 +226,25 @@ impl NcclGroup {
         for (byte, value) in id.iter_mut().zip(shared) {
             *byte = value as u8;
         }
-        super::init::init_rank(
+        let child = super::init::init_comm(
+            self.rank,
+            self.world_size,
+            &self.context,
+            &id,
+            &self.options,
+        )
+        .map_err(|error| {
+            let mut link = self.lock();
+            self.fail(&mut link, error)
+        })?;
+        NcclGroup::in_family(
             self.rank,
             self.world_size,
             self.device.clone(),
+            self.options.clone(),
             self.context.clone(),
-            &id,
-            &self.options,
+            child,
+            self.family.clone(),
         )
     }
 
@@ -210,6 +261,17 @@ impl NcclGroup {
                 reason,
             };
             self.fail(link, error);
+        }
+        if link.failure.is_none() {
+            let family = self
+                .family
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(error) = family {
+                // A duplicate (or the group this one came from) failed: end this one too.
+                self.fail(link, error);
+            }
         }
         if let Some(failure) = &link.failure {
             return Err(failure.clone());
@@ -242,6 +304,10 @@ impl NcclGroup {
         tracing::error!(rank = self.rank, %error, "NCCL group failed; aborting the communicator");
         link.comm = None; // Drop aborts.
         link.failure = Some(error.clone());
+        self.family
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(|| error.clone());
         error
     }
 
@@ -561,6 +627,12 @@ where
             Kind::AllReduce(RedOp::Sum),
         )
         .map(|_| ())
+    }
+
+    fn duplicate(
+        &self,
+    ) -> Result<Arc<dyn Communicator<CubeBackend<CudaRuntime, F, I, BT>>>, CommError> {
+        Ok(Arc::new(self.duplicate_group()?))
     }
 
     fn abort(&self, reason: &str) {

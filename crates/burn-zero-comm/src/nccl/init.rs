@@ -141,7 +141,7 @@ impl NcclGroup {
 }
 
 /// Creates this rank's communicator from a shared id and wraps it.
-pub(crate) fn init_rank(
+fn init_rank(
     rank: usize,
     world_size: usize,
     device: CudaDevice,
@@ -149,6 +149,18 @@ pub(crate) fn init_rank(
     id: &[u8; sys::UNIQUE_ID_BYTES],
     options: &NcclOptions,
 ) -> Result<NcclGroup, CommError> {
+    let comm = init_comm(rank, world_size, &context, id, options)?;
+    NcclGroup::from_parts(rank, world_size, device, options.clone(), context, comm)
+}
+
+/// Creates this rank's communicator from a shared id, on `context`'s device.
+pub(crate) fn init_comm(
+    rank: usize,
+    world_size: usize,
+    context: &Arc<CudaContext>,
+    id: &[u8; sys::UNIQUE_ID_BYTES],
+    options: &NcclOptions,
+) -> Result<RawComm, CommError> {
     context
         .bind_to_thread()
         .map_err(|error| CommError::Device {
@@ -167,7 +179,7 @@ pub(crate) fn init_rank(
         "communicator creation",
     )?;
     tracing::info!(rank, world_size, elapsed = ?started.elapsed(), "NCCL communicator created");
-    NcclGroup::from_parts(rank, world_size, device, options.clone(), context, comm)
+    Ok(comm)
 }
 
 /// Polls a communicator being created until it is ready; on an error or after `timeout` it is
