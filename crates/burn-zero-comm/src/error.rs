@@ -75,14 +75,14 @@ pub enum CommError {
         world_size: usize,
     },
     /// A tensor whose element type the engine cannot move or reduce.
-    #[error(
-        "unsupported dtype {dtype} for {op}: collectives take float tensors (f64, f32, f16, bf16)"
-    )]
+    #[error("unsupported dtype {dtype} for {op}: this engine's collectives take {supported}")]
     UnsupportedDtype {
         /// The dtype, as written by [`crate::call::dtype_name`].
         dtype: String,
         /// The collective.
         op: String,
+        /// The dtypes the engine takes, e.g. `f32, f16, bf16`.
+        supported: &'static str,
     },
     /// The backend failed while finishing this rank's pending work on its device.
     #[error("rank {rank}'s device failed to finish its work: {reason}")]
@@ -95,6 +95,47 @@ pub enum CommError {
     /// A group that cannot be built as asked.
     #[error("invalid group: {0}")]
     InvalidGroup(String),
+    /// The communication library reported an error; the communicator was aborted.
+    #[error("rank {rank}: NCCL failed in {during}: {code}{}", detail_suffix(.detail))]
+    Nccl {
+        /// The rank that saw the error.
+        rank: usize,
+        /// What it was doing (a collective's fingerprint, or the setup step).
+        during: String,
+        /// NCCL's result code, e.g. `ncclRemoteError`.
+        code: String,
+        /// NCCL's own message (`ncclGetLastError`), when it has one.
+        detail: String,
+    },
+    /// A collective did not complete within the group's timeout. The communicator was aborted,
+    /// so this rank does not wait forever; the usual causes are a rank that failed or stalled,
+    /// or ranks that issued different collectives.
+    #[error(
+        "rank {rank} waited {waited:?} in {during} and aborted the communicator: a peer failed, \
+         stalled, or issued a different collective"
+    )]
+    Stalled {
+        /// The rank that gave up.
+        rank: usize,
+        /// The collective (or setup step) it waited in.
+        during: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// A library or device the engine needs is missing on this machine.
+    #[error("engine unavailable: {0}")]
+    Unavailable(String),
+    /// The ranks could not meet to set the group up (launcher environment or rendezvous).
+    #[error("rendezvous failed: {0}")]
+    Rendezvous(String),
+}
+
+fn detail_suffix(detail: &str) -> String {
+    if detail.is_empty() {
+        String::new()
+    } else {
+        format!(" ({detail})")
+    }
 }
 
 /// How one rank of [`crate::launch`] ended, when it did not succeed.

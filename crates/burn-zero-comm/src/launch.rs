@@ -111,9 +111,36 @@ where
     }
     let ranks = LocalGroup::<B>::with_options(world_size, options.group.clone())
         .map_err(|e| LaunchError::Invalid(e.to_string()))?;
+    run_ranks(ranks, devices, LocalGroup::leave, rank_fn)
+}
+
+/// Runs `rank_fn` once per communicator, each on its own thread, with `devices[rank]` (or the
+/// single device given). `leave` runs after a rank succeeded; a rank that panics or returns an
+/// error aborts its communicator, so the other ranks fail instead of waiting. Shared by every
+/// engine's launcher.
+pub(crate) fn run_ranks<B, C, F, T, E>(
+    ranks: Vec<C>,
+    devices: &[B::Device],
+    leave: impl Fn(&C) + Sync,
+    rank_fn: F,
+) -> Result<Vec<T>, LaunchError>
+where
+    B: Backend,
+    C: Communicator<B> + 'static,
+    F: Fn(RankContext<B>) -> Result<T, E> + Sync,
+    T: Send,
+    E: Display,
+{
+    let world_size = ranks.len();
+    if devices.len() != 1 && devices.len() != world_size {
+        return Err(LaunchError::Invalid(format!(
+            "{} devices given for {world_size} ranks: give one device for all ranks or one per rank",
+            devices.len()
+        )));
+    }
     // Failures in the order they happened: the first is the cause, the rest its consequences.
     let failures: Mutex<Vec<(usize, RankFailure)>> = Mutex::new(Vec::new());
-    let record = |rank: usize, failure: RankFailure, comm: &LocalGroup<B>| {
+    let record = |rank: usize, failure: RankFailure, comm: &C| {
         tracing::error!(rank, %failure, "rank failed");
         let reason = failure.to_string();
         failures
@@ -128,14 +155,14 @@ where
         for (rank, comm) in ranks.into_iter().enumerate() {
             let comm = Arc::new(comm);
             let device = devices[rank % devices.len()].clone();
-            let (rank_fn, record) = (&rank_fn, &record);
+            let (rank_fn, record, leave) = (&rank_fn, &record, &leave);
             let spawned = thread::Builder::new()
                 .name(format!("rank-{rank}"))
                 .spawn_scoped(scope, move || {
                     let ctx = RankContext::new(device, comm.clone() as Arc<dyn Communicator<B>>);
                     match catch_unwind(AssertUnwindSafe(|| rank_fn(ctx))) {
                         Ok(Ok(value)) => {
-                            comm.leave();
+                            leave(&comm);
                             Some(value)
                         }
                         Ok(Err(error)) => {

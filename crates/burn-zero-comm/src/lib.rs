@@ -6,6 +6,8 @@
 //!   runs on every backend. Reductions run in rank order: results are bitwise reproducible.
 //! - [`launch`]: runs a closure once per rank on its own thread with a [`RankContext`], and
 //!   turns a failed rank into an error on every other rank instead of a hang.
+//! - `nccl` (feature `cuda`): `NcclGroup`, the NCCL engine for CubeCL's CUDA backend, within
+//!   one process or across processes started by `zero-run`.
 //!
 //! Every collective carries a fingerprint ([`CollectiveCall`]: sequence number, op, dtype,
 //! size); ranks that disagree get a [`CommError::Mismatch`] naming both sides, and a rank that
@@ -31,9 +33,13 @@ pub mod communicator;
 pub mod error;
 pub mod launch;
 pub mod local;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 
 pub use call::{CollectiveCall, CollectiveOp, ReduceOp};
 pub use communicator::Communicator;
 pub use error::{CommError, LaunchError, RankFailure};
 pub use launch::{LaunchOptions, RankContext, launch, launch_with};
 pub use local::{GroupOptions, LocalGroup};
+#[cfg(feature = "cuda")]
+pub use nccl::{NcclGroup, NcclOptions, launch_nccl};

@@ -121,6 +121,7 @@ impl<B: Backend> LocalGroup<B> {
             return Some(CommError::UnsupportedDtype {
                 dtype: dtype_name(dtype),
                 op: call.op.to_string(),
+                supported: "f64, f32, flex32, f16, bf16",
             });
         }
         match call.op {

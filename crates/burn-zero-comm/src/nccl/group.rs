@@ -1,0 +1,709 @@
+//! `NcclGroup`: one rank's NCCL communicator, and the collectives on CubeCL CUDA tensors.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, FloatElement, IntElement};
+use cubecl_cuda::{CudaDevice, CudaRuntime};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+
+use super::NcclOptions;
+use super::sys::{self, DataType, DevicePtr, Failure, Progress, RawComm, RedOp};
+use crate::call::{CollectiveCall, CollectiveOp, ReduceOp, dtype_name};
+use crate::communicator::Communicator;
+use crate::error::CommError;
+
+/// The dtypes the NCCL engine moves and reduces.
+pub(crate) const SUPPORTED: &str = "f32, flex32 (stored as f32), f16, bf16";
+
+/// One rank's handle on an NCCL communicator, for tensors of
+/// `CubeBackend<CudaRuntime, F, I, BT>` on one CUDA device.
+///
+/// Build the handles with [`NcclGroup::local_group`] (several GPUs of this process, one rank
+/// per thread), [`NcclGroup::from_env`] / [`NcclGroup::init`] (one rank per process, started by
+/// `zero-run` or torchrun), or [`crate::nccl::launch_nccl`].
+///
+/// Each collective is ordered with CubeCL's compute stream by synchronisation: the input's
+/// pending work is finished (`Backend::sync`), NCCL runs on the group's own stream, and the
+/// call returns once NCCL has completed, so the result is ready for any stream. While it waits,
+/// the rank polls NCCL for asynchronous errors and watches the group's timeout; on an error or
+/// a timeout it aborts the communicator (`ncclCommAbort`) and returns
+/// [`CommError::Nccl`] or [`CommError::Stalled`]. A failed group stays failed: every later call
+/// returns the same error.
+///
+/// `ReduceOp::Mean` is an NCCL sum divided once by the world size with a Burn op afterwards
+/// (not `ncclAvg`), the same arithmetic as [`crate::LocalGroup`]. Sums follow NCCL's order
+/// (ring or tree), not rank order, so they can differ from `LocalGroup` in the last bits when
+/// more than two ranks add values that round.
+pub struct NcclGroup {
+    // Declared first so that it drops first: the communicator is aborted before its stream
+    // and context are released.
+    link: Mutex<Link>,
+    rank: usize,
+    world_size: usize,
+    device: CudaDevice,
+    options: NcclOptions,
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// Set by [`Communicator::abort`] while another thread is inside a collective.
+    abort_request: Mutex<Option<String>>,
+    /// Shared with the group this one was duplicated from and every duplicate: the first
+    /// failure of any of them ends them all.
+    family: Family,
+    issued: AtomicU64,
+}
+
+/// The failure shared by a group and its duplicates.
+type Family = Arc<Mutex<Option<CommError>>>;
+
+/// The communicator and what it needs to run one collective at a time.
+struct Link {
+    /// `None` once the communicator was aborted.
+    comm: Option<RawComm>,
+    failure: Option<CommError>,
+    /// Recorded on the group's stream after each collective; polled for completion.
+    done: CudaEvent,
+}
+
+/// What a collective hands to NCCL besides the buffers.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    AllGather,
+    ReduceScatter(RedOp),
+    AllReduce(RedOp),
+    Broadcast(usize),
+}
+
+impl NcclGroup {
+    /// Wraps a communicator that was created on `context`'s device and has finished
+    /// initialising.
+    pub(crate) fn from_parts(
+        rank: usize,
+        world_size: usize,
+        device: CudaDevice,
+        options: NcclOptions,
+        context: Arc<CudaContext>,
+        comm: RawComm,
+    ) -> Result<Self, CommError> {
+        Self::in_family(
+            rank,
+            world_size,
+            device,
+            options,
+            context,
+            comm,
+            Family::default(),
+        )
+    }
+
+    /// [`NcclGroup::from_parts`] for a member of an existing family of groups.
+    fn in_family(
+        rank: usize,
+        world_size: usize,
+        device: CudaDevice,
+        options: NcclOptions,
+        context: Arc<CudaContext>,
+        comm: RawComm,
+        family: Family,
+    ) -> Result<Self, CommError> {
+        let device_error = |error: cudarc::driver::DriverError| CommError::Device {
+            rank,
+            reason: format!("CUDA: {error}"),
+        };
+        let stream = context.new_stream().map_err(device_error)?;
+        let done = context.new_event(None).map_err(device_error)?;
+        Ok(NcclGroup {
+            rank,
+            world_size,
+            device,
+            options,
+            context,
+            stream,
+            link: Mutex::new(Link {
+                comm: Some(comm),
+                failure: None,
+                done,
+            }),
+            abort_request: Mutex::new(None),
+            family,
+            issued: AtomicU64::new(0),
+        })
+    }
+
+    /// The CUDA device of this rank.
+    pub fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    /// The options the group was built with.
+    pub fn options(&self) -> &NcclOptions {
+        &self.options
+    }
+
+    /// The error that ended this group, if it has ended.
+    pub fn failure(&self) -> Option<CommError> {
+        self.lock().failure.clone()
+    }
+
+    /// A new group over the same ranks, in the same order, with its own NCCL communicator and
+    /// stream (`ncclCommSplit` on NCCL 2.18 and later, otherwise a fresh unique id broadcast
+    /// over this group). Collective: every rank must call it as its next call on this group. A
+    /// failure of either group ends the other too (see [`Communicator::duplicate`]).
+    ///
+    /// As with any two NCCL communicators over the same GPUs, every rank must issue the
+    /// collectives of both in the same relative order; NCCL may deadlock otherwise (a collective
+    /// of one waits on the GPU for a peer that is blocked in the other).
+    pub fn duplicate_group(&self) -> Result<NcclGroup, CommError> {
+        let call = self.call(CollectiveOp::Duplicate, None, 0);
+        let during = call.to_string();
+        let during = during.as_str();
+        let version = sys::version().map_err(|f| {
+            let mut link = self.lock();
+            self.fail(&mut link, self.nccl_error(during, f))
+        })?;
+        if version >= sys::SPLIT_VERSION {
+            let mut link = self.lock();
+            self.bind(&mut link)?;
+            let started = Instant::now();
+            let split = self.usable(&mut link)?.split(self.rank);
+            let (child, progress) =
+                split.map_err(|f| self.fail(&mut link, self.nccl_error(during, f)))?;
+            drop(link);
+            let child = super::init::finish_init(
+                self.rank,
+                child,
+                progress,
+                started,
+                self.options.timeout,
+                during,
+            )
+            .map_err(|error| {
+                let mut link = self.lock();
+                self.fail(&mut link, error)
+            })?;
+            return NcclGroup::in_family(
+                self.rank,
+                self.world_size,
+                self.device.clone(),
+                self.options.clone(),
+                self.context.clone(),
+                child,
+                self.family.clone(),
+            );
+        }
+        // Older NCCL: rank 0 makes an id and broadcasts it over this group.
+        let mut id = [0u8; sys::UNIQUE_ID_BYTES];
+        if self.rank == 0 {
+            id = sys::unique_id().map_err(|f| {
+                let mut link = self.lock();
+                self.fail(&mut link, self.nccl_error(during, f))
+            })?;
+        }
+        let floats: Vec<f32> = id.iter().map(|&b| b as f32).collect();
+        let tensor = Tensor::<CubeBackend<CudaRuntime, f32, i32, u8>, 1>::from_floats(
+            floats.as_slice(),
+            &self.device,
+        );
+        let shared = self.run(
+            CollectiveOp::Broadcast { root: 0 },
+            tensor.into_primitive().tensor(),
+            Kind::Broadcast(0),
+        )?;
+        let shared = Tensor::<CubeBackend<CudaRuntime, f32, i32, u8>, 1>::from_primitive(
+            TensorPrimitive::Float(shared),
+        )
+        .into_data()
+        .to_vec::<f32>()
+        .map_err(|e| CommError::Device {
+            rank: self.rank,
+            reason: format!("{e:?}"),
+        })?;
+        for (byte, value) in id.iter_mut().zip(shared) {
+            *byte = value as u8;
+        }
+        let child = super::init::init_comm(
+            self.rank,
+            self.world_size,
+            &self.context,
+            &id,
+            &self.options,
+        )
+        .map_err(|error| {
+            let mut link = self.lock();
+            self.fail(&mut link, error)
+        })?;
+        NcclGroup::in_family(
+            self.rank,
+            self.world_size,
+            self.device.clone(),
+            self.options.clone(),
+            self.context.clone(),
+            child,
+            self.family.clone(),
+        )
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Link> {
+        self.link.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The live communicator, or the error that ended the group (an abort requested while
+    /// another thread held the group ends it here).
+    fn usable<'a>(&self, link: &'a mut Link) -> Result<&'a RawComm, CommError> {
+        if let Some(reason) = self.take_abort_request() {
+            let error = CommError::PeerFailed {
+                rank: self.rank,
+                reason,
+            };
+            self.fail(link, error);
+        }
+        if link.failure.is_none() {
+            let family = self
+                .family
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(error) = family {
+                // A duplicate (or the group this one came from) failed: end this one too.
+                self.fail(link, error);
+            }
+        }
+        if let Some(failure) = &link.failure {
+            return Err(failure.clone());
+        }
+        link.comm
+            .as_ref()
+            .ok_or_else(|| CommError::InvalidGroup("communicator is gone".into()))
+    }
+
+    /// Makes the group's CUDA context current on this thread (NCCL launches on it).
+    fn bind(&self, link: &mut Link) -> Result<(), CommError> {
+        self.context.bind_to_thread().map_err(|error| {
+            self.fail(
+                link,
+                CommError::Device {
+                    rank: self.rank,
+                    reason: format!("CUDA: {error}"),
+                },
+            )
+        })
+    }
+
+    /// Ends the group with `error`: aborts the communicator (so no peer is left waiting on
+    /// this rank's side of a collective) and remembers the error. Returns the group's error
+    /// (the first one, if it had already failed).
+    fn fail(&self, link: &mut Link, error: CommError) -> CommError {
+        if let Some(first) = &link.failure {
+            return first.clone();
+        }
+        tracing::error!(rank = self.rank, %error, "NCCL group failed; aborting the communicator");
+        link.comm = None; // Drop aborts.
+        link.failure = Some(error.clone());
+        self.family
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(|| error.clone());
+        error
+    }
+
+    fn nccl_error(&self, during: &str, failure: Failure) -> CommError {
+        CommError::Nccl {
+            rank: self.rank,
+            during: during.to_string(),
+            code: failure.code,
+            detail: failure.detail,
+        }
+    }
+
+    /// Fingerprints the next call of this rank.
+    fn call(&self, op: CollectiveOp, dtype: Option<DType>, numel: usize) -> CollectiveCall {
+        let seq = self.issued.fetch_add(1, Ordering::Relaxed) + 1;
+        let call = CollectiveCall {
+            seq,
+            op,
+            dtype,
+            numel,
+        };
+        tracing::trace!(rank = self.rank, %call, "collective");
+        call
+    }
+
+    /// Checks a call on its face; an invalid call fails the group, so the other ranks' NCCL
+    /// calls time out (or fail) instead of waiting forever.
+    fn validate(&self, call: &CollectiveCall) -> Result<DataType, CommError> {
+        let dtype = call.dtype.unwrap_or(DType::F32);
+        let data_type = data_type(dtype).ok_or_else(|| CommError::UnsupportedDtype {
+            dtype: dtype_name(dtype),
+            op: call.op.to_string(),
+            supported: SUPPORTED,
+        })?;
+        match call.op {
+            CollectiveOp::ReduceScatter(_) if !call.numel.is_multiple_of(self.world_size) => {
+                Err(CommError::NotDivisible {
+                    numel: call.numel,
+                    world_size: self.world_size,
+                })
+            }
+            CollectiveOp::Broadcast { root } if root >= self.world_size => {
+                Err(CommError::InvalidRoot {
+                    root,
+                    world_size: self.world_size,
+                })
+            }
+            _ => Ok(data_type),
+        }
+    }
+
+    /// Runs one collective on `input` and returns its result on this rank's device.
+    fn run(
+        &self,
+        op: CollectiveOp,
+        input: CubeTensor<CudaRuntime>,
+        kind: Kind,
+    ) -> Result<CubeTensor<CudaRuntime>, CommError> {
+        let numel = input.meta.shape().num_elements();
+        let dtype = input.dtype;
+        let call = self.call(op, Some(dtype), numel);
+        let during = call.to_string();
+        {
+            let mut link = self.lock();
+            self.usable(&mut link)?;
+            let checked = self.validate(&call).and_then(|dtype| {
+                if input.device != self.device {
+                    Err(CommError::InvalidGroup(format!(
+                        "rank {}'s NCCL group runs on {:?}, the tensor of its {during} is on {:?}",
+                        self.rank, self.device, input.device
+                    )))
+                } else {
+                    Ok(dtype)
+                }
+            });
+            if let Err(error) = checked {
+                return Err(self.fail(&mut link, error));
+            }
+        }
+        let data_type = data_type(dtype).unwrap_or(DataType::F32);
+        let out_numel = match kind {
+            Kind::AllGather => numel * self.world_size,
+            Kind::ReduceScatter(_) => numel / self.world_size,
+            Kind::AllReduce(_) | Kind::Broadcast(_) => numel,
+        };
+        if out_numel == 0 || numel == 0 {
+            // Nothing moves; every rank agrees on the (empty) result without NCCL.
+            return Ok(input);
+        }
+
+        let device_error = |reason: String| CommError::Device {
+            rank: self.rank,
+            reason,
+        };
+        // Failing before NCCL is called still fails the group, so this rank's schedule never
+        // silently diverges from the others'.
+        let fail_now = |reason: String| {
+            let mut link = self.lock();
+            self.fail(&mut link, device_error(reason))
+        };
+        let input = into_contiguous(input);
+        let client = input.client.clone();
+        let elem_size = input.dtype.size();
+        let output = client.empty(out_numel * elem_size);
+        // Resolving the buffers on this thread's stream also orders them after their writers
+        // on other streams; `sync` then waits for all of it.
+        let send = client
+            .get_resource(input.handle.clone())
+            .map_err(|e| fail_now(format!("input buffer: {e}")))?;
+        let recv = client
+            .get_resource(output.clone())
+            .map_err(|e| fail_now(format!("output buffer: {e}")))?;
+        if (send.resource().size as usize) < numel * elem_size
+            || (recv.resource().size as usize) < out_numel * elem_size
+        {
+            return Err(fail_now(
+                "a CubeCL buffer is smaller than its tensor".into(),
+            ));
+        }
+        <CubeBackend<CudaRuntime, f32, i32, u8> as burn::tensor::backend::Backend>::sync(
+            &self.device,
+        )
+        .map_err(|e| fail_now(format!("finishing the input: {e}")))?;
+
+        let send_ptr = DevicePtr(send.resource().ptr);
+        let recv_ptr = DevicePtr(recv.resource().ptr);
+        let started = Instant::now();
+        let mut link = self.lock();
+        self.bind(&mut link)?;
+        let stream = self.stream.cu_stream();
+        let launched = {
+            let comm = self.usable(&mut link)?;
+            match kind {
+                Kind::AllGather => comm.all_gather(send_ptr, recv_ptr, numel, data_type, stream),
+                Kind::ReduceScatter(op) => {
+                    comm.reduce_scatter(send_ptr, recv_ptr, out_numel, data_type, op, stream)
+                }
+                Kind::AllReduce(op) => {
+                    comm.all_reduce(send_ptr, recv_ptr, numel, data_type, op, stream)
+                }
+                Kind::Broadcast(root) => {
+                    comm.broadcast(send_ptr, recv_ptr, numel, data_type, root, stream)
+                }
+            }
+        };
+        let progress = launched.map_err(|f| self.fail(&mut link, self.nccl_error(&during, f)))?;
+        if progress == Progress::Pending {
+            self.wait(&mut link, &during, started, |_| Ok(true))?;
+        }
+        let recorded = link.done.record(&self.stream);
+        if let Err(error) = recorded {
+            return Err(self.fail(&mut link, device_error(format!("CUDA: {error}"))));
+        }
+        self.wait(&mut link, &during, started, |link| {
+            link.done
+                .try_is_complete()
+                .map_err(|e| device_error(format!("CUDA: {e}")))
+        })?;
+        drop(link);
+        // The buffers were in use until here.
+        drop((send, recv, input));
+        Ok(CubeTensor::new_contiguous(
+            client,
+            self.device.clone(),
+            Shape::new([out_numel]),
+            output,
+            dtype,
+        ))
+    }
+
+    /// Polls until `ready` says so, NCCL reports an error, an abort is requested, or the
+    /// timeout passes; the last three fail the group.
+    fn wait(
+        &self,
+        link: &mut Link,
+        during: &str,
+        started: Instant,
+        mut ready: impl FnMut(&Link) -> Result<bool, CommError>,
+    ) -> Result<(), CommError> {
+        let mut spins = 0u32;
+        loop {
+            let polled = self.usable(link)?.poll();
+            match polled {
+                Err(failure) => return Err(self.fail(link, self.nccl_error(during, failure))),
+                Ok(Progress::Pending) => {}
+                Ok(Progress::Done) => match ready(link) {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {}
+                    Err(error) => return Err(self.fail(link, error)),
+                },
+            }
+            let waited = started.elapsed();
+            if waited >= self.options.timeout {
+                let error = CommError::Stalled {
+                    rank: self.rank,
+                    during: during.to_string(),
+                    waited,
+                };
+                return Err(self.fail(link, error));
+            }
+            // Spin briefly (small collectives finish in microseconds), then back off.
+            spins += 1;
+            if spins < 200 {
+                thread::yield_now();
+            } else {
+                thread::sleep(Duration::from_micros(if spins < 2000 { 20 } else { 200 }));
+            }
+        }
+    }
+
+    fn take_abort_request(&self) -> Option<String> {
+        self.abort_request
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    fn reduce_kind(op: ReduceOp) -> RedOp {
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => RedOp::Sum,
+            ReduceOp::Max => RedOp::Max,
+            ReduceOp::Min => RedOp::Min,
+        }
+    }
+}
+
+/// NCCL's element type for a Burn dtype.
+pub(crate) fn data_type(dtype: DType) -> Option<DataType> {
+    match dtype {
+        DType::F32 | DType::Flex32 => Some(DataType::F32),
+        DType::F16 => Some(DataType::F16),
+        DType::BF16 => Some(DataType::BF16),
+        _ => None,
+    }
+}
+
+impl<F, I, BT> Communicator<CubeBackend<CudaRuntime, F, I, BT>> for NcclGroup
+where
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn all_gather(
+        &self,
+        block: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
+    ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
+        let input = block.into_primitive().tensor();
+        let out = self.run(CollectiveOp::AllGather, input, Kind::AllGather)?;
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
+    }
+
+    fn reduce_scatter(
+        &self,
+        input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
+        let primitive = input.into_primitive().tensor();
+        let out = self.run(
+            CollectiveOp::ReduceScatter(op),
+            primitive,
+            Kind::ReduceScatter(Self::reduce_kind(op)),
+        )?;
+        Ok(mean_if(
+            Tensor::from_primitive(TensorPrimitive::Float(out)),
+            op,
+            self.world_size,
+        ))
+    }
+
+    fn all_reduce(
+        &self,
+        input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
+        let primitive = input.into_primitive().tensor();
+        let out = self.run(
+            CollectiveOp::AllReduce(op),
+            primitive,
+            Kind::AllReduce(Self::reduce_kind(op)),
+        )?;
+        Ok(mean_if(
+            Tensor::from_primitive(TensorPrimitive::Float(out)),
+            op,
+            self.world_size,
+        ))
+    }
+
+    fn broadcast(
+        &self,
+        buffer: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
+        root: usize,
+    ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
+        let primitive = buffer.into_primitive().tensor();
+        let out = self.run(
+            CollectiveOp::Broadcast { root },
+            primitive,
+            Kind::Broadcast(root),
+        )?;
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        // NCCL has no barrier: an all-reduce of one element completes on a rank only once
+        // every rank has joined it.
+        let token = Tensor::<CubeBackend<CudaRuntime, f32, i32, u8>, 1>::zeros([1], &self.device);
+        self.run(
+            CollectiveOp::Barrier,
+            token.into_primitive().tensor(),
+            Kind::AllReduce(RedOp::Sum),
+        )
+        .map(|_| ())
+    }
+
+    fn duplicate(
+        &self,
+    ) -> Result<Arc<dyn Communicator<CubeBackend<CudaRuntime, F, I, BT>>>, CommError> {
+        Ok(Arc::new(self.duplicate_group()?))
+    }
+
+    fn abort(&self, reason: &str) {
+        match self.link.try_lock() {
+            Ok(mut link) => {
+                let error = CommError::PeerFailed {
+                    rank: self.rank,
+                    reason: reason.to_string(),
+                };
+                self.fail(&mut link, error);
+            }
+            // A collective is running on another thread: it sees the request while it polls.
+            Err(_) => {
+                *self.abort_request.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(reason.to_string());
+            }
+        }
+    }
+}
+
+/// Divides a sum by the world size when the op is a mean, as `LocalGroup` does.
+fn mean_if<B: burn::tensor::backend::Backend>(
+    sum: Tensor<B, 1>,
+    op: ReduceOp,
+    world_size: usize,
+) -> Tensor<B, 1> {
+    match op {
+        ReduceOp::Mean if world_size > 1 => sum.div_scalar(world_size as f64),
+        _ => sum,
+    }
+}
+
+impl std::fmt::Debug for NcclGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclGroup")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("device", &self.device)
+            .field("failure", &self.failure())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_moves_the_float_dtypes_of_cuda() {
+        assert_eq!(data_type(DType::F32), Some(DataType::F32));
+        assert_eq!(data_type(DType::Flex32), Some(DataType::F32));
+        assert_eq!(data_type(DType::F16), Some(DataType::F16));
+        assert_eq!(data_type(DType::BF16), Some(DataType::BF16));
+        for other in [DType::F64, DType::I32, DType::U8] {
+            assert_eq!(data_type(other), None, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn mean_divides_once_and_only_for_several_ranks() {
+        type Cpu = burn::backend::NdArray;
+        let sum = Tensor::<Cpu, 1>::from_floats([6.0, 3.0], &Default::default());
+        let mean: Vec<f32> = mean_if(sum.clone(), ReduceOp::Mean, 3)
+            .into_data()
+            .to_vec()
+            .unwrap();
+        assert_eq!(mean, vec![2.0, 1.0]);
+        let alone: Vec<f32> = mean_if(sum, ReduceOp::Mean, 1)
+            .into_data()
+            .to_vec()
+            .unwrap();
+        assert_eq!(alone, vec![6.0, 3.0]);
+    }
+}

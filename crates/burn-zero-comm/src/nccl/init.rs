@@ -1,0 +1,275 @@
+//! How NCCL groups come to be: several GPUs of one process (one communicator per device from
+//! one unique id, created in one NCCL group call), or one rank per process (the unique id
+//! handed out by the TCP rendezvous of `burn-zero-launch`).
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use burn_zero_launch::{DistEnv, Rendezvous};
+use cubecl_cuda::CudaDevice;
+use cudarc::driver::CudaContext;
+
+use super::NcclOptions;
+use super::group::NcclGroup;
+use super::sys::{self, Progress, RawComm};
+use crate::error::CommError;
+
+impl NcclGroup {
+    /// One group handle per device, in rank order, for ranks that run on threads of this
+    /// process (give each handle to its rank's thread, or use [`super::launch_nccl`]).
+    /// Devices must be distinct: NCCL refuses two ranks on one GPU.
+    pub fn local_group(
+        devices: &[CudaDevice],
+        options: &NcclOptions,
+    ) -> Result<Vec<NcclGroup>, CommError> {
+        if devices.is_empty() {
+            return Err(CommError::InvalidGroup("no CUDA device given".into()));
+        }
+        for (i, device) in devices.iter().enumerate() {
+            if devices[..i].contains(device) {
+                return Err(CommError::InvalidGroup(format!(
+                    "{device:?} is given twice: NCCL runs one rank per GPU (use LocalGroup to \
+                     run several ranks on one device)"
+                )));
+            }
+        }
+        ensure_nccl()?;
+        let world_size = devices.len();
+        let contexts = devices
+            .iter()
+            .enumerate()
+            .map(|(rank, device)| context(rank, device))
+            .collect::<Result<Vec<_>, _>>()?;
+        let id = sys::unique_id().map_err(|f| setup_error(0, "ncclGetUniqueId", f))?;
+
+        // One thread creates every communicator: inside an NCCL group, so that none of the
+        // calls waits for the others.
+        let started = Instant::now();
+        sys::group_start().map_err(|f| setup_error(0, "ncclGroupStart", f))?;
+        let mut comms = Vec::with_capacity(world_size);
+        let mut started_error = None;
+        for (rank, context) in contexts.iter().enumerate() {
+            if let Err(error) = context.bind_to_thread() {
+                started_error = Some(CommError::Device {
+                    rank,
+                    reason: format!("CUDA: {error}"),
+                });
+                break;
+            }
+            match RawComm::init(world_size, rank, &id) {
+                Ok((comm, _)) => comms.push(comm),
+                Err(failure) => {
+                    started_error = Some(setup_error(rank, "ncclCommInitRankConfig", failure));
+                    break;
+                }
+            }
+        }
+        let ended = sys::group_end();
+        if let Some(error) = started_error {
+            return Err(error); // Dropping `comms` aborts them.
+        }
+        let progress = ended.map_err(|f| setup_error(0, "ncclGroupEnd", f))?;
+        let mut ready = Vec::with_capacity(world_size);
+        for (rank, comm) in comms.into_iter().enumerate() {
+            let waiting = if progress == Progress::Done {
+                Progress::Pending // Poll once anyway: members report errors there.
+            } else {
+                progress
+            };
+            ready.push(finish_init(
+                rank,
+                comm,
+                waiting,
+                started,
+                options.init_timeout,
+                "communicator creation",
+            )?);
+        }
+        tracing::info!(world_size, elapsed = ?started.elapsed(), "NCCL group created in this process");
+        ready
+            .into_iter()
+            .zip(devices.iter().cloned().zip(contexts))
+            .enumerate()
+            .map(|(rank, (comm, (device, context)))| {
+                NcclGroup::from_parts(rank, world_size, device, options.clone(), context, comm)
+            })
+            .collect()
+    }
+
+    /// This process's rank of a multi-process job started by `zero-run` (or torchrun): reads
+    /// [`DistEnv`] from the environment, uses GPU `LOCAL_RANK`, and meets the other ranks at
+    /// `MASTER_ADDR:MASTER_PORT` to share the NCCL unique id.
+    pub fn from_env(options: &NcclOptions) -> Result<NcclGroup, CommError> {
+        let env = DistEnv::from_env().map_err(|e| CommError::Rendezvous(e.to_string()))?;
+        let device = CudaDevice::new(env.local_rank);
+        NcclGroup::init(&env, device, options)
+    }
+
+    /// Rank `env.rank` of a multi-process job on `device`: rank 0 makes the NCCL unique id and
+    /// serves it over TCP; the others fetch it; then every rank creates its communicator.
+    pub fn init(
+        env: &DistEnv,
+        device: CudaDevice,
+        options: &NcclOptions,
+    ) -> Result<NcclGroup, CommError> {
+        ensure_nccl()?;
+        let rank = env.rank;
+        let context = context(rank, &device)?;
+        let rendezvous = Rendezvous::new(env).with_timeout(options.rendezvous_timeout);
+        let id = if rank == 0 {
+            let id = sys::unique_id().map_err(|f| setup_error(rank, "ncclGetUniqueId", f))?;
+            rendezvous
+                .serve(&id)
+                .map_err(|e| CommError::Rendezvous(e.to_string()))?;
+            id
+        } else {
+            let bytes = rendezvous
+                .fetch()
+                .map_err(|e| CommError::Rendezvous(e.to_string()))?;
+            <[u8; sys::UNIQUE_ID_BYTES]>::try_from(bytes.as_slice()).map_err(|_| {
+                CommError::Rendezvous(format!(
+                    "rank 0 sent {} bytes, an NCCL unique id has {}",
+                    bytes.len(),
+                    sys::UNIQUE_ID_BYTES
+                ))
+            })?
+        };
+        tracing::debug!(%env, "NCCL unique id shared");
+        init_rank(rank, env.world_size, device, context, &id, options)
+    }
+}
+
+/// Creates this rank's communicator from a shared id and wraps it.
+fn init_rank(
+    rank: usize,
+    world_size: usize,
+    device: CudaDevice,
+    context: Arc<CudaContext>,
+    id: &[u8; sys::UNIQUE_ID_BYTES],
+    options: &NcclOptions,
+) -> Result<NcclGroup, CommError> {
+    let comm = init_comm(rank, world_size, &context, id, options)?;
+    NcclGroup::from_parts(rank, world_size, device, options.clone(), context, comm)
+}
+
+/// Creates this rank's communicator from a shared id, on `context`'s device.
+pub(crate) fn init_comm(
+    rank: usize,
+    world_size: usize,
+    context: &Arc<CudaContext>,
+    id: &[u8; sys::UNIQUE_ID_BYTES],
+    options: &NcclOptions,
+) -> Result<RawComm, CommError> {
+    context
+        .bind_to_thread()
+        .map_err(|error| CommError::Device {
+            rank,
+            reason: format!("CUDA: {error}"),
+        })?;
+    let started = Instant::now();
+    let (comm, progress) = RawComm::init(world_size, rank, id)
+        .map_err(|f| setup_error(rank, "ncclCommInitRankConfig", f))?;
+    let comm = finish_init(
+        rank,
+        comm,
+        progress,
+        started,
+        options.init_timeout,
+        "communicator creation",
+    )?;
+    tracing::info!(rank, world_size, elapsed = ?started.elapsed(), "NCCL communicator created");
+    Ok(comm)
+}
+
+/// Polls a communicator being created until it is ready; on an error or after `timeout` it is
+/// aborted (dropped) and the error returned.
+pub(crate) fn finish_init(
+    rank: usize,
+    comm: RawComm,
+    mut progress: Progress,
+    started: Instant,
+    timeout: Duration,
+    during: &str,
+) -> Result<RawComm, CommError> {
+    let mut pause = Duration::from_micros(50);
+    while progress == Progress::Pending {
+        progress = comm.poll().map_err(|f| setup_error(rank, during, f))?;
+        if progress == Progress::Done {
+            break;
+        }
+        let waited = started.elapsed();
+        if waited >= timeout {
+            return Err(CommError::Stalled {
+                rank,
+                during: during.to_string(),
+                waited,
+            });
+        }
+        thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
+    Ok(comm)
+}
+
+/// The libraries are there and NCCL is recent enough.
+pub(crate) fn ensure_nccl() -> Result<(), CommError> {
+    sys::libraries_present().map_err(CommError::Unavailable)?;
+    let version = sys::version().map_err(|f| setup_error(0, "ncclGetVersion", f))?;
+    if version < sys::MIN_VERSION {
+        return Err(CommError::Unavailable(format!(
+            "NCCL {} is too old: the engine needs 2.14 or newer (non-blocking communicators)",
+            version_text(version)
+        )));
+    }
+    Ok(())
+}
+
+/// `2.21.5` from NCCL's version code.
+pub(crate) fn version_text(code: i32) -> String {
+    format!("{}.{}.{}", code / 10000, (code / 100) % 100, code % 100)
+}
+
+fn context(rank: usize, device: &CudaDevice) -> Result<Arc<CudaContext>, CommError> {
+    let count = CudaContext::device_count().map_err(|error| CommError::Device {
+        rank,
+        reason: format!("CUDA: {error}"),
+    })?;
+    if device.index >= count.max(0) as usize {
+        return Err(CommError::Device {
+            rank,
+            reason: format!("{device:?} does not exist: {count} CUDA device(s) visible"),
+        });
+    }
+    CudaContext::new(device.index).map_err(|error| CommError::Device {
+        rank,
+        reason: format!("CUDA on {device:?}: {error}"),
+    })
+}
+
+fn setup_error(rank: usize, during: &str, failure: sys::Failure) -> CommError {
+    CommError::Nccl {
+        rank,
+        during: during.to_string(),
+        code: failure.code,
+        detail: failure.detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_read_as_text() {
+        assert_eq!(version_text(21805), "2.18.5");
+        assert_eq!(version_text(23000), "2.30.0");
+    }
+
+    #[test]
+    fn a_device_given_twice_is_refused_before_any_cuda_call() {
+        let devices = [CudaDevice::new(0), CudaDevice::new(0)];
+        let error = NcclGroup::local_group(&devices, &NcclOptions::default()).unwrap_err();
+        assert!(error.to_string().contains("given twice"), "{error}");
+    }
+}

@@ -1,0 +1,102 @@
+//! The NCCL engine (feature `cuda`): [`NcclGroup`] implements [`crate::Communicator`] for
+//! `CubeBackend<CudaRuntime, F, I, BT>` ([`CudaBackend`]) through `cudarc`'s NCCL bindings.
+//!
+//! - [`NcclGroup::local_group`] / [`launch_nccl`]: several GPUs of this process, one rank per
+//!   thread.
+//! - [`NcclGroup::from_env`] / [`NcclGroup::init`]: one rank per process, started by
+//!   `zero-run` (or torchrun); rank 0 hands the NCCL unique id to the others over TCP
+//!   ([`burn_zero_launch::Rendezvous`]).
+//!
+//! Nothing here needs CUDA at build time: `cudarc` loads `libcuda.so` and `libnccl.so` when
+//! the first group is created, and a missing library is a [`CommError::Unavailable`].
+//! Supported dtypes: f32 (and flex32, stored as f32), f16, bf16; anything else is a
+//! [`CommError::UnsupportedDtype`].
+//!
+//! Burn's `Cuda` backend is `Fusion<CubeBackend<…>>` by default: use [`CudaBackend`] (or
+//! `Zero<CudaBackend>`) with this engine.
+
+mod group;
+mod init;
+mod sys;
+
+use std::time::Duration;
+
+use burn_cubecl::{BoolElement, CubeBackend, FloatElement, IntElement};
+pub use cubecl_cuda::{CudaDevice, CudaRuntime};
+
+pub use group::NcclGroup;
+
+use crate::error::{CommError, LaunchError};
+use crate::launch::{RankContext, run_ranks};
+
+/// The CUDA backend without Burn's fusion layer, which the NCCL engine works on.
+pub type CudaBackend<F = f32, I = i32> = CubeBackend<CudaRuntime, F, I, u8>;
+
+/// Timeouts of an NCCL group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclOptions {
+    /// How long a collective may take before the rank aborts the communicator and fails with
+    /// [`CommError::Stalled`].
+    pub timeout: Duration,
+    /// How long creating a communicator may take (every rank must join).
+    pub init_timeout: Duration,
+    /// How long the TCP rendezvous of a multi-process job may take.
+    pub rendezvous_timeout: Duration,
+}
+
+impl Default for NcclOptions {
+    /// Ten minutes per collective (as PyTorch's NCCL process groups), five to set up.
+    fn default() -> Self {
+        NcclOptions {
+            timeout: Duration::from_secs(600),
+            init_timeout: Duration::from_secs(300),
+            rendezvous_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+impl NcclOptions {
+    /// Options with the given collective timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// Number of CUDA devices visible to this process; 0 when there is no driver or no device
+/// (never an error: meant for deciding whether to use the engine, or to skip a test).
+pub fn cuda_device_count() -> usize {
+    if !sys::driver_present() {
+        return 0;
+    }
+    cudarc::driver::CudaContext::device_count()
+        .map(|n| n.max(0) as usize)
+        .unwrap_or(0)
+}
+
+/// Whether the NCCL engine can run here: the CUDA driver and `libnccl.so` load and NCCL is
+/// 2.14 or newer.
+pub fn nccl_available() -> Result<(), CommError> {
+    init::ensure_nccl()
+}
+
+/// [`crate::launch`] for NCCL: runs `rank_fn` once per device, each rank on its own thread with
+/// its [`NcclGroup`], and returns the results in rank order. A rank that fails aborts its
+/// communicator, so the others fail (or time out) instead of hanging.
+pub fn launch_nccl<FE, IE, BT, F, T, E>(
+    devices: &[CudaDevice],
+    options: &NcclOptions,
+    rank_fn: F,
+) -> Result<Vec<T>, LaunchError>
+where
+    FE: FloatElement,
+    IE: IntElement,
+    BT: BoolElement,
+    F: Fn(RankContext<CubeBackend<CudaRuntime, FE, IE, BT>>) -> Result<T, E> + Sync,
+    T: Send,
+    E: std::fmt::Display,
+{
+    let groups = NcclGroup::local_group(devices, options)
+        .map_err(|e| LaunchError::Invalid(e.to_string()))?;
+    run_ranks(groups, devices, |_| {}, rank_fn)
+}

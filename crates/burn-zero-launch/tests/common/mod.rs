@@ -1,0 +1,43 @@
+//! Helpers shared by the process-level tests.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::process::{Command, Output, Stdio};
+
+/// The test rank program.
+pub const PROBE: &str = env!("CARGO_BIN_EXE_zero-launch-probe");
+/// The launcher under test.
+pub const ZERO_RUN: &str = env!("CARGO_BIN_EXE_zero-run");
+
+/// A port nobody listens on right now (bound to port 0, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The probe as rank `rank` of `world_size`, with the launcher environment set by hand.
+pub fn probe_rank(rank: usize, world_size: usize, port: u16, args: &[&str]) -> Command {
+    let mut command = Command::new(PROBE);
+    command
+        .args(args)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world_size.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Standard output and error of a finished process, as text.
+pub fn texts(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
