@@ -1,11 +1,14 @@
 //! Gradient-reduction time against bucket size: a ~50M-parameter MLP sharded over 2 CPU ranks
 //! (`LocalGroup`, NdArray), stage 3, buckets of 0.5, 5, 25 and 100 MiB (and one collective per
-//! parameter). Criterion times the reduction alone (as the group measures it, at the end of
-//! each backward); a markdown table goes to stdout and `target/bench-reports/buckets.md`.
+//! parameter), with the reduction overlapped with backward on a communication thread and
+//! without. Criterion times rank 0's backward pass (which ends when every gradient is reduced);
+//! the table adds the group's own figures — time spent reducing, the part of it backward did
+//! not hide, buckets reduced before backward ended — and goes to stdout and
+//! `target/bench-reports/buckets.md`.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use burn::backend::{Autodiff, NdArray};
 use burn::optim::GradientsParams;
@@ -24,13 +27,16 @@ type Train = Autodiff<Zero<NdArray>>;
 const RANKS: usize = 2;
 const SIZES: [f64; 5] = [0.0, 0.5, 5.0, 25.0, 100.0];
 
-/// Reduction statistics of every measured backward, by bucket size.
-static STATS: Mutex<BTreeMap<u64, Vec<ReductionStats>>> = Mutex::new(BTreeMap::new());
+/// Reduction statistics and backward time of every measured backward, by (bucket size,
+/// overlap).
+type Samples = Vec<(ReductionStats, Duration)>;
+static STATS: Mutex<BTreeMap<(u64, bool), Samples>> = Mutex::new(BTreeMap::new());
 
-/// Runs `iters` backward passes on every rank; returns rank 0's total reduction time.
-fn run(bucket_mb: f64, iters: u64) -> Duration {
+/// Runs `iters` backward passes on every rank; returns rank 0's total backward time.
+fn run(bucket_mb: f64, overlap: bool, iters: u64) -> Duration {
     let config = ZeroConfig::new()
         .with_bucket_size_mb(bucket_mb)
+        .with_overlap_comm(overlap)
         .with_persist_below_numel(0);
     let per_rank = launch::<NdArray, _, _, ZeroError>(RANKS, &[Default::default()], |ctx| {
         let model = shard(Deep::<Train>::new(ctx.device()), &ctx, &config)?;
@@ -39,22 +45,25 @@ fn run(bucket_mb: f64, iters: u64) -> Duration {
         for _ in 0..iters {
             let x = Tensor::<Train, 2>::ones([1, WIDTH], ctx.device());
             let loss = model.forward(x).mean();
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            stats.push(group.last_reduction());
+            let started = Instant::now();
+            let grads = loss.backward();
+            let backward = started.elapsed();
+            let grads = GradientsParams::from_grads(grads, &model);
+            stats.push((group.last_reduction(), backward));
             drop(grads);
         }
         Ok(stats)
     })
     .expect("benchmark ranks");
     let stats = per_rank.into_iter().next().unwrap_or_default();
-    let total: f64 = stats.iter().map(|s| s.seconds).sum();
+    let total = stats.iter().map(|(_, backward)| *backward).sum();
     STATS
         .lock()
         .unwrap()
-        .entry(bucket_mb.to_bits())
+        .entry((bucket_mb.to_bits(), overlap))
         .or_default()
         .extend(stats);
-    Duration::from_secs_f64(total)
+    total
 }
 
 fn bench(c: &mut Criterion) {
@@ -64,20 +73,25 @@ fn bench(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(100))
         .measurement_time(Duration::from_secs(5));
     for bucket_mb in SIZES {
-        group.bench_function(
-            BenchmarkId::from_parameter(format!("{bucket_mb}MiB")),
-            |b| b.iter_custom(|iters| run(bucket_mb, iters)),
-        );
+        for overlap in [true, false] {
+            let mode = if overlap { "overlapped" } else { "after" };
+            group.bench_function(BenchmarkId::new(mode, format!("{bucket_mb}MiB")), |b| {
+                b.iter_custom(|iters| run(bucket_mb, overlap, iters))
+            });
+        }
     }
     group.finish();
 }
 
 fn report() {
     let mut out = String::from(
-        "| bucket | collectives | bytes reduced per rank | reduction time (median) | GB/s |\n|---|---|---|---|---|\n",
+        "| bucket | reduction | collectives | bytes reduced per rank | reducing (median) | GB/s | not hidden by backward | buckets done before backward ended | backward incl. reduction (median) |\n|---|---|---|---|---|---|---|---|---|\n",
     );
-    for (bits, mut stats) in STATS.lock().unwrap().clone() {
+    for ((bits, overlap), mut samples) in STATS.lock().unwrap().clone() {
         let bucket_mb = f64::from_bits(bits);
+        samples.sort_by_key(|(_, backward)| *backward);
+        let backward = samples[samples.len() / 2].1;
+        let mut stats: Vec<ReductionStats> = samples.iter().map(|(s, _)| *s).collect();
         stats.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
         let median = stats[stats.len() / 2];
         let label = if bucket_mb <= 0.0 {
@@ -86,11 +100,19 @@ fn report() {
             format!("{bucket_mb} MiB")
         };
         out += &format!(
-            "| {label} | {} | {:.1} MB | {:.1} ms | {:.2} |\n",
+            "| {label} | {} | {} | {:.1} MB | {:.1} ms | {:.2} | {:.1} ms | {} | {:.1} ms |\n",
+            if overlap {
+                "overlapped"
+            } else {
+                "after backward"
+            },
             median.collectives,
             median.bytes as f64 / 1e6,
             median.seconds * 1e3,
-            median.bytes as f64 / median.seconds / 1e9
+            median.bytes as f64 / median.seconds / 1e9,
+            median.exposed_seconds * 1e3,
+            median.overlapped,
+            backward.as_secs_f64() * 1e3,
         );
     }
     common::publish("buckets", &out);

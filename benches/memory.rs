@@ -11,6 +11,7 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::{DType, Tensor};
 use burn_zero::comm::launch;
 use burn_zero::core::current_group;
+use burn_zero::optim::Offload;
 use burn_zero::{Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 use common::{Deep, WIDTH};
 
@@ -77,5 +78,65 @@ fn main() {
             mb(report.gathered.peak as usize),
         );
     }
+    out += &placements(&config.clone().with_reuse_fp16_shard(true));
     common::publish("memory", &out);
+}
+
+/// Where the model state lives at 4 ranks with the optimizer on the device or offloaded to the
+/// host (Flex on the CPU stands in for both), with `reuse_fp16_shard`: rank 0's bytes after the
+/// second backward (the first step created the masters) and after the second step.
+fn placements(config: &ZeroConfig) -> String {
+    const RANKS: usize = 4;
+    let mut out = format!(
+        "\nAt {RANKS} ranks with `reuse_fp16_shard`, after the second backward → after the second step (rank 0):\n\n\
+         | optimizer | parameter shards | gradient shards | device model data at the gap | fp32 master + Adam state | where the master lives |\n|---|---|---|---|---|---|\n"
+    );
+    for offload in [false, true] {
+        let per_rank = launch::<Flex, _, _, ZeroError>(RANKS, &[Default::default()], |ctx| {
+            let model = Deep::<Train>::new(ctx.device()).map(&mut ToF16);
+            let mut model = shard(model, &ctx, config)?;
+            let group = current_group::<Flex>().expect("sharded");
+            let mut on_device = ZeroOptimizer::new(AdamConfig::new().build());
+            let mut offloaded =
+                ZeroOptimizer::<_, Flex, Offload<Flex>>::offloaded(AdamConfig::new().build());
+            let mut reports = Vec::new();
+            for _ in 0..2 {
+                let x = Tensor::<Train, 2>::ones([1, WIDTH], (ctx.device(), DType::F16));
+                let grads = GradientsParams::from_grads(model.forward(x).mean().backward(), &model);
+                let gap = group.memory_report();
+                model = if offload {
+                    offloaded.step(1e-3, model, grads)
+                } else {
+                    on_device.step(1e-3, model, grads)
+                };
+                reports.push((gap, group.memory_report()));
+            }
+            drop(model);
+            Ok(reports.pop().expect("two steps"))
+        })
+        .expect("benchmark ranks");
+        let (gap, after) = &per_rank[0];
+        let device_at_gap = gap.parameter_shards.current + gap.gradient_shards.current;
+        let optimizer = after.master_weights.current + after.optimizer_state.current;
+        out += &format!(
+            "| {} | {} → {} MB | {} → {} MB | {} MB | {} MB | {} |\n",
+            if offload {
+                "`offloaded::<Flex>`"
+            } else {
+                "`new` (on device)"
+            },
+            mb(gap.parameter_shards.current as usize),
+            mb(after.parameter_shards.current as usize),
+            mb(gap.gradient_shards.current as usize),
+            mb(after.gradient_shards.current as usize),
+            mb(device_at_gap as usize),
+            mb(optimizer as usize),
+            if offload {
+                "host backend"
+            } else {
+                "model's device"
+            },
+        );
+    }
+    out
 }
