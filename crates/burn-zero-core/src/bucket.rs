@@ -8,13 +8,15 @@
 //! stage 3) is the members' gradients end to end.
 //!
 //! Packing casts to the reduce dtype and divides by `gradient_predivide_factor` before the
-//! collective; unpacking divides by the rest of the world size and casts back.
+//! collective; unpacking divides by the rest of the world size and casts back. Both run in
+//! `burn-zero-kernels` (cubecl kernels on cubecl backends, Burn ops elsewhere).
 
 use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
 use burn_zero_comm::{CommError, Communicator, ReduceOp};
+use burn_zero_kernels::{BucketSpec, KernelError, MemberSpec, PackPath, Packer, unpack};
 
 use crate::group::{ParamInfo, ZeroGroup};
 use crate::memory::{MemoryKind, MemoryTracker};
@@ -141,90 +143,76 @@ pub(crate) struct Reduction<'a, B: Backend> {
     pub memory: &'a MemoryTracker,
 }
 
+/// Why a bucket could not be reduced.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum ReduceError {
+    /// The collective failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// Packing or unpacking failed (a layout or dtype the pack path cannot handle).
+    #[error("gradient bucket pack/unpack: {0}")]
+    Kernel(#[from] KernelError),
+}
+
 /// Reduces one bucket: `grads[i]` is member `i`'s full gradient on this rank (`None`: this
 /// rank has none; zeros stand in). Returns each member's reduced gradient, flat: this rank's
 /// block (reduce-scatter) or the whole mean (all-reduce).
+///
+/// Packing and unpacking go through `burn-zero-kernels`: one cubecl kernel launch per member
+/// on cubecl backends built in, Burn ops elsewhere, with the same arithmetic either way.
 pub(crate) fn reduce<B: Backend>(
     ctx: &Reduction<'_, B>,
     bucket: &Bucket,
     grads: Vec<Option<B::FloatTensorPrimitive>>,
-) -> Result<Vec<B::FloatTensorPrimitive>, CommError> {
+) -> Result<Vec<B::FloatTensorPrimitive>, ReduceError> {
     let world_size = ctx.comm.world_size();
-    let predivide = ctx.predivide;
-    let device = ctx.device;
     let rows = match bucket.mode {
         Mode::ReduceScatter => world_size,
         Mode::AllReduce => 1,
     };
-
-    let parts: Vec<Tensor<B, 2>> = bucket
-        .members
-        .iter()
-        .zip(grads)
-        .map(|(member, grad)| {
-            let numel = member.shape.num_elements();
-            let flat = match grad {
-                Some(grad) => Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(
-                    B::float_reshape(grad, Shape::new([numel])),
-                )),
-                None => Tensor::zeros([numel], (device, member.dtype)),
-            };
-            let flat = if member.dtype == bucket.reduce_dtype {
-                flat
-            } else {
-                flat.cast(bucket.reduce_dtype)
-            };
-            let flat = if predivide == 1.0 {
-                flat
-            } else {
-                flat.div_scalar(predivide)
-            };
-            let padded = member.len * rows;
-            let flat = if padded > numel {
-                Tensor::cat(
-                    vec![
-                        flat,
-                        Tensor::zeros([padded - numel], (device, bucket.reduce_dtype)),
-                    ],
-                    0,
-                )
-            } else {
-                flat
-            };
-            flat.reshape([rows, member.len])
-        })
-        .collect();
-    let packed = Tensor::cat(parts, 1).reshape([rows * bucket.len]);
+    let spec = BucketSpec {
+        rows,
+        row_len: bucket.len,
+        dtype: bucket.reduce_dtype,
+        predivide: ctx.predivide,
+    };
+    let mut packer = Packer::<B>::new(spec, ctx.device, PackPath::Auto)?;
+    for (member, grad) in bucket.members.iter().zip(grads) {
+        let slot = MemberSpec {
+            numel: member.shape.num_elements(),
+            len: member.len,
+            offset: member.offset,
+        };
+        packer.push(&slot, grad)?;
+    }
+    let packed = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(packer.finish()?));
     ctx.memory
         .touch(MemoryKind::Buckets, bucket.bytes(world_size));
 
     let reduced = match bucket.mode {
         Mode::ReduceScatter => ctx.comm.reduce_scatter(packed, ReduceOp::Sum),
         Mode::AllReduce => ctx.comm.all_reduce(packed, ReduceOp::Sum),
-    }?;
+    }?
+    .into_primitive()
+    .tensor();
 
     // The rest of the mean: sum / world_size = (sum of grad / predivide) / (world_size / predivide).
-    let postdivide = world_size as f64 / predivide;
-    Ok(bucket
+    let postdivide = world_size as f64 / ctx.predivide;
+    bucket
         .members
         .iter()
         .map(|member| {
-            let part = reduced
-                .clone()
-                .slice(member.offset..member.offset + member.len);
-            let part = if postdivide == 1.0 {
-                part
-            } else {
-                part.div_scalar(postdivide)
-            };
-            let part = if member.dtype == bucket.reduce_dtype {
-                part
-            } else {
-                part.cast(member.dtype)
-            };
-            part.into_primitive().tensor()
+            let values = unpack::<B>(
+                &reduced,
+                member.offset,
+                member.len,
+                postdivide,
+                member.dtype,
+                PackPath::Auto,
+            )?;
+            Ok(values)
         })
-        .collect())
+        .collect()
 }
 
 /// Turns a member's reduced flat gradient into the tensor autodiff receives: the mean

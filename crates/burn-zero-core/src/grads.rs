@@ -16,9 +16,8 @@ use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorMetadata};
-use burn_zero_comm::CommError;
 
-use crate::bucket::{self, Bucket, Reduction};
+use crate::bucket::{self, Bucket, ReduceError, Reduction};
 use crate::group::{ReductionStats, ZeroGroup, lock};
 use crate::memory::MemoryKind;
 use crate::queue::{BucketQueue, Reduced};
@@ -188,7 +187,7 @@ impl<B: Backend> ZeroGroup<B> {
                             let overlap = (finished.busy_seconds, finished.early);
                             (finished.reduced, Some(overlap))
                         }
-                        Err(error) => (Err(error), None),
+                        Err(error) => (Err(ReduceError::Comm(error)), None),
                     }
                 }
                 None => {
@@ -215,7 +214,7 @@ impl<B: Backend> ZeroGroup<B> {
     }
 
     /// Reduces every bucket on this thread, in order.
-    fn reduce_here(&self, queue: &mut BucketQueue<B>) -> Result<Vec<Reduced<B>>, CommError> {
+    fn reduce_here(&self, queue: &mut BucketQueue<B>) -> Result<Vec<Reduced<B>>, ReduceError> {
         let ctx = Reduction {
             comm: self.comm().as_ref(),
             device: self.device(),

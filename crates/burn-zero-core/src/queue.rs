@@ -4,11 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use burn::tensor::backend::Backend;
-use burn_zero_comm::CommError;
-
-use crate::bucket::{self, Bucket, Reduction};
+use crate::bucket::{self, Bucket, ReduceError, Reduction};
 use crate::memory::MemoryKind;
+use burn::tensor::backend::Backend;
 
 /// One reduced bucket: its index in the layout and each member's reduced flat gradient.
 pub(crate) struct Reduced<B: Backend> {
@@ -60,7 +58,7 @@ impl<B: Backend> BucketQueue<B> {
 
     /// Reduces the next bucket, with zeros for members whose gradient never came (parameters
     /// this rank did not use), and frees the members' full gradients.
-    pub fn reduce_next(&mut self, ctx: &Reduction<'_, B>) -> Result<Reduced<B>, CommError> {
+    pub fn reduce_next(&mut self, ctx: &Reduction<'_, B>) -> Result<Reduced<B>, ReduceError> {
         let index = self.next;
         self.next += 1;
         let bucket = &self.buckets[index];

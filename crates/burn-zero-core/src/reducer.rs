@@ -16,7 +16,7 @@ use std::time::Instant;
 use burn::tensor::backend::Backend;
 use burn_zero_comm::{CommError, Communicator};
 
-use crate::bucket::{Bucket, Reduction};
+use crate::bucket::{Bucket, ReduceError, Reduction};
 use crate::memory::MemoryTracker;
 use crate::queue::{BucketQueue, Reduced};
 
@@ -33,7 +33,7 @@ enum Job<B: Backend> {
 
 /// What the thread sends back at the end of a backward pass.
 pub(crate) struct Finished<B: Backend> {
-    pub reduced: Result<Vec<Reduced<B>>, CommError>,
+    pub reduced: Result<Vec<Reduced<B>>, ReduceError>,
     /// Time the thread spent packing, reducing and unpacking.
     pub busy_seconds: f64,
     /// Buckets reduced before backward ended.
@@ -90,9 +90,9 @@ impl<B: Backend> Reducer<B> {
     /// Waits for every bucket of this backward pass.
     pub fn finish(&self) -> Finished<B> {
         let gone = || Finished {
-            reduced: Err(CommError::InvalidGroup(
+            reduced: Err(ReduceError::Comm(CommError::InvalidGroup(
                 "the gradient communication thread has stopped".into(),
-            )),
+            ))),
             busy_seconds: 0.0,
             early: 0,
         };
@@ -159,7 +159,7 @@ fn serve<B: Backend>(
 /// The thread's results for the backward pass in progress.
 struct Pass<B: Backend> {
     reduced: Vec<Reduced<B>>,
-    failure: Option<CommError>,
+    failure: Option<ReduceError>,
     busy_seconds: f64,
 }
 

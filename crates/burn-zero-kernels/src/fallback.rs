@@ -1,0 +1,95 @@
+//! Pack and unpack with Burn tensor ops: works on every backend.
+//!
+//! This is the arithmetic the kernels reproduce: cast to the reduce dtype first, then divide
+//! in that dtype; padding is zeros.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+
+use crate::spec::{BucketSpec, MemberSpec};
+
+/// A bucket being assembled from `[rows, len]` blocks, concatenated at the end.
+pub(crate) struct FallbackPacker<B: Backend> {
+    spec: BucketSpec,
+    device: B::Device,
+    parts: Vec<Tensor<B, 2>>,
+}
+
+impl<B: Backend> FallbackPacker<B> {
+    pub(crate) fn new(spec: BucketSpec, device: &B::Device) -> Self {
+        Self {
+            spec,
+            device: device.clone(),
+            parts: Vec::new(),
+        }
+    }
+
+    /// Adds `member`'s block; sizes have been checked by the caller.
+    pub(crate) fn push(&mut self, member: &MemberSpec, grad: Option<B::FloatTensorPrimitive>) {
+        let BucketSpec {
+            rows,
+            dtype,
+            predivide,
+            ..
+        } = self.spec;
+        let values = grad.map(|grad| {
+            let flat = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(B::float_reshape(
+                grad,
+                Shape::new([member.numel]),
+            )));
+            let flat = if flat.dtype() == dtype {
+                flat
+            } else {
+                flat.cast(dtype)
+            };
+            if predivide == 1.0 {
+                flat
+            } else {
+                flat.div_scalar(predivide)
+            }
+        });
+        let padded = rows * member.len;
+        let padding = padded - values.as_ref().map_or(0, |_| member.numel);
+        let block = match (values, padding) {
+            (Some(values), 0) => values,
+            (Some(values), _) => Tensor::cat(
+                vec![values, Tensor::zeros([padding], (&self.device, dtype))],
+                0,
+            ),
+            (None, _) => Tensor::zeros([padded], (&self.device, dtype)),
+        };
+        self.parts.push(block.reshape([rows, member.len]));
+    }
+
+    /// The bucket, 1-D.
+    pub(crate) fn finish(self) -> B::FloatTensorPrimitive {
+        let numel = self.spec.numel();
+        Tensor::cat(self.parts, 1)
+            .reshape([numel])
+            .into_primitive()
+            .tensor()
+    }
+}
+
+/// `reduced[offset..offset + len] / postdivide`, cast to `dtype`; arguments have been checked.
+pub(crate) fn unpack<B: Backend>(
+    reduced: &B::FloatTensorPrimitive,
+    offset: usize,
+    len: usize,
+    postdivide: f64,
+    dtype: DType,
+) -> B::FloatTensorPrimitive {
+    let part = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(reduced.clone()))
+        .slice(offset..offset + len);
+    let part = if postdivide == 1.0 {
+        part
+    } else {
+        part.div_scalar(postdivide)
+    };
+    let part = if part.dtype() == dtype {
+        part
+    } else {
+        part.cast(dtype)
+    };
+    part.into_primitive().tensor()
+}

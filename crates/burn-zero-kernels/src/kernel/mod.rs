@@ -1,0 +1,189 @@
+//! cubecl kernels and the run-time detection of the backends that can launch them.
+//!
+//! Burn has no specialisation, so a generic `B: Backend` is matched against the runtimes
+//! compiled in by comparing `B::FloatTensorPrimitive` with `CubeTensor<R>`. `CubeTensor<R>`
+//! does not depend on `CubeBackend`'s element parameters, so one comparison covers every
+//! `CubeBackend<R, F, I, BT>`. Fusion-wrapped backends have another primitive and are not
+//! matched.
+
+mod pack;
+mod unpack;
+
+use std::any::{Any, TypeId};
+
+use burn::tensor::DType;
+use burn::tensor::backend::Backend;
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::features::TypeUsage;
+use cubecl::ir::{AddressType, StorageType};
+use cubecl::prelude::ComputeClient;
+
+use crate::KernelError;
+use crate::spec::{BucketSpec, MemberSpec};
+
+pub(crate) use pack::CubePacker;
+
+/// A bucket being packed by kernels on `B`'s device.
+pub(crate) trait KernelPacker<B: Backend>: Send {
+    /// Writes `member`'s `rows * len` elements; sizes have been checked by the caller.
+    fn push(
+        &mut self,
+        member: &MemberSpec,
+        grad: Option<B::FloatTensorPrimitive>,
+    ) -> Result<(), KernelError>;
+
+    /// The packed bucket.
+    fn finish(self: Box<Self>) -> B::FloatTensorPrimitive;
+}
+
+/// Whether `B`'s float tensors are `CubeTensor<R>`.
+fn is_runtime<B: Backend, R: CubeRuntime>() -> bool {
+    TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<CubeTensor<R>>()
+}
+
+/// Whether `B` is a `CubeBackend` on a runtime compiled into this build.
+pub(crate) fn available<B: Backend>() -> bool {
+    #[cfg(feature = "wgpu")]
+    if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
+        return true;
+    }
+    #[cfg(feature = "cuda")]
+    if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
+        return true;
+    }
+    false
+}
+
+/// A kernel packer for `B`: `None` when `B` has no kernels in this build, an error when they
+/// cannot produce `spec.dtype` on `device`.
+pub(crate) fn packer<B: Backend>(
+    spec: &BucketSpec,
+    device: &B::Device,
+) -> Option<Result<Box<dyn KernelPacker<B>>, KernelError>> {
+    #[cfg(feature = "wgpu")]
+    if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
+        return Some(boxed(CubePacker::<cubecl::wgpu::WgpuRuntime>::new::<B>(
+            spec, device,
+        )));
+    }
+    #[cfg(feature = "cuda")]
+    if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
+        return Some(boxed(CubePacker::<cubecl::cuda::CudaRuntime>::new::<B>(
+            spec, device,
+        )));
+    }
+    let _ = (spec, device);
+    None
+}
+
+fn boxed<B: Backend, R: CubeRuntime>(
+    packer: Result<CubePacker<R>, KernelError>,
+) -> Result<Box<dyn KernelPacker<B>>, KernelError> {
+    packer.map(|packer| Box::new(packer) as Box<dyn KernelPacker<B>>)
+}
+
+/// Unpacks with a kernel: `None` when `B` has no kernels in this build, an error when they
+/// cannot handle one of the dtypes.
+pub(crate) fn unpack<B: Backend>(
+    reduced: &B::FloatTensorPrimitive,
+    offset: usize,
+    len: usize,
+    postdivide: f64,
+    dtype: DType,
+) -> Option<Result<B::FloatTensorPrimitive, KernelError>> {
+    #[cfg(feature = "wgpu")]
+    if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
+        return Some(unpack::unpack::<B, cubecl::wgpu::WgpuRuntime>(
+            reduced, offset, len, postdivide, dtype,
+        ));
+    }
+    #[cfg(feature = "cuda")]
+    if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
+        return Some(unpack::unpack::<B, cubecl::cuda::CudaRuntime>(
+            reduced, offset, len, postdivide, dtype,
+        ));
+    }
+    let _ = (reduced, offset, len, postdivide, dtype);
+    None
+}
+
+/// `value` as a `U`, when `T` and `U` are the same type.
+fn same_type<T: 'static, U: 'static>(value: T) -> Result<U, T> {
+    let mut slot = Some(value);
+    match (&mut slot as &mut dyn Any).downcast_mut::<Option<U>>() {
+        Some(same) => Ok(same.take().expect("slot is filled")),
+        None => Err(slot.expect("slot is untouched")),
+    }
+}
+
+/// `B`'s float primitive as the `CubeTensor<R>` it is (checked when the path was chosen).
+fn into_cube<B: Backend, R: CubeRuntime>(tensor: B::FloatTensorPrimitive) -> CubeTensor<R> {
+    match same_type(tensor) {
+        Ok(tensor) => tensor,
+        Err(_) => {
+            unreachable!("the kernel path is only taken when B's float tensor is CubeTensor<R>")
+        }
+    }
+}
+
+/// A `CubeTensor<R>` as `B`'s float primitive (checked when the path was chosen).
+fn from_cube<B: Backend, R: CubeRuntime>(tensor: CubeTensor<R>) -> B::FloatTensorPrimitive {
+    match same_type(tensor) {
+        Ok(tensor) => tensor,
+        Err(_) => {
+            unreachable!("the kernel path is only taken when B's float tensor is CubeTensor<R>")
+        }
+    }
+}
+
+/// `value` as a `&U`, when `T` and `U` are the same type.
+fn same_type_ref<T: 'static, U: 'static>(value: &T) -> Option<&U> {
+    (value as &dyn Any).downcast_ref::<U>()
+}
+
+/// The kernels' element type for `dtype`, when `client` can load, convert and compute in it.
+///
+/// `Flex32` is left to the fallback: Burn gives it relaxed arithmetic that a kernel in `f32`
+/// would not reproduce bit for bit.
+fn storage_type<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    dtype: DType,
+) -> Result<StorageType, KernelError> {
+    let unsupported = KernelError::UnsupportedDType {
+        dtype,
+        path: "kernel",
+    };
+    if !matches!(dtype, DType::F64 | DType::F32 | DType::F16 | DType::BF16) {
+        return Err(unsupported);
+    }
+    let storage: StorageType = dtype.into();
+    let usage = client.properties().type_usage(storage);
+    if usage.is_superset(TypeUsage::Buffer | TypeUsage::Conversion | TypeUsage::Arithmetic) {
+        Ok(storage)
+    } else {
+        Err(unsupported)
+    }
+}
+
+/// The widest vector size the client likes for elements of `elem_bytes` that divides every
+/// length in `lengths` (all in elements).
+fn vector_size<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    elem_bytes: usize,
+    lengths: &[usize],
+) -> usize {
+    client
+        .io_optimized_vector_sizes(elem_bytes)
+        .find(|&size| lengths.iter().all(|len| len % size == 0))
+        .unwrap_or(1)
+}
+
+/// The narrowest address type that indexes every tensor in `tensors`.
+fn address_type<R: CubeRuntime>(tensors: &[&CubeTensor<R>]) -> AddressType {
+    tensors
+        .iter()
+        .map(|t| t.required_address_type())
+        .max()
+        .unwrap_or_default()
+}

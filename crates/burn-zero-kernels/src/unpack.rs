@@ -1,0 +1,85 @@
+//! `unpack`: one member's part of a reduced row, divided and cast back.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, TensorMetadata};
+
+use crate::KernelError;
+use crate::spec::{PackPath, check_divisor, check_range, is_float};
+
+/// From `reduced` (1-D, one row), elements `[offset, offset + len)` divided by `postdivide`
+/// (no division when it is 1) in the reduced dtype, then cast to `dtype`: 1-D, `len` elements.
+///
+/// When there is nothing to divide or cast, every path returns a slice of `reduced` without a
+/// launch.
+pub fn unpack<B: Backend>(
+    reduced: &B::FloatTensorPrimitive,
+    offset: usize,
+    len: usize,
+    postdivide: f64,
+    dtype: DType,
+    path: PackPath,
+) -> Result<B::FloatTensorPrimitive, KernelError> {
+    let shape = reduced.shape();
+    if shape.num_dims() != 1 {
+        return Err(KernelError::NotFlat {
+            rank: shape.num_dims(),
+        });
+    }
+    check_range(offset, len, shape[0])?;
+    check_divisor(postdivide)?;
+    for dtype in [reduced.dtype(), dtype] {
+        if !is_float(dtype) {
+            return Err(KernelError::UnsupportedDType { dtype, path: "any" });
+        }
+    }
+    let kernel = match path {
+        PackPath::Fallback => None,
+        PackPath::Auto | PackPath::Kernel => {
+            let trivial = len == 0 || (postdivide == 1.0 && reduced.dtype() == dtype);
+            match kernel_unpack::<B>(reduced, offset, len, postdivide, dtype, trivial) {
+                Some(Ok(part)) => return Ok(part),
+                kernel => kernel,
+            }
+        }
+    };
+    match (kernel, path) {
+        (Some(Err(error)), PackPath::Kernel) => Err(error),
+        (None, PackPath::Kernel) => Err(KernelError::KernelUnavailable {
+            backend: B::name(&B::float_device(reduced)),
+        }),
+        _ => Ok(crate::fallback::unpack::<B>(
+            reduced, offset, len, postdivide, dtype,
+        )),
+    }
+}
+
+/// The kernel result: `None` when `B` has no kernels in this build. A `trivial` unpack (a plain
+/// slice) is answered with the fallback's slice, without a launch.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn kernel_unpack<B: Backend>(
+    reduced: &B::FloatTensorPrimitive,
+    offset: usize,
+    len: usize,
+    postdivide: f64,
+    dtype: DType,
+    trivial: bool,
+) -> Option<Result<B::FloatTensorPrimitive, KernelError>> {
+    if trivial && crate::kernel_available::<B>() {
+        return Some(Ok(crate::fallback::unpack::<B>(
+            reduced, offset, len, postdivide, dtype,
+        )));
+    }
+    crate::kernel::unpack::<B>(reduced, offset, len, postdivide, dtype)
+}
+
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+fn kernel_unpack<B: Backend>(
+    _reduced: &B::FloatTensorPrimitive,
+    _offset: usize,
+    _len: usize,
+    _postdivide: f64,
+    _dtype: DType,
+    _trivial: bool,
+) -> Option<Result<B::FloatTensorPrimitive, KernelError>> {
+    None
+}
