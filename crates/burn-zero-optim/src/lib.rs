@@ -15,5 +15,5 @@ pub use clip::NormType;
 pub use loss_scale::{DynamicLossScaler, LossScalerConfig};
 pub use optimizer::{StateSize, ZeroOptimizer};
 pub use placement::{Offload, OnDevice, Placement};
-pub use record::{ZeroOptimizerRecord, ZeroOptimizerRecordItem};
+pub use record::{MasterEntry, ZeroOptimizerRecord, ZeroOptimizerRecordItem};
 pub use state::StateBytes;

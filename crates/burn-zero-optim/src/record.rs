@@ -25,7 +25,7 @@ where
     /// Rank and world size of the group the state belongs to (`None` before the first step).
     pub placement: Option<(usize, usize)>,
     /// Per parameter key: the fp32 master part and the optimizer's state for it.
-    pub masters: Vec<(usize, Tensor<P::Host, 1>, Option<O::State<1>>)>,
+    pub masters: Vec<MasterEntry<O, P::Host>>,
     /// Per parameter key: fp32 gradient sums of the current accumulation window.
     pub accumulated: Vec<(usize, Tensor<P::Host, 1>)>,
     /// Micro-steps taken in the current accumulation window.
@@ -38,13 +38,23 @@ where
     _model: PhantomData<B>,
 }
 
+/// One parameter's entry in a record: its key, fp32 master part and optimizer state.
+pub type MasterEntry<O, H> = (
+    usize,
+    Tensor<H, 1>,
+    Option<<O as SimpleOptimizer<H>>::State<1>>,
+);
+
+/// The serialisable form of a flat tensor on `H`.
+type TensorItem<H, S> = <Tensor<H, 1> as Record<H>>::Item<S>;
+
 /// The serialisable form of a [`ZeroOptimizerRecord`].
 #[derive(Serialize, Deserialize, Clone)]
 #[serde(bound = "")]
 pub struct ZeroOptimizerRecordItem<O: SimpleOptimizer<H>, H: Backend, S: PrecisionSettings> {
     placement: Option<(usize, usize)>,
     masters: Vec<MasterItem<O, H, S>>,
-    accumulated: Vec<(usize, <Tensor<H, 1> as Record<H>>::Item<S>)>,
+    accumulated: Vec<(usize, TensorItem<H, S>)>,
     micro_steps: usize,
     scaler: Option<(f64, usize, usize)>,
     skipped: usize,
@@ -55,7 +65,7 @@ pub struct ZeroOptimizerRecordItem<O: SimpleOptimizer<H>, H: Backend, S: Precisi
 #[serde(bound = "")]
 struct MasterItem<O: SimpleOptimizer<H>, H: Backend, S: PrecisionSettings> {
     key: usize,
-    values: <Tensor<H, 1> as Record<H>>::Item<S>,
+    values: TensorItem<H, S>,
     state: Option<<O::State<1> as Record<H>>::Item<S>>,
 }
 
