@@ -15,10 +15,11 @@ use burn::nn::{Embedding, EmbeddingConfig, Initializer, LayerNorm, LayerNormConf
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 
-/// The training text: chapters I to IX of Jules Verne's *Around the World in Eighty Days*, in
-/// the 1873 English translation (George Makepeace Towle), as published by Project Gutenberg
-/// (eBook #103), carriage returns and repeated blank lines removed. Public domain: first
-/// published in 1873, its author and translator died in 1905 and 1893.
+/// The training text: chapters I to IX of Jules Verne's *Around the World in Eighty Days* in
+/// English, as Project Gutenberg publishes it (eBook #103; the file names no translator, it is
+/// the 1873 translation usually credited to George Makepeace Towle), without Project
+/// Gutenberg's header and licence, carriage returns and repeated blank lines removed. Public
+/// domain: published in 1873; Verne died in 1905, Towle in 1893.
 pub const TEXT: &str = include_str!("../data/around_the_world_in_80_days.txt");
 
 /// Model sizes.
