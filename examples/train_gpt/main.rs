@@ -1,0 +1,363 @@
+//! Trains a small GPT (decoder-only transformer, tied output head) character by character on
+//! chapters of *Around the World in Eighty Days*, ZeRO-sharded over ranks on one machine.
+//!
+//! ```text
+//! cargo run --example train_gpt                       # 2 ranks, stage 3, Flex, tiny model
+//! cargo run --example train_gpt -- --world-size 4 --stage 2 --model small --precision bf16
+//! cargo run --example train_gpt -- --memory-report memory.json
+//! ```
+//!
+//! Rank 0 shows a progress bar with the loss (the mean over ranks, all-reduced), tokens per
+//! second and its memory accounting; at the end every rank generates the same sample in
+//! lockstep, and a table gives each rank's memory, throughput and losses.
+
+mod gpt;
+mod train;
+
+use std::time::Instant;
+
+use burn::backend::{Flex, NdArray, Wgpu};
+use burn::tensor::DType;
+use burn::tensor::backend::Backend;
+use clap::{ArgAction, Parser, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::gpt::{Corpus, Preset, TEXT};
+use crate::train::{PROMPT, RankOutcome, RunConfig, StepInfo, train};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    /// Burn's NdArray CPU backend (f32 only).
+    Ndarray,
+    /// Burn's Flex CPU backend (f32, f16, bf16; bitwise deterministic).
+    Flex,
+    /// Burn's wgpu backend (Vulkan, Metal, DX12; Mesa's lavapipe without a GPU).
+    Wgpu,
+    /// `CubeBackend<CudaRuntime>` (needs the `cuda` feature).
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PrecisionArg {
+    F32,
+    F16,
+    Bf16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModelArg {
+    /// d_model 64, 4 heads, 2 blocks (~0.1M parameters).
+    Tiny,
+    /// d_model 192, 6 heads, 4 blocks (~1.8M parameters).
+    Small,
+    /// d_model 384, 6 heads, 6 blocks (~10.7M parameters).
+    Base,
+}
+
+/// The run's defaults (one source for the command line and the test).
+fn defaults() -> RunConfig {
+    RunConfig::new()
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Character-level GPT trained with ZeRO-sharded data parallelism (burn-zero)")]
+struct Args {
+    /// Ranks (one thread each, in-process communicator).
+    #[arg(long, default_value_t = defaults().world_size)]
+    world_size: usize,
+    /// ZeRO stage: 0 plain data parallel, 1 optimizer state, 2 + gradients, 3 + parameters.
+    #[arg(long, default_value_t = defaults().stage, value_parser = clap::value_parser!(u8).range(0..=3))]
+    stage: u8,
+    /// Backend every rank computes on.
+    #[arg(long, value_enum, default_value_t = BackendArg::Flex)]
+    backend: BackendArg,
+    /// Parameter and compute dtype (fp32 master weights and optimizer state either way).
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    precision: PrecisionArg,
+    /// Model size.
+    #[arg(long, value_enum, default_value_t = ModelArg::Tiny)]
+    model: ModelArg,
+    /// Gradient bucket size in MiB (0: one collective per parameter).
+    #[arg(long, default_value_t = defaults().bucket_mb)]
+    bucket_mb: f64,
+    /// Reduce gradient buckets on a communication thread during backward.
+    #[arg(long, default_value_t = defaults().overlap_comm, action = ArgAction::Set)]
+    overlap_comm: bool,
+    /// Parameters with fewer elements stay replicated (stage 3).
+    #[arg(long, default_value_t = defaults().persist_below)]
+    persist_below: usize,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = defaults().steps)]
+    steps: usize,
+    /// Global batch (sequences per step), split evenly across ranks and micro-steps.
+    #[arg(long, default_value_t = defaults().batch_size)]
+    batch_size: usize,
+    /// Micro-steps per optimizer step (gradient accumulation).
+    #[arg(long, default_value_t = defaults().accumulation)]
+    accumulation: usize,
+    /// Adam's learning rate.
+    #[arg(long, default_value_t = defaults().lr)]
+    lr: f64,
+    /// Context length in characters.
+    #[arg(long, default_value_t = defaults().seq_len)]
+    seq_len: usize,
+    /// Seed of the initial model, the batches and the sample.
+    #[arg(long, default_value_t = defaults().seed)]
+    seed: u64,
+    /// Characters to generate after training (0: none).
+    #[arg(long, default_value_t = defaults().sample_len)]
+    sample_len: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = defaults().temperature)]
+    temperature: f32,
+    /// Write every rank's memory report (JSON array) to this file.
+    #[arg(long)]
+    memory_report: Option<std::path::PathBuf>,
+}
+
+impl Args {
+    fn run_config(&self) -> RunConfig {
+        RunConfig {
+            world_size: self.world_size,
+            stage: self.stage,
+            preset: match self.model {
+                ModelArg::Tiny => Preset::Tiny,
+                ModelArg::Small => Preset::Small,
+                ModelArg::Base => Preset::Base,
+            },
+            precision: match self.precision {
+                PrecisionArg::F32 => DType::F32,
+                PrecisionArg::F16 => DType::F16,
+                PrecisionArg::Bf16 => DType::BF16,
+            },
+            bucket_mb: self.bucket_mb,
+            overlap_comm: self.overlap_comm,
+            persist_below: self.persist_below,
+            steps: self.steps,
+            batch_size: self.batch_size,
+            accumulation: self.accumulation,
+            lr: self.lr,
+            seq_len: self.seq_len,
+            seed: self.seed,
+            sample_len: self.sample_len,
+            temperature: self.temperature,
+            keep_params: true,
+        }
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let result = match args.backend {
+        BackendArg::Flex => run::<Flex>(&args, Default::default()),
+        BackendArg::Ndarray => run::<NdArray>(&args, Default::default()),
+        BackendArg::Wgpu => run::<Wgpu>(&args, Default::default()),
+        // `CubeBackend<CudaRuntime>` (no fusion); the ranks share GPU 0 through `LocalGroup`.
+        #[cfg(feature = "cuda")]
+        BackendArg::Cuda if burn_zero::comm::nccl::cuda_device_count() == 0 => {
+            Err("--backend cuda: no CUDA device is visible".into())
+        }
+        #[cfg(feature = "cuda")]
+        BackendArg::Cuda => run::<burn_zero::comm::nccl::CudaBackend>(&args, Default::default()),
+        #[cfg(not(feature = "cuda"))]
+        BackendArg::Cuda => Err(
+            "--backend cuda: this build has no CUDA backend; rebuild with --features cuda".into(),
+        ),
+    };
+    if let Err(error) = result {
+        eprintln!("train_gpt: {error}");
+        std::process::exit(1);
+    }
+}
+
+/// The command-line names of the backend and the dtype.
+fn names(args: &Args) -> (String, String) {
+    let name = |value: Option<clap::builder::PossibleValue>| {
+        value.map(|v| v.get_name().to_string()).unwrap_or_default()
+    };
+    (
+        name(args.backend.to_possible_value()),
+        name(args.precision.to_possible_value()),
+    )
+}
+
+fn run<B: Backend>(args: &Args, device: B::Device) -> Result<(), String> {
+    let config = args.run_config();
+    config.validate()?;
+    let (backend, precision) = names(args);
+    if !B::supports_dtype(&device, config.precision) {
+        return Err(format!(
+            "the {backend} backend does not support {precision} parameters (try --precision f32, \
+             or --backend flex for f16/bf16)"
+        ));
+    }
+    let corpus = Corpus::new(TEXT);
+    println!(
+        "GPT '{}' on {} characters ({} symbols) | {} ranks, ZeRO stage {}, {backend} {precision} | \
+         global batch {} × {} characters, {} micro-step(s), {} steps, Adam lr {}",
+        config.preset.name(),
+        corpus.len(),
+        corpus.vocab(),
+        config.world_size,
+        config.stage,
+        config.batch_size,
+        config.seq_len,
+        config.accumulation,
+        config.steps,
+        config.lr
+    );
+
+    let bar = ProgressBar::new(config.steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+            .expect("a valid template"),
+    );
+    let every = (config.steps / 10).max(1);
+    let on_step = |info: &StepInfo| {
+        let memory = info
+            .memory
+            .as_ref()
+            .map(|m| {
+                format!(
+                    " | rank 0: model state {}, gathered peak {}",
+                    bytes(m.model_state_bytes()),
+                    bytes(m.gathered.peak)
+                )
+            })
+            .unwrap_or_default();
+        let line = format!(
+            "step {:>4}  loss {:.4}  {:>7.0} tok/s{memory}",
+            info.step, info.loss, info.tokens_per_s
+        );
+        bar.set_message(line.clone());
+        bar.inc(1);
+        if info.step.is_multiple_of(every) || info.step + 1 == config.steps {
+            bar.suspend(|| println!("{line}"));
+        }
+    };
+    let started = Instant::now();
+    let ranks = train::<B>(&config, device, on_step)?;
+    bar.finish_and_clear();
+    let wall = started.elapsed().as_secs_f64();
+
+    let first = &ranks[0];
+    if config.sample_len > 0 {
+        println!(
+            "\nsample (prompt {PROMPT:?}, temperature {}):\n{}\n",
+            config.temperature, first.sample
+        );
+        if ranks.iter().any(|r| r.sample != first.sample) {
+            return Err("ranks generated different samples".into());
+        }
+    }
+    summary(&config, &ranks, wall);
+    // Every rank must end with the same model (read back gathered at stage 3).
+    if ranks.iter().any(|r| r.params != first.params) {
+        return Err("ranks ended with different parameters".into());
+    }
+    println!("every rank holds the same final parameters");
+    if let Some(path) = &args.memory_report {
+        write_report(path, args, &config, &ranks)?;
+        println!("memory report: {}", path.display());
+    }
+    Ok(())
+}
+
+/// Bytes in KB / MB (powers of ten).
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 => format!("{:.2} MB", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1} KB", n as f64 / 1e3),
+        n => format!("{n} B"),
+    }
+}
+
+fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
+    let first = &ranks[0];
+    let (start, end) = (first.losses[0], *first.losses.last().expect("one step"));
+    println!(
+        "{} parameters; loss (mean over ranks) {start:.4} -> {end:.4} in {} steps; {:.0} tokens/s \
+         over all ranks; {:.1} s wall (training {:.1} s)",
+        first.parameters,
+        config.steps,
+        ranks.iter().map(|r| r.tokens_per_s).sum::<f64>(),
+        wall,
+        first.seconds
+    );
+    if first.skipped_steps > 0 {
+        println!("loss scaler skipped {} step(s)", first.skipped_steps);
+    }
+    println!(
+        "\nper rank (after the last step; grads, buckets and gathered at their peak; \"sum of peaks\" \
+         adds every kind's peak):"
+    );
+    println!(
+        "{:>4} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>12} | {:>8} | {:>17}",
+        "rank",
+        "params",
+        "grads",
+        "master",
+        "state",
+        "buckets",
+        "gathered",
+        "sum of peaks",
+        "tok/s",
+        "own loss first/last"
+    );
+    for r in ranks {
+        let Some(m) = &r.memory else { continue };
+        let params = m.parameter_shards.current + m.persistent_parameters.current;
+        let peaks = m.parameter_shards.peak
+            + m.persistent_parameters.peak
+            + m.gradient_shards.peak
+            + m.gathered.peak
+            + m.buckets.peak
+            + m.master_weights.peak
+            + m.optimizer_state.peak
+            + m.gradient_accumulators.peak;
+        println!(
+            "{:>4} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>12} | {:>8.0} | {:>8.4}/{:.4}",
+            r.rank,
+            bytes(params),
+            bytes(m.gradient_shards.peak),
+            bytes(m.master_weights.current),
+            bytes(m.optimizer_state.current),
+            bytes(m.buckets.peak),
+            bytes(m.gathered.peak),
+            bytes(peaks),
+            r.tokens_per_s,
+            r.local_losses[0],
+            r.local_losses.last().expect("one step"),
+        );
+    }
+}
+
+fn write_report(
+    path: &std::path::Path,
+    args: &Args,
+    config: &RunConfig,
+    ranks: &[RankOutcome],
+) -> Result<(), String> {
+    let (backend, precision) = names(args);
+    let entries: Vec<serde_json::Value> = ranks
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "rank": r.rank,
+                "world_size": config.world_size,
+                "stage": config.stage,
+                "model": config.preset.name(),
+                "parameters": r.parameters,
+                "backend": backend,
+                "precision": precision,
+                "steps": config.steps,
+                "tokens_per_s": r.tokens_per_s,
+                "first_loss": r.losses.first(),
+                "last_loss": r.losses.last(),
+                "memory": r.memory,
+            })
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&entries).map_err(|e| e.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))
+}

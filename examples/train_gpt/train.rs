@@ -1,0 +1,313 @@
+//! The training run of `train_gpt`, generic over the backend every rank computes on; shared
+//! with the integration test (`tests/train_gpt.rs`).
+//!
+//! An ordinary Burn training loop. The burn-zero lines are the backend type (`Train<B>`),
+//! `launch`, `shard` and `ZeroOptimizer::new`; `current_group` and the communicator are only
+//! used to report memory and the mean loss.
+
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::module::{AutodiffModule, Module};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn_zero::comm::{ReduceOp, launch};
+use burn_zero::core::current_group;
+use burn_zero::optim::LossScalerConfig;
+use burn_zero::{MemoryReport, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
+
+use crate::gpt::{CastParams, Corpus, Gpt, Materialise, Preset, TEXT, mix, param_values};
+
+/// The training backend: autodiff over the ZeRO decorator over `B`.
+pub type Train<B> = Autodiff<Zero<B>>;
+
+/// Everything a run needs besides the backend.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// Ranks (threads, one communicator group).
+    pub world_size: usize,
+    /// ZeRO stage, 0 to 3.
+    pub stage: u8,
+    /// Model size.
+    pub preset: Preset,
+    /// Parameter and compute dtype (f32, f16, bf16); masters stay f32.
+    pub precision: DType,
+    /// Gradient bucket size in MiB.
+    pub bucket_mb: f64,
+    /// Reduce gradient buckets during backward.
+    pub overlap_comm: bool,
+    /// Parameters with fewer elements stay replicated at stage 3.
+    pub persist_below: usize,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Sequences per optimizer step, over all ranks and micro-steps.
+    pub batch_size: usize,
+    /// Micro-steps per optimizer step (gradient accumulation).
+    pub accumulation: usize,
+    /// Adam's learning rate.
+    pub lr: f64,
+    /// Context length.
+    pub seq_len: usize,
+    /// Seed of the initial model, the batches and the sample.
+    pub seed: u64,
+    /// Characters generated at the end (0: none).
+    pub sample_len: usize,
+    /// Sampling temperature; 0 is greedy decoding.
+    pub temperature: f32,
+    /// Return every rank's final parameters (gathered), for comparisons.
+    pub keep_params: bool,
+}
+
+impl RunConfig {
+    /// The defaults of the command line: 2 ranks, stage 3, the tiny model, f32.
+    pub fn new() -> Self {
+        Self {
+            world_size: 2,
+            stage: 3,
+            preset: Preset::Tiny,
+            precision: DType::F32,
+            bucket_mb: 25.0,
+            overlap_comm: true,
+            persist_below: 1024,
+            steps: 200,
+            batch_size: 32,
+            accumulation: 1,
+            lr: 3e-3,
+            seq_len: 64,
+            seed: 42,
+            sample_len: 200,
+            temperature: 0.8,
+            keep_params: false,
+        }
+    }
+
+    /// Sequences in one micro-batch of one rank.
+    pub fn micro_batch(&self) -> usize {
+        self.batch_size / (self.world_size * self.accumulation)
+    }
+
+    /// Checks the values that cannot work.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.world_size == 0 || self.accumulation == 0 {
+            return Err("--world-size and --accumulation must be at least 1".into());
+        }
+        let parts = self.world_size * self.accumulation;
+        if self.batch_size == 0 || !self.batch_size.is_multiple_of(parts) {
+            return Err(format!(
+                "--batch-size ({}) must be a positive multiple of --world-size × --accumulation ({parts})",
+                self.batch_size
+            ));
+        }
+        if self.stage > 3 {
+            return Err(format!("--stage {} does not exist (0 to 3)", self.stage));
+        }
+        if self.seq_len == 0 || self.seq_len + 1 >= Corpus::new(TEXT).len() {
+            return Err(format!("--seq-len {} does not fit the text", self.seq_len));
+        }
+        Ok(())
+    }
+}
+
+/// What rank 0 reports after each optimizer step.
+pub struct StepInfo {
+    /// 0-based step.
+    pub step: usize,
+    /// Mean loss over every rank's micro-batches (all-reduced).
+    pub loss: f32,
+    /// Tokens of the global batch per second of this step.
+    pub tokens_per_s: f64,
+    /// Rank 0's memory accounting after the step.
+    pub memory: Option<MemoryReport>,
+}
+
+/// What each rank returns.
+pub struct RankOutcome {
+    /// The rank.
+    pub rank: usize,
+    /// Parameters (elements) of the model.
+    pub parameters: usize,
+    /// Loss of each step: mean over every rank's micro-batches (the same on every rank).
+    pub losses: Vec<f32>,
+    /// Loss of each step on this rank's own micro-batches.
+    pub local_losses: Vec<f32>,
+    /// This rank's tokens per second of training.
+    pub tokens_per_s: f64,
+    /// Seconds of training (all steps).
+    pub seconds: f64,
+    /// Memory accounting after the last step.
+    pub memory: Option<MemoryReport>,
+    /// Steps the loss scaler skipped (f16 only).
+    pub skipped_steps: usize,
+    /// Generated text (the prompt included).
+    pub sample: String,
+    /// Final parameters, when asked for.
+    pub params: Option<Vec<Vec<f32>>>,
+}
+
+/// Prompt of the generated sample.
+pub const PROMPT: &str = "Phileas Fogg";
+
+/// Trains on `config.world_size` ranks computing on `B`'s `device`; calls `on_step` on rank 0
+/// after each step. Returns each rank's outcome in rank order.
+pub fn train<B: Backend>(
+    config: &RunConfig,
+    device: B::Device,
+    on_step: impl Fn(&StepInfo) + Sync,
+) -> Result<Vec<RankOutcome>, String> {
+    config.validate()?;
+    if !B::supports_dtype(&device, config.precision) {
+        return Err(format!(
+            "backend {} does not support {:?} tensors",
+            B::name(&device),
+            config.precision
+        ));
+    }
+    let corpus = Corpus::new(TEXT);
+    let gpt = config.preset.config(corpus.vocab(), config.seq_len);
+
+    // One model, built and materialised once from the seed, that every rank starts from.
+    <Train<B> as Backend>::seed(&device, config.seed);
+    let base: Gpt<Train<B>> = gpt.init(&device);
+    base.visit(&mut Materialise);
+    let base = match config.precision {
+        DType::F32 => base,
+        dtype => base.map(&mut CastParams(dtype)),
+    };
+    let parameters = base.parameters();
+
+    let zero = ZeroConfig::new()
+        .with_stage(config.stage)
+        .with_bucket_size_mb(config.bucket_mb)
+        .with_persist_below_numel(config.persist_below)
+        .with_overlap_comm(config.overlap_comm);
+    let micro = config.micro_batch();
+    let step_tokens = config.batch_size * config.seq_len;
+
+    let ranks = launch::<B, _, _, ZeroError>(config.world_size, &[device], |ctx| {
+        let (rank, device) = (ctx.rank(), ctx.device());
+        let mut model = shard(base.clone(), &ctx, &zero)?;
+        let mut optimizer =
+            ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(config.accumulation);
+        if config.precision == DType::F16 {
+            optimizer = optimizer.with_loss_scaler(LossScalerConfig::new());
+        }
+
+        let mut losses = Vec::with_capacity(config.steps);
+        let mut local_losses = Vec::with_capacity(config.steps);
+        let started = Instant::now();
+        for step in 0..config.steps {
+            let step_started = Instant::now();
+            let mut loss_sum = 0.0;
+            for m in 0..config.accumulation {
+                // Micro-batch `m · world_size + rank` of the global batch.
+                let index = m * config.world_size + rank;
+                let rows = index * micro..(index + 1) * micro;
+                let (inputs, targets) =
+                    corpus.batch::<Train<B>>(config.seed, step, rows, config.seq_len, device);
+                let loss = model.loss(inputs, targets);
+                loss_sum += scalar(loss.clone());
+                let scaled = loss.mul_scalar(optimizer.loss_scale());
+                let grads = GradientsParams::from_grads(scaled.backward(), &model);
+                model = optimizer.step(config.lr, model, grads);
+            }
+            let local = loss_sum / config.accumulation as f32;
+            let mine = Tensor::<B, 1>::from_floats([local], device);
+            let mean = scalar(ctx.comm().all_reduce(mine, ReduceOp::Mean)?);
+            local_losses.push(local);
+            losses.push(mean);
+            if rank == 0 {
+                on_step(&StepInfo {
+                    step,
+                    loss: mean,
+                    tokens_per_s: step_tokens as f64 / step_started.elapsed().as_secs_f64(),
+                    memory: current_group::<B>().map(|g| g.memory_report()),
+                });
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let memory = current_group::<B>().map(|g| g.memory_report());
+
+        // Every rank generates the same text in lockstep: at stage 3 each forward gathers.
+        let sample = generate(&model.valid(), &corpus, config, device);
+        let params = config.keep_params.then(|| param_values(&model));
+        Ok(RankOutcome {
+            rank,
+            parameters,
+            losses,
+            local_losses,
+            tokens_per_s: (step_tokens / config.world_size * config.steps) as f64 / seconds,
+            seconds,
+            memory,
+            skipped_steps: optimizer.skipped_steps(),
+            sample,
+            params,
+        })
+    });
+    ranks.map_err(|e| e.to_string())
+}
+
+/// The first value of a tensor, as f32.
+fn scalar<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> f32 {
+    let values = tensor.into_data().convert::<f32>();
+    values.as_slice::<f32>().expect("f32 values")[0]
+}
+
+/// `config.sample_len` characters after [`PROMPT`], each drawn from the model's distribution at
+/// `config.temperature` (greedy at 0) with randomness from the seed alone, so every rank draws
+/// the same ones.
+fn generate<B: Backend>(
+    model: &Gpt<B>,
+    corpus: &Corpus,
+    config: &RunConfig,
+    device: &B::Device,
+) -> String {
+    let mut ids = corpus.encode(PROMPT);
+    for i in 0..config.sample_len {
+        let window = &ids[ids.len().saturating_sub(config.seq_len)..];
+        let len = window.len();
+        let tokens: Vec<i64> = window.iter().map(|&id| id as i64).collect();
+        let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [1, len]), device);
+        let logits = model.forward(tokens);
+        let vocab = logits.dims()[2];
+        let last = logits
+            .slice([0..1, len - 1..len, 0..vocab])
+            .cast(DType::F32);
+        let logits = last.into_data().to_vec::<f32>().expect("f32 logits");
+        let next = if config.temperature <= 0.0 {
+            argmax(&logits)
+        } else {
+            let u = (mix(config.seed ^ 0x5A4D_504C, i as u64) >> 11) as f64 / (1u64 << 53) as f64;
+            draw(&logits, config.temperature, u)
+        };
+        ids.push(next);
+    }
+    corpus.decode(&ids)
+}
+
+fn argmax(values: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, v) in values.iter().enumerate() {
+        if *v > values[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The index where the cumulative softmax(logits / temperature) first exceeds `u` ∈ [0, 1).
+fn draw(logits: &[f32], temperature: f32, u: f64) -> usize {
+    let max = logits[argmax(logits)];
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&l| (((l - max) / temperature) as f64).exp())
+        .collect();
+    let mut left = u * weights.iter().sum::<f64>();
+    for (i, w) in weights.iter().enumerate() {
+        if left < *w {
+            return i;
+        }
+        left -= w;
+    }
+    weights.len() - 1
+}
