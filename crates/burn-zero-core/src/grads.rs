@@ -168,6 +168,7 @@ impl<B: Backend> ZeroGroup<B> {
     /// has no gradient, writes the results into autodiff's slots, and drops the gathered
     /// parameters the pass left in the cache.
     pub(crate) fn end_backward(self: &Arc<Self>) {
+        let backward_ended = Instant::now();
         let mut state = self.lock_grads();
         if state.active {
             let started = Instant::now();
@@ -183,7 +184,7 @@ impl<B: Backend> ZeroGroup<B> {
                     // waiting for each other.
                     match self.comm().barrier() {
                         Ok(()) => {
-                            let finished = reducer.finish();
+                            let finished = reducer.finish(backward_ended);
                             let overlap = (finished.busy_seconds, finished.early);
                             (finished.reduced, Some(overlap))
                         }

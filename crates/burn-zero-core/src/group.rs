@@ -65,7 +65,7 @@ pub struct ReductionStats {
     /// Time the training thread waited for reductions once backward was over: all of
     /// `seconds` without overlap, only the part backward did not hide with it.
     pub exposed_seconds: f64,
-    /// Buckets reduced while backward was still running.
+    /// Buckets whose reduction was done while backward was still running.
     pub overlapped: usize,
 }
 

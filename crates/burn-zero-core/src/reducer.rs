@@ -27,8 +27,9 @@ enum Job<B: Backend> {
         grad: B::FloatTensorPrimitive,
         bytes: usize,
     },
-    /// Backward is over: reduce the remaining buckets and send everything back.
-    Finish,
+    /// Backward is over (its last hook ran at `backward_ended`): reduce the remaining
+    /// buckets and send everything back.
+    Finish { backward_ended: Instant },
 }
 
 /// What the thread sends back at the end of a backward pass.
@@ -36,7 +37,7 @@ pub(crate) struct Finished<B: Backend> {
     pub reduced: Result<Vec<Reduced<B>>, ReduceError>,
     /// Time the thread spent packing, reducing and unpacking.
     pub busy_seconds: f64,
-    /// Buckets reduced before backward ended.
+    /// Buckets whose reduction was done before backward's last hook ran.
     pub early: usize,
 }
 
@@ -87,8 +88,8 @@ impl<B: Backend> Reducer<B> {
         }
     }
 
-    /// Waits for every bucket of this backward pass.
-    pub fn finish(&self) -> Finished<B> {
+    /// Waits for every bucket of this backward pass, which ended at `backward_ended`.
+    pub fn finish(&self, backward_ended: Instant) -> Finished<B> {
         let gone = || Finished {
             reduced: Err(ReduceError::Comm(CommError::InvalidGroup(
                 "the gradient communication thread has stopped".into(),
@@ -97,7 +98,7 @@ impl<B: Backend> Reducer<B> {
             early: 0,
         };
         match &self.jobs {
-            Some(jobs) if jobs.send(Job::Finish).is_ok() => {
+            Some(jobs) if jobs.send(Job::Finish { backward_ended }).is_ok() => {
                 self.finished.recv().unwrap_or_else(|_| gone())
             }
             _ => gone(),
@@ -133,8 +134,12 @@ fn serve<B: Backend>(
                     pass.reduce_next(ctx, &mut queue);
                 }
             }
-            Job::Finish => {
-                let early = pass.reduced.len();
+            Job::Finish { backward_ended } => {
+                let early = pass
+                    .done_at
+                    .iter()
+                    .filter(|&&done| done <= backward_ended)
+                    .count();
                 while pass.failure.is_none() && !queue.is_done() {
                     pass.reduce_next(ctx, &mut queue);
                 }
@@ -159,6 +164,8 @@ fn serve<B: Backend>(
 /// The thread's results for the backward pass in progress.
 struct Pass<B: Backend> {
     reduced: Vec<Reduced<B>>,
+    /// When each bucket's reduction finished.
+    done_at: Vec<Instant>,
     failure: Option<ReduceError>,
     busy_seconds: f64,
 }
@@ -167,6 +174,7 @@ impl<B: Backend> Default for Pass<B> {
     fn default() -> Self {
         Self {
             reduced: Vec::new(),
+            done_at: Vec::new(),
             failure: None,
             busy_seconds: 0.0,
         }
@@ -177,7 +185,10 @@ impl<B: Backend> Pass<B> {
     fn reduce_next(&mut self, ctx: &Reduction<'_, B>, queue: &mut BucketQueue<B>) {
         let started = Instant::now();
         match queue.reduce_next(ctx) {
-            Ok(reduced) => self.reduced.push(reduced),
+            Ok(reduced) => {
+                self.reduced.push(reduced);
+                self.done_at.push(Instant::now());
+            }
             Err(error) => self.failure = Some(error),
         }
         self.busy_seconds += started.elapsed().as_secs_f64();

@@ -531,12 +531,25 @@ where
         let require_grad = tensor.is_require_grad();
         let value = tensor.inner().into_primitive().tensor();
         let updated = self.update(taken, value);
-        let inner = Tensor::<Zero<B>, D>::from_primitive(TensorPrimitive::Float(updated));
-        let tensor = Tensor::<AB, D>::from_inner(inner)
-            .set_require_grad(require_grad)
-            .set_distributed(DistributedParamId::from(id.val()));
+        let tensor = marked_parameter::<AB, B, D>(id, updated, require_grad);
         Param::from_mapped_value(id, tensor, mapper)
     }
+}
+
+/// A parameter tensor holding `value`, marked for the gradient hooks.
+fn marked_parameter<AB, B, const D: usize>(
+    id: ParamId,
+    value: ZeroTensor<B>,
+    require_grad: bool,
+) -> Tensor<AB, D>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>>,
+{
+    let inner = Tensor::<Zero<B>, D>::from_primitive(TensorPrimitive::Float(value));
+    Tensor::<AB, D>::from_inner(inner)
+        .set_require_grad(require_grad)
+        .set_distributed(DistributedParamId::from(id.val()))
 }
 
 /// For steps that leave values as they are (a skipped step, a micro-step inside an
@@ -576,12 +589,8 @@ where
                     values.cast(shard.dtype())
                 };
                 let refilled = shard.with_shard(values.into_primitive().tensor());
-                let inner = Tensor::<Zero<B>, D>::from_primitive(TensorPrimitive::Float(
-                    ZeroTensor::Sharded(ShardedView::new(Arc::new(refilled))),
-                ));
-                Tensor::<AB, D>::from_inner(inner)
-                    .set_require_grad(tensor.is_require_grad())
-                    .set_distributed(DistributedParamId::from(id.val()))
+                let value = ZeroTensor::Sharded(ShardedView::new(Arc::new(refilled)));
+                marked_parameter::<AB, B, D>(id, value, tensor.is_require_grad())
             }
             _ => tensor,
         };
