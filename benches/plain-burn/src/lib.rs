@@ -1,0 +1,1 @@
+//! Nothing here: the baseline is the `plain` bench (`benches/plain.rs`).

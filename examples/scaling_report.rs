@@ -1,0 +1,1314 @@
+//! Turns the scaling suite's results into `docs/scaling.md` (tables) and `docs/scaling.svg`
+//! (step time and memory per rank against the number of ranks).
+//!
+//! ```sh
+//! cargo bench --manifest-path benches/plain-burn/Cargo.toml   # target/bench-reports/plain.json
+//! cargo bench --bench scaling                                 # target/bench-reports/scaling.json
+//! cargo run --example scaling_report                          # docs/scaling.md, docs/scaling.svg
+//! ```
+//!
+//! Optional arguments: the directory of the JSON files and the output directory (defaults
+//! `target/bench-reports` and `docs`).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// Bytes per element of parameters, gradients, masters and moments (all f32 here).
+const ELEMENT: f64 = 4.0;
+const STAGE_COLOURS: [(&str, &str); 5] = [
+    ("stage0", "#4e79a7"),
+    ("stage1", "#f28e2b"),
+    ("stage2", "#59a14f"),
+    ("stage3", "#e15759"),
+    ("stage3_cached", "#b07aa1"),
+];
+const PLAIN_COLOUR: &str = "#333333";
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let input = args
+        .next()
+        .map_or_else(|| root.join("target/bench-reports"), PathBuf::from);
+    let output = args.next().map_or_else(|| root.join("docs"), PathBuf::from);
+    let scaling = read(&input.join("scaling.json")).unwrap_or_else(|error| {
+        eprintln!("{error}\nrun `cargo bench --bench scaling` first");
+        std::process::exit(1);
+    });
+    let plain = match read(&input.join("plain.json")) {
+        Ok(plain) => Some(plain),
+        Err(error) => {
+            eprintln!(
+                "{error}\nthe plain-Burn column stays empty; run \
+                 `cargo bench --manifest-path benches/plain-burn/Cargo.toml` for it"
+            );
+            None
+        }
+    };
+    let mut report = Report::new(&scaling, plain.as_ref());
+    // Alternating single-rank rounds (benches/plain-burn/overhead.sh), if any.
+    for round in 1.. {
+        let (Ok(plain), Ok(zero)) = (
+            read(&input.join(format!("ab-plain-{round}.json"))),
+            read(&input.join(format!("ab-scaling-{round}.json"))),
+        ) else {
+            break;
+        };
+        let medians = zero["runs"]
+            .as_array()
+            .map(|runs| {
+                runs.iter()
+                    .filter(|r| int(&r["world_size"]) == 1)
+                    .map(|r| {
+                        (
+                            r["name"].as_str().unwrap_or("?").to_string(),
+                            num(&r["median_step_s"]) * 1e3,
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        report.rounds.push(Round {
+            plain_ms: num(&plain["median_step_s"]) * 1e3,
+            zero_ms: medians,
+            when: utc(int(&plain["unix_time"])),
+        });
+    }
+    std::fs::create_dir_all(&output).expect("output directory");
+    let md = output.join("scaling.md");
+    let svg = output.join("scaling.svg");
+    std::fs::write(&md, report.markdown()).expect("write scaling.md");
+    std::fs::write(&svg, report.svg()).expect("write scaling.svg");
+    println!("wrote {} and {}", md.display(), svg.display());
+}
+
+fn read(path: &Path) -> Result<Value, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("cannot parse {}: {e}", path.display()))
+}
+
+fn num(value: &Value) -> f64 {
+    value.as_f64().unwrap_or(f64::NAN)
+}
+
+fn int(value: &Value) -> u64 {
+    value.as_u64().unwrap_or(0)
+}
+
+/// One (configuration, N) measurement, rank 0's figures.
+struct Run {
+    name: String,
+    stage: u64,
+    cached: bool,
+    world_size: u64,
+    padded: u64,
+    step_ms: f64,
+    spread_ms: (f64, f64),
+    /// Model state by part, bytes, after backward (parameters, gradients held, master, Adam).
+    params: u64,
+    grads: u64,
+    master: u64,
+    state: u64,
+    buckets_peak: u64,
+    gathered_peak: u64,
+    param_shards_peak: u64,
+    /// Fastest milliseconds of forward, backward and the optimizer step (rank 0).
+    phases: [f64; 3],
+    /// Milliseconds the training thread waited for the gradient reduction (one step).
+    reduction_ms: f64,
+    /// Gradient buckets of the step, and how many were reduced before backward ended.
+    collectives: u64,
+    overlapped: u64,
+    /// Whether every rank reported the same model state and traffic as rank 0.
+    ranks_agree: bool,
+    comm: Value,
+}
+
+impl Run {
+    fn new(run: &Value) -> Self {
+        let ranks = run["ranks"].as_array().cloned().unwrap_or_default();
+        let rank0 = &ranks[0];
+        let memory = &rank0["memory_after_backward"];
+        let usage = |kind: &str, what: &str| int(&memory[kind][what]);
+        let samples: Vec<f64> = run["samples_step_s"]
+            .as_array()
+            .map(|s| s.iter().map(num).collect())
+            .unwrap_or_default();
+        let (low, high) = samples
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), s| {
+                (lo.min(*s), hi.max(*s))
+            });
+        let state_of = |rank: &Value| {
+            let m = &rank["memory_after_backward"];
+            (
+                int(&m["parameter_shards"]["current"])
+                    + int(&m["persistent_parameters"]["current"]),
+                int(&rank["gradient_bytes_after_backward"]),
+                int(&m["master_weights"]["current"]),
+                int(&m["optimizer_state"]["current"]),
+                rank["comm"]["step"].clone(),
+            )
+        };
+        let first = state_of(rank0);
+        Self {
+            name: run["name"].as_str().unwrap_or("?").to_string(),
+            stage: int(&run["stage"]),
+            cached: run["gather_cache"].as_bool().unwrap_or(false),
+            world_size: int(&run["world_size"]),
+            padded: int(&run["padded_parameters"]),
+            step_ms: num(&run["median_step_s"]) * 1e3,
+            spread_ms: (low * 1e3, high * 1e3),
+            params: first.0,
+            grads: first.1,
+            master: first.2,
+            state: first.3,
+            buckets_peak: usage("buckets", "peak"),
+            gathered_peak: usage("gathered", "peak"),
+            param_shards_peak: usage("parameter_shards", "peak"),
+            phases: phases(&rank0["phases_fastest_ms"]),
+            reduction_ms: num(&rank0["reduction"]["exposed_seconds"]) * 1e3,
+            collectives: int(&rank0["reduction"]["collectives"]),
+            overlapped: int(&rank0["reduction"]["buckets_reduced_during_backward"]),
+            ranks_agree: ranks.iter().all(|rank| state_of(rank) == first),
+            comm: rank0["comm"].clone(),
+        }
+    }
+
+    fn model_state(&self) -> u64 {
+        self.params + self.grads + self.master + self.state
+    }
+
+    fn step_bytes(&self) -> u64 {
+        int(&self.comm["step"]["total_bytes"])
+    }
+}
+
+/// Forward, backward and optimizer milliseconds from a `phases_ms` object.
+fn phases(value: &Value) -> [f64; 3] {
+    [
+        num(&value["forward"]),
+        num(&value["backward"]),
+        num(&value["optimizer"]),
+    ]
+}
+
+/// Per-rank model state of the ZeRO paper for f32 parameters and gradients, an fp32 master
+/// copy and Adam's two fp32 moments, in units of Ψ bytes.
+fn formula(stage: u64, n: f64) -> f64 {
+    match stage {
+        0 => 4.0 + 4.0 + 12.0,
+        1 => 4.0 + 4.0 + 12.0 / n,
+        2 => 4.0 + (4.0 + 12.0) / n,
+        _ => (4.0 + 4.0 + 12.0) / n,
+    }
+}
+
+fn formula_text(stage: u64) -> &'static str {
+    match stage {
+        0 => "(4+4+12)Ψ",
+        1 => "(4+4)Ψ + 12Ψ/N",
+        2 => "4Ψ + (4+12)Ψ/N",
+        _ => "(4+4+12)Ψ/N",
+    }
+}
+
+/// Communication volume per step and rank the analysis predicts, in units of Ψ elements.
+fn theory(run: &Run) -> (f64, &'static str) {
+    match (run.stage, run.cached) {
+        (0..=2, _) => (2.0, "2Ψ"),
+        (_, false) => (3.0, "3Ψ"),
+        (_, true) => (2.0, "2Ψ (cached)"),
+    }
+}
+
+fn mb(bytes: f64) -> String {
+    format!("{:.2} MB", bytes / 1e6)
+}
+
+fn percent(ratio: f64) -> String {
+    format!("{:+.2}%", (ratio - 1.0) * 100.0)
+}
+
+fn label(name: &str) -> String {
+    match name {
+        "stage3" => "stage 3 (no gather cache)".into(),
+        "stage3_cached" => "stage 3 (gather cache 512 MiB)".into(),
+        other => other.replace("stage", "stage "),
+    }
+}
+
+/// A UTC date and time from seconds since 1970.
+fn utc(seconds: u64) -> String {
+    let (mut days, rest) = (seconds / 86_400, seconds % 86_400);
+    let mut year = 1970;
+    loop {
+        let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+        let length = if leap { 366 } else { 365 };
+        if days < length {
+            break;
+        }
+        days -= length;
+        year += 1;
+    }
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let months = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    let mut month = 0;
+    while days >= months[month] {
+        days -= months[month];
+        month += 1;
+    }
+    format!(
+        "{year}-{:02}-{:02} {:02}:{:02} UTC",
+        month + 1,
+        days + 1,
+        rest / 3600,
+        rest % 3600 / 60
+    )
+}
+
+/// One round of the alternating single-rank comparison.
+struct Round {
+    plain_ms: f64,
+    /// Median step time at N = 1 by configuration.
+    zero_ms: Vec<(String, f64)>,
+    when: String,
+}
+
+struct Report {
+    rounds: Vec<Round>,
+    psi: u64,
+    preset: String,
+    batch: u64,
+    seq: u64,
+    bucket_mb: f64,
+    overlap: bool,
+    params: Vec<(String, u64)>,
+    runs: Vec<Run>,
+    plain_ms: Option<(f64, (f64, f64))>,
+    plain_phases: Option<[f64; 3]>,
+    phase_steps: u64,
+    /// Criterion samples per configuration.
+    samples: usize,
+    machine: String,
+    measured: String,
+}
+
+impl Report {
+    fn new(scaling: &Value, plain: Option<&Value>) -> Self {
+        let machine = &scaling["machine"];
+        let cpus = int(&machine["logical_cpus"]);
+        let gib = int(&machine["memory_bytes"]) as f64 / (1u64 << 30) as f64;
+        let plain_ms = plain.map(|p| {
+            let samples: Vec<f64> = p["samples_step_s"]
+                .as_array()
+                .map(|s| s.iter().map(num).collect())
+                .unwrap_or_default();
+            let low = samples.iter().copied().fold(f64::INFINITY, f64::min);
+            let high = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (num(&p["median_step_s"]) * 1e3, (low * 1e3, high * 1e3))
+        });
+        let mut measured = format!("burn-zero {}", utc(int(&scaling["unix_time"])));
+        if let Some(p) = plain {
+            let _ = write!(measured, ", plain Burn {}", utc(int(&p["unix_time"])));
+        }
+        Self {
+            rounds: Vec::new(),
+            psi: int(&scaling["parameters"]),
+            preset: scaling["preset"].as_str().unwrap_or("?").to_string(),
+            batch: int(&scaling["global_batch"]),
+            seq: int(&scaling["seq_len"]),
+            bucket_mb: num(&scaling["bucket_size_mb"]),
+            overlap: scaling["overlap_comm"].as_bool().unwrap_or(true),
+            params: scaling["params"]
+                .as_array()
+                .map(|ps| {
+                    ps.iter()
+                        .map(|p| (p[0].as_str().unwrap_or("").to_string(), int(&p[1])))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            runs: scaling["runs"]
+                .as_array()
+                .map(|runs| runs.iter().map(Run::new).collect())
+                .unwrap_or_default(),
+            plain_ms,
+            plain_phases: plain.map(|p| phases(&p["phases_fastest_ms"])),
+            phase_steps: int(&scaling["phase_steps"]),
+            samples: scaling["runs"][0]["samples_step_s"]
+                .as_array()
+                .map_or(0, Vec::len),
+            machine: format!(
+                "{}, {cpus} logical CPUs, {gib:.0} GiB RAM, no GPU (all figures are CPU figures)",
+                machine["cpu"].as_str().unwrap_or("unknown CPU")
+            ),
+            measured,
+        }
+    }
+
+    fn run(&self, name: &str, n: u64) -> Option<&Run> {
+        self.runs
+            .iter()
+            .find(|r| r.name == name && r.world_size == n)
+    }
+
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for run in &self.runs {
+            if !names.contains(&run.name) {
+                names.push(run.name.clone());
+            }
+        }
+        names
+    }
+
+    fn world_sizes(&self) -> Vec<u64> {
+        let mut sizes: Vec<u64> = self.runs.iter().map(|r| r.world_size).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
+    }
+
+    /// Elements of the parameters whose path ends with one of `suffixes`.
+    fn numel_of(&self, suffixes: &[&str]) -> u64 {
+        self.params
+            .iter()
+            .filter(|(path, _)| suffixes.iter().any(|s| path.ends_with(s)))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn markdown(&self) -> String {
+        let psi = self.psi as f64;
+        let mut md = String::new();
+        let _ = writeln!(md, "# Scaling benchmarks\n");
+        let _ = writeln!(
+            md,
+            "Generated by `cargo run --example scaling_report` from `target/bench-reports/scaling.json` \
+             (`cargo bench --bench scaling`) and `target/bench-reports/plain.json` \
+             (`cargo bench --manifest-path benches/plain-burn/Cargo.toml`). Do not edit by hand.\n"
+        );
+        let _ = writeln!(md, "- **Machine**: {}.", self.machine);
+        let _ = writeln!(md, "- **Measured**: {}.", self.measured);
+        let _ = writeln!(
+            md,
+            "- **Workload**: the `train_gpt` model, preset `{}` (Ψ = {} parameters, f32), one \
+             training step = forward, cross-entropy loss, backward, Adam step (lr 1e-3) on a \
+             global batch of {} sequences × {} characters, split evenly across the N ranks \
+             ({} tokens per step at every N).",
+            self.preset,
+            self.psi,
+            self.batch,
+            self.seq,
+            self.batch * self.seq
+        );
+        let _ = writeln!(
+            md,
+            "- **burn-zero**: `Autodiff<Zero<NdArray>>`, `ZeroOptimizer` over Burn's Adam (fp32 \
+             master shards), `LocalGroup` (one thread per rank in one process), \
+             `persist_below_numel(0)` (every parameter sharded), {} MiB gradient buckets, \
+             `overlap_comm` {}. Stage 3 runs twice: with `max_live_gathered_bytes(0)` \
+             (backward re-gathers what it needs) and with the default 512 MiB gather cache.",
+            self.bucket_mb,
+            if self.overlap { "on" } else { "off" }
+        );
+        let _ = writeln!(
+            md,
+            "- **plain Burn**: `Autodiff<NdArray>` with Burn's own Adam \
+             (`AdamConfig::new().init()`), no burn-zero, the whole batch on one thread; a \
+             separate package (`benches/plain-burn`), because the workspace's `distributed` \
+             feature does not let `Autodiff<NdArray>` compile. Both benches run the same \
+             step function (`benches/common/workload.rs`) and the same NdArray build features \
+             (no rayon, no SIMD feature), so NdArray computes on one thread per rank.\n"
+        );
+
+        // Step time.
+        let sizes = self.world_sizes();
+        let _ = writeln!(md, "## Step time\n");
+        let _ = writeln!(
+            md,
+            "Median time per step over criterion's {} samples, in milliseconds (rank 0's \
+             clock; the ranks step in lockstep); the range of the samples in brackets.\n",
+            self.samples
+        );
+        let mut header = String::from("| configuration |");
+        let mut rule = String::from("|---|");
+        for n in &sizes {
+            let _ = write!(header, " N = {n} |");
+            rule.push_str("---|");
+        }
+        header.push_str(" N = 1 vs plain Burn |");
+        rule.push_str("---|");
+        let _ = writeln!(md, "{header}\n{rule}");
+        if let Some((plain, (lo, hi))) = self.plain_ms {
+            let mut row = format!("| plain Burn | {plain:.1} ({lo:.1}–{hi:.1}) |");
+            for _ in 1..sizes.len() {
+                row.push_str(" – |");
+            }
+            row.push_str(" – |");
+            let _ = writeln!(md, "{row}");
+        }
+        for name in self.names() {
+            let mut row = format!("| {} |", label(&name));
+            for n in &sizes {
+                match self.run(&name, *n) {
+                    Some(r) => {
+                        let _ = write!(
+                            row,
+                            " {:.1} ({:.1}–{:.1}) |",
+                            r.step_ms, r.spread_ms.0, r.spread_ms.1
+                        );
+                    }
+                    None => row.push_str(" – |"),
+                }
+            }
+            match (self.plain_ms, self.run(&name, 1)) {
+                (Some((plain, _)), Some(r)) => {
+                    let _ = write!(row, " {} |", percent(r.step_ms / plain));
+                }
+                _ => row.push_str(" – |"),
+            }
+            let _ = writeln!(md, "{row}");
+        }
+        let _ = writeln!(md);
+        self.step_time_notes(&mut md);
+        self.rounds_table(&mut md);
+        self.phases_table(&mut md);
+
+        // Memory.
+        let _ = writeln!(md, "## Memory per rank\n");
+        let _ = writeln!(
+            md,
+            "Rank 0's model state after backward, before the optimizer step (when gradients and \
+             optimizer state coexist), from the group's memory report \
+             (`current_group::<NdArray>().memory_report()`) and, for the gradients, the bytes \
+             `GradientsParams` holds. Formula: the ZeRO paper's per-rank model state for f32 \
+             parameters (4 bytes), f32 gradients (4), an fp32 master copy (4) and Adam's two fp32 \
+             moments (8).\n"
+        );
+        let _ = writeln!(
+            md,
+            "| stage | N | parameters | gradients | fp32 master | Adam moments | model state | formula | measured / formula | buckets peak | buckets reduced during backward | gathered peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for name in self.names().iter().filter(|n| *n != "stage3_cached") {
+            for n in &sizes {
+                let Some(r) = self.run(name, *n) else {
+                    continue;
+                };
+                let expected = formula(r.stage, *n as f64) * psi;
+                let _ = writeln!(
+                    md,
+                    "| {} | {n} | {} | {} | {} | {} | {} | {} = {} | {} | {} | {} of {} | {} |",
+                    r.stage,
+                    mb(r.params as f64),
+                    mb(r.grads as f64),
+                    mb(r.master as f64),
+                    mb(r.state as f64),
+                    mb(r.model_state() as f64),
+                    formula_text(r.stage),
+                    mb(expected),
+                    percent(r.model_state() as f64 / expected),
+                    mb(r.buckets_peak as f64),
+                    r.overlapped,
+                    r.collectives,
+                    mb(r.gathered_peak as f64),
+                );
+            }
+        }
+        let _ = writeln!(md);
+        if let (Some(first), Some(last)) = (sizes.first(), sizes.last()) {
+            let _ = writeln!(
+                md,
+                "N = {last} against N = {first}, model state per rank:\n\n| stage | N = {first} | N = {last} | measured ratio | formula ratio | N = {last}: measured / formula |\n|---|---|---|---|---|---|"
+            );
+            for name in self.names().iter().filter(|n| *n != "stage3_cached") {
+                if let (Some(a), Some(b)) = (self.run(name, *first), self.run(name, *last)) {
+                    let fa = formula(a.stage, *first as f64);
+                    let fb = formula(b.stage, *last as f64);
+                    let _ = writeln!(
+                        md,
+                        "| {} | {} | {} | {:.4} | {:.4} | {} |",
+                        a.stage,
+                        mb(a.model_state() as f64),
+                        mb(b.model_state() as f64),
+                        b.model_state() as f64 / a.model_state() as f64,
+                        fb / fa,
+                        percent(b.model_state() as f64 / (fb * psi)),
+                    );
+                }
+            }
+            let _ = writeln!(md);
+        }
+        self.memory_notes(&mut md);
+
+        // Communication.
+        let _ = writeln!(md, "## Communication per step\n");
+        let _ = writeln!(
+            md,
+            "Bytes one rank moves in one training step, counted by a `Communicator` wrapper around \
+             the rank's communicator and around the duplicate the gradient-reduction thread uses: \
+             an all-gather counts its output (N blocks), a reduce-scatter its input, an all-reduce \
+             twice its buffer (a reduce-scatter and an all-gather), a broadcast its buffer; \
+             barriers move no data. Theory in Ψ × 4 bytes = {}.\n",
+            mb(psi * ELEMENT)
+        );
+        let _ = writeln!(
+            md,
+            "| configuration | N | all-gather | reduce-scatter | all-reduce (×2) | total | theory | measured / theory | collectives (barriers) | padded Ψ |\n|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for name in self.names() {
+            for n in &sizes {
+                let Some(r) = self.run(&name, *n) else {
+                    continue;
+                };
+                let step = &r.comm["step"];
+                let (units, text) = theory(r);
+                let expected = units * psi * ELEMENT;
+                let calls = int(&step["all_gather_calls"])
+                    + int(&step["reduce_scatter_calls"])
+                    + int(&step["all_reduce_calls"])
+                    + int(&step["broadcast_calls"]);
+                let _ = writeln!(
+                    md,
+                    "| {} | {n} | {} | {} | {} | {} | {} = {} | {:.4} | {calls} ({}) | {} |",
+                    label(&name),
+                    mb(num(&step["all_gather_bytes"])),
+                    mb(num(&step["reduce_scatter_bytes"])),
+                    mb(num(&step["all_reduce_bytes"])),
+                    mb(r.step_bytes() as f64),
+                    text,
+                    mb(expected),
+                    r.step_bytes() as f64 / expected,
+                    int(&step["barrier_calls"]),
+                    r.padded,
+                );
+            }
+        }
+        let _ = writeln!(md);
+        self.comm_notes(&mut md);
+        md
+    }
+
+    /// Median over the alternating rounds of each configuration's single-rank overhead.
+    fn round_overheads(&self) -> Vec<(String, f64)> {
+        let mut names: Vec<String> = Vec::new();
+        for round in &self.rounds {
+            for (name, _) in &round.zero_ms {
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+        }
+        names
+            .into_iter()
+            .map(|name| {
+                let ratios: Vec<f64> = self
+                    .rounds
+                    .iter()
+                    .filter_map(|round| {
+                        round
+                            .zero_ms
+                            .iter()
+                            .find(|(n, _)| *n == name)
+                            .map(|(_, ms)| ms / round.plain_ms)
+                    })
+                    .collect();
+                (name, median(&ratios))
+            })
+            .collect()
+    }
+
+    fn rounds_table(&self, md: &mut String) {
+        if self.rounds.is_empty() {
+            return;
+        }
+        let names: Vec<String> = self.round_overheads().into_iter().map(|(n, _)| n).collect();
+        let _ = writeln!(
+            md,
+            "### Single-rank overhead, alternating runs\n\n\
+             The table above comes from two processes run minutes apart, and this shared \
+             2-core virtual machine drifts by several percent between runs. \
+             `benches/plain-burn/overhead.sh` therefore alternates the baseline with \
+             burn-zero's N = 1 runs ({} rounds); median step time in ms per round, and the \
+             difference from the plain-Burn run of the same round:\n",
+            self.rounds.len()
+        );
+        let mut header = String::from("| round | plain Burn |");
+        let mut rule = String::from("|---|---|");
+        for name in &names {
+            let _ = write!(header, " {} |", label(name));
+            rule.push_str("---|");
+        }
+        let _ = writeln!(
+            md,
+            "{header}
+{rule}"
+        );
+        for (i, round) in self.rounds.iter().enumerate() {
+            let mut row = format!("| {} ({}) | {:.1} |", i + 1, round.when, round.plain_ms);
+            for name in &names {
+                match round.zero_ms.iter().find(|(n, _)| n == name) {
+                    Some((_, ms)) => {
+                        let _ = write!(row, " {ms:.1} ({}) |", percent(ms / round.plain_ms));
+                    }
+                    None => row.push_str(" – |"),
+                }
+            }
+            let _ = writeln!(md, "{row}");
+        }
+        let mut row = String::from("| **median overhead** | |");
+        for (_, ratio) in self.round_overheads() {
+            let _ = write!(row, " **{}** |", percent(ratio));
+        }
+        let _ = writeln!(md, "{row}\n");
+        let plain: Vec<f64> = self
+            .plain_ms
+            .map(|(ms, _)| ms)
+            .into_iter()
+            .chain(self.rounds.iter().map(|r| r.plain_ms))
+            .collect();
+        let low = plain.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = plain.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let noise = (high - low) / median(&plain);
+        let worst = self
+            .round_overheads()
+            .iter()
+            .map(|(_, ratio)| (ratio - 1.0).abs())
+            .fold(0.0, f64::max);
+        let _ = writeln!(
+            md,
+            "For scale: plain Burn alone, the same binary, measured {} times in this session: \
+             medians {:.1}–{:.1} ms, a spread of {:.1}% of their median. {}\n",
+            plain.len(),
+            low,
+            high,
+            noise * 100.0,
+            if worst <= noise {
+                "Every configuration's median difference is inside that spread, so this \
+                 machine cannot resolve burn-zero's single-rank cost from end-to-end step times. \
+                 Negative differences are noise as well: burn-zero runs the same NdArray ops as \
+                 plain Burn plus a little extra work, timed on its own in the next table."
+            } else {
+                "Some configurations differ from plain Burn by more than that spread."
+            }
+        );
+    }
+
+    fn phases_table(&self, md: &mut String) {
+        let Some(plain) = self
+            .plain_phases
+            .filter(|p| p.iter().all(|t| t.is_finite()))
+        else {
+            return;
+        };
+        let _ = writeln!(
+            md,
+            "### Where a single-rank step goes\n\n\
+             Before criterion's samples, each bench takes {} steps one phase at a time: forward \
+             to the loss; backward into `GradientsParams`, gradient reduction included; the \
+             optimizer step. Milliseconds of the fastest step per phase (the machine's noise \
+             only adds time), at N = 1, and the difference from plain Burn's same phase; \
+             \"reduction\" is the part of backward the training thread spent waiting for the \
+             gradient reduction, as the group reports it (`last_reduction().exposed_seconds`, \
+             one step):\n\n\
+             | configuration | forward | backward | of which reduction | optimizer step | sum |\n\
+             |---|---|---|---|---|---|",
+            self.phase_steps
+        );
+        let sum = |p: &[f64; 3]| p.iter().sum::<f64>();
+        let _ = writeln!(
+            md,
+            "| plain Burn | {:.1} | {:.1} | – | {:.1} | {:.1} |",
+            plain[0],
+            plain[1],
+            plain[2],
+            sum(&plain)
+        );
+        let mut optimizer_excess: Vec<f64> = Vec::new();
+        let mut reduction: Vec<f64> = Vec::new();
+        for name in self.names() {
+            let Some(r) = self.run(&name, 1) else {
+                continue;
+            };
+            optimizer_excess.push(r.phases[2] - plain[2]);
+            reduction.push(r.reduction_ms);
+            let cell = |i: usize| format!("{:.1} ({:+.1})", r.phases[i], r.phases[i] - plain[i]);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.1} | {} | {:.1} ({}) |",
+                label(&name),
+                cell(0),
+                cell(1),
+                r.reduction_ms,
+                cell(2),
+                sum(&r.phases),
+                percent(sum(&r.phases) / sum(&plain)),
+            );
+        }
+        let range = |v: &[f64]| {
+            let low = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let high = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (low, high)
+        };
+        let (opt_low, opt_high) = range(&optimizer_excess);
+        let (red_low, red_high) = range(&reduction);
+        let _ = writeln!(
+            md,
+            "\nForward and backward run the same NdArray ops in both (the decorator forwards \
+             them; at stage 3 it also copies each parameter out of its gather) and take nearly \
+             all of the step; between two such runs they move by the machine's noise. The \
+             work only burn-zero does is measured on its own: the optimizer step costs \
+             {opt_low:+.1} to {opt_high:+.1} ms more than Burn's Adam (Adam on the fp32 master \
+             copy, then the parameters written back from it, and all-gathered at stages 1 and \
+             2), and the training thread waits {red_low:.1}–{red_high:.1} ms for the gradient \
+             reduction (packing into buckets and a one-rank collective): together at most \
+             {:.1}% of plain Burn's {:.1} ms step. Not timed apart: the decorator's dispatch, \
+             and at stage 3 the gathers, which at one rank copy each parameter at every use \
+             (forward and backward gather about 2Ψ × 4 bytes ≈ {} per step without the cache).\n",
+            (opt_high + red_high) / sum(&plain) * 100.0,
+            sum(&plain),
+            mb(2.0 * self.psi as f64 * ELEMENT),
+        );
+    }
+
+    fn step_time_notes(&self, md: &mut String) {
+        let Some((plain, _)) = self.plain_ms else {
+            return;
+        };
+        let at = |name: &str, n: u64| self.run(name, n).map_or(f64::NAN, |r| r.step_ms);
+        let overheads: Vec<String> = ["stage0", "stage1", "stage2", "stage3", "stage3_cached"]
+            .iter()
+            .filter(|name| self.run(name, 1).is_some())
+            .map(|name| format!("{} {}", label(name), percent(at(name, 1) / plain)))
+            .collect();
+        let alternating = if self.rounds.is_empty() {
+            String::new()
+        } else {
+            let list: Vec<String> = self
+                .round_overheads()
+                .iter()
+                .map(|(name, ratio)| format!("{} {}", label(name), percent(*ratio)))
+                .collect();
+            format!(
+                " in this run; median over the {} alternating rounds below: {}",
+                self.rounds.len(),
+                list.join(", ")
+            )
+        };
+        let _ = writeln!(
+            md,
+            "Reading it:\n\n- **Single-rank overhead** of `Zero<NdArray>` over plain Burn (goal ≤ 5%): {}{alternating}. \
+             At N = 1 burn-zero still runs its whole machinery: it keeps an fp32 master copy and \
+             writes the parameters back from it after each Adam step, packs every gradient into \
+             buckets and passes them through a (one-rank) collective on a communication thread, \
+             and at stage 3 gathers (copies) each parameter at every use.",
+            overheads.join(", ")
+        );
+        let speedup = |name: &str, n: u64| at(name, 1) / at(name, n);
+        let sizes = self.world_sizes();
+        if sizes.contains(&2) && sizes.contains(&4) {
+            let _ = writeln!(
+                md,
+                "- **More ranks on 2 cores.** The ranks are threads of one process and this \
+                 NdArray build computes on one thread per rank, so N = 1 leaves one of the two \
+                 cores idle and N = 2 can use both: stage 0 runs {:.2}× faster at N = 2 than at \
+                 N = 1 (stage 3 without cache {:.2}×). At N = 4, four rank threads (and four \
+                 gradient-reduction threads) share the same two cores, each on a quarter of the \
+                 batch, so nothing more is gained: {:.2}× (stage 0) and {:.2}× (stage 3) of the \
+                 N = 1 speed. These are not GPU scaling figures; on GPUs each rank has its own \
+                 device.",
+                speedup("stage0", 2),
+                speedup("stage3", 2),
+                speedup("stage0", 4),
+                speedup("stage3", 4),
+            );
+        }
+        let _ = writeln!(
+            md,
+            "- **Stages.** Stage 3 without the cache gathers every parameter at each use and \
+             re-gathers in backward; on `LocalGroup` a gather is a copy of the full tensor plus a \
+             thread rendezvous, so it costs time where a GPU collective would overlap with \
+             compute. The gather cache removes backward's re-gathers.\n"
+        );
+    }
+
+    fn memory_notes(&self, md: &mut String) {
+        let psi = self.psi as f64;
+        let agree = self.runs.iter().all(|r| r.ranks_agree);
+        let padded_equal = self.runs.iter().all(|r| r.padded == self.psi);
+        let mut notes = String::from("Reading it:\n\n");
+        let _ = writeln!(
+            notes,
+            "- {} {}",
+            if agree {
+                "Every rank reports the same model state and traffic as rank 0."
+            } else {
+                "Ranks differ (see scaling.json): the table shows rank 0."
+            },
+            if padded_equal {
+                "Every parameter's size divides by 1, 2 and 4, so no rank holds padding: the \
+                 shards add up to Ψ exactly at every N."
+            } else {
+                "Some parameters do not divide by N: each rank's shard is padded to a whole \
+                 block (the padded Ψ column of the communication table)."
+            }
+        );
+        let _ = writeln!(
+            notes,
+            "- **Stage 0** holds everything: parameters replicated ({}), the all-reduced full \
+             gradients in `GradientsParams` ({}), the fp32 master and Adam's moments for the \
+             whole model. The master is a copy even though parameters are f32 already: \
+             `ZeroOptimizer` always steps an fp32 master (4Ψ that plain Burn's Adam does not hold).",
+            mb(4.0 * psi),
+            mb(4.0 * psi)
+        );
+        if let Some(r) = self.run("stage1", *self.world_sizes().last().unwrap_or(&1)) {
+            let n = r.world_size as f64;
+            let expected = formula(1, n) * psi;
+            let _ = writeln!(
+                notes,
+                "- **Stage 1** differs from the paper's formula by design: the paper keeps the full \
+                 gradients (4Ψ) until the step; burn-zero reduce-scatters them when backward ends \
+                 and frees them, so from then to the step a rank holds only its gradient shard \
+                 (4Ψ/N) — the stage-2 figure. At N = {} that is {} below the formula ({} instead \
+                 of {}). The full gradients do exist, during backward: the buckets peak \
+                 ({} = 4Ψ) is every gradient waiting for the reduction at the end of backward, \
+                 and with it stage 1 holds parameters + full gradients + 12Ψ/N = {} at the end \
+                 of backward ({} against the formula).",
+                r.world_size,
+                mb(expected - r.model_state() as f64),
+                mb(r.model_state() as f64),
+                mb(expected),
+                mb(r.buckets_peak as f64),
+                mb(r.params as f64 + r.buckets_peak as f64 + r.master as f64 + r.state as f64),
+                percent((r.params + r.buckets_peak + r.master + r.state) as f64 / expected),
+            );
+        }
+        let stage2: Vec<&Run> = self.runs.iter().filter(|r| r.name == "stage2").collect();
+        if !stage2.is_empty() {
+            let overlapped: Vec<String> = stage2
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} of {} at N = {}",
+                        r.overlapped, r.collectives, r.world_size
+                    )
+                })
+                .collect();
+            let low = stage2.iter().map(|r| r.buckets_peak).min().unwrap_or(0);
+            let high = stage2.iter().map(|r| r.buckets_peak).max().unwrap_or(0);
+            let verdict = if high as f64 > 0.75 * 4.0 * psi {
+                "the reduction barely overlaps backward on this model, so the full gradients do \
+                 pile up: the buckets peak is"
+            } else {
+                "the buckets peak stays at"
+            };
+            let _ = writeln!(
+                notes,
+                "- **Stage 2** reduces each {} MiB bucket on the communication thread as soon as \
+                 its gradients are final and frees those full gradients, so that the model's full \
+                 gradients need not all exist at once. The group's `last_reduction()` counts {} \
+                 buckets reduced before backward ended; {verdict} {}–{} (4Ψ = {}; stage 1 \
+                 always holds all of them). The model state after backward does not depend on it.",
+                self.bucket_mb,
+                overlapped.join(", "),
+                mb(low as f64),
+                mb(high as f64),
+                mb(4.0 * psi),
+            );
+        }
+        let stage3_peak = self.run("stage3", *self.world_sizes().last().unwrap_or(&1));
+        let _ = writeln!(
+            notes,
+            "- **Stage 3** also shards the parameters: everything is 1/N. Its parameter shards \
+             peak a little above 4Ψ/N during the optimizer step (the new shard is written while \
+             the old one is alive, one parameter at a time: {} at N = {}, against 4Ψ/N = {}); \
+             the gathered peak is the largest full parameter without the cache, and the whole \
+             model ({}) with the 512 MiB cache, which holds forward's gathers until backward \
+             ends (the cached run is left out of the table: its model state equals stage 3's).\n",
+            stage3_peak.map_or("?".into(), |r| mb(r.param_shards_peak as f64)),
+            stage3_peak.map_or(0, |r| r.world_size),
+            stage3_peak.map_or("?".into(), |r| mb(4.0 * psi / r.world_size as f64)),
+            mb(4.0 * psi)
+        );
+        md.push_str(&notes);
+    }
+
+    fn comm_notes(&self, md: &mut String) {
+        let psi = self.psi;
+        let tied = self.numel_of(&["tokens.weight"]);
+        let no_regather = self.numel_of(&["bias", "beta"]);
+        let mut notes = String::from("Reading it:\n\n");
+        let exact = self
+            .runs
+            .iter()
+            .filter(|r| r.stage <= 2)
+            .all(|r| r.step_bytes() as f64 == theory(r).0 * psi as f64 * ELEMENT);
+        let _ = writeln!(
+            notes,
+            "- **Stage 0**: one all-reduce per bucket of the full gradients, 2Ψ. **Stages 1 and \
+             2**: a reduce-scatter of the gradients (Ψ) and, after the step, one all-gather per \
+             parameter of the updated shards into the replicated parameters (Ψ). {}",
+            if exact {
+                "Measured equals theory to the byte at every N."
+            } else {
+                "Measured differs from theory where padding applies (see the padded Ψ column)."
+            }
+        );
+        if let Some(r) = self.run("stage3", 1) {
+            let elements = |phase: &str, what: &str| int(&r.comm[phase][what]) / ELEMENT as u64;
+            let forward = elements("forward", "all_gather_bytes");
+            let backward = elements("backward", "all_gather_bytes");
+            let predicted_forward = psi + tied;
+            let predicted_backward = psi - no_regather + tied;
+            let predicted = predicted_forward + predicted_backward + psi;
+            let _ = writeln!(
+                notes,
+                "- **Stage 3 without the cache** is {:.4} × 3Ψ; the 3Ψ model assumes every \
+                 parameter is gathered exactly once in forward and once in backward. Per step \
+                 and rank, in elements: forward gathers {forward} = Ψ + {tied} (the token table \
+                 is used twice — the embedding and the tied output head — and gathered for each \
+                 use); backward re-gathers {backward} = Ψ − {no_regather} + {tied}: biases and \
+                 layer-norm betas ({no_regather} elements) are never re-gathered because their \
+                 gradients do not need their values, while the token table is re-gathered twice \
+                 (the head's matmul and the embedding's backward both take it); the \
+                 reduce-scatter moves Ψ. Predicted from the model's parameter list: {predicted} \
+                 elements; measured: {} — {}.",
+                r.step_bytes() as f64 / (3.0 * psi as f64 * ELEMENT),
+                r.step_bytes() / ELEMENT as u64,
+                if predicted * ELEMENT as u64 == r.step_bytes() {
+                    "equal"
+                } else {
+                    "they differ"
+                },
+            );
+        }
+        let _ = writeln!(
+            notes,
+            "- **Stage 3 with the gather cache**: forward gathers each parameter once (the tied \
+             table too) and backward finds them all in the cache, so a step is forward all-gather \
+             Ψ + reduce-scatter Ψ = 2Ψ, the stage 0–2 volume, at the price of holding the gathered \
+             model (the gathered peak in the memory table) until backward ends.\n\
+             - Not counted because not issued: no loss all-reduce (the loss is not read), no \
+             clipping or loss-scaler all-reduce (neither is used). The one barrier per step at \
+             stages 0, 2 and 3 is the end-of-backward fence of the overlapped reduction; it moves \
+             no data. At N = 1 the collectives still run (a one-rank `LocalGroup` copies), so \
+             the same bytes are counted; they cross no link.\n"
+        );
+        md.push_str(&notes);
+    }
+
+    fn svg(&self) -> String {
+        let (width, height) = (1010.0, 420.0);
+        let mut svg = format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+             viewBox=\"0 0 {width} {height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+             <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+        );
+        let sizes = self.world_sizes();
+        let names = self.names();
+
+        // Left: step time.
+        let time_series: Vec<(String, Vec<(u64, f64)>)> = names
+            .iter()
+            .map(|name| {
+                let points = sizes
+                    .iter()
+                    .filter_map(|n| self.run(name, *n).map(|r| (*n, r.step_ms)))
+                    .filter(|(_, ms)| ms.is_finite())
+                    .collect();
+                (name.clone(), points)
+            })
+            .collect();
+        let max_time = time_series
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|(_, t)| *t))
+            .chain(self.plain_ms.map(|(p, _)| p))
+            .filter(|t| t.is_finite())
+            .fold(0.0, f64::max);
+        let left = Panel {
+            x: 70.0,
+            y: 50.0,
+            w: 330.0,
+            h: 300.0,
+            y_max: nice_ceiling(max_time),
+        };
+        left.axes(
+            &mut svg,
+            &sizes,
+            "step time (ms), lower is better",
+            "ranks N (threads on 2 cores)",
+        );
+        if let Some((plain, _)) = self.plain_ms {
+            let y = left.to_y(plain);
+            let _ = writeln!(
+                svg,
+                "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"{PLAIN_COLOUR}\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>",
+                left.x,
+                left.x + left.w
+            );
+        }
+        for (name, points) in &time_series {
+            left.line(&mut svg, &sizes, points, colour(name), false);
+        }
+
+        // Right: model state per rank, measured (solid) and formula (dashed).
+        let psi = self.psi as f64;
+        let memory_names: Vec<&String> = names.iter().filter(|n| *n != "stage3_cached").collect();
+        let max_memory = self
+            .runs
+            .iter()
+            .map(|r| (r.model_state() as f64).max(formula(r.stage, r.world_size as f64) * psi))
+            .fold(0.0, f64::max)
+            / 1e6;
+        let right = Panel {
+            x: 500.0,
+            y: 50.0,
+            w: 330.0,
+            h: 300.0,
+            y_max: nice_ceiling(max_memory),
+        };
+        right.axes(
+            &mut svg,
+            &sizes,
+            "model state per rank (MB): measured —, formula - -",
+            "ranks N",
+        );
+        for name in &memory_names {
+            let measured: Vec<(u64, f64)> = sizes
+                .iter()
+                .filter_map(|n| {
+                    self.run(name, *n)
+                        .map(|r| (*n, r.model_state() as f64 / 1e6))
+                })
+                .collect();
+            let theory: Vec<(u64, f64)> = sizes
+                .iter()
+                .filter_map(|n| {
+                    self.run(name, *n)
+                        .map(|r| (*n, formula(r.stage, *n as f64) * psi / 1e6))
+                })
+                .collect();
+            right.line(&mut svg, &sizes, &theory, colour(name), true);
+            right.line(&mut svg, &sizes, &measured, colour(name), false);
+        }
+
+        if let (Some(a), Some(b)) = (self.run("stage1", 4), self.run("stage2", 4))
+            && a.model_state() == b.model_state()
+        {
+            let _ = writeln!(
+                svg,
+                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"#555\">stage 1 measured = stage 2 measured</text>",
+                right.x + 5.0,
+                right.y + 15.0
+            );
+        }
+
+        // Legend.
+        let mut y = 70.0;
+        let legend_x = 850.0;
+        if self.plain_ms.is_some() {
+            let _ = writeln!(
+                svg,
+                "<line x1=\"{legend_x}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"{PLAIN_COLOUR}\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/><text x=\"{}\" y=\"{}\">plain Burn</text>",
+                legend_x + 20.0,
+                legend_x + 25.0,
+                y + 4.0
+            );
+            y += 20.0;
+        }
+        for name in &names {
+            let text = match name.as_str() {
+                "stage3" => "stage 3".to_string(),
+                "stage3_cached" => "stage 3, cache".to_string(),
+                other => other.replace("stage", "stage "),
+            };
+            let _ = writeln!(
+                svg,
+                "<line x1=\"{legend_x}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"{}\" stroke-width=\"2.5\"/><text x=\"{}\" y=\"{}\">{text}</text>",
+                legend_x + 20.0,
+                colour(name),
+                legend_x + 25.0,
+                y + 4.0
+            );
+            y += 20.0;
+        }
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"24\" font-size=\"14\" font-weight=\"bold\" text-anchor=\"middle\">burn-zero scaling: GPT {} (Ψ = {}), NdArray f32, global batch {}×{}</text>",
+            width / 2.0,
+            self.preset,
+            self.psi,
+            self.batch,
+            self.seq
+        );
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#555\" text-anchor=\"middle\">{}; {}</text>",
+            width / 2.0,
+            height - 12.0,
+            escape(&self.machine),
+            escape(&self.measured)
+        );
+        svg.push_str("</svg>\n");
+        svg
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+fn colour(name: &str) -> &'static str {
+    STAGE_COLOURS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or("#999999", |(_, c)| c)
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The smallest of 1, 2, 2.5, 5 or 10 times a power of ten that is at least `value`.
+fn nice_ceiling(value: f64) -> f64 {
+    if value.is_nan() || value <= 0.0 {
+        return 1.0;
+    }
+    let power = 10f64.powf(value.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * power)
+        .find(|v| *v >= value)
+        .unwrap_or(10.0 * power)
+}
+
+/// A chart area: ranks on x (evenly spaced), values from 0 to `y_max` on y.
+struct Panel {
+    x: f64,
+    y: f64,
+    w: f64,
+    h: f64,
+    y_max: f64,
+}
+
+impl Panel {
+    fn to_x(&self, sizes: &[u64], n: u64) -> f64 {
+        let i = sizes.iter().position(|s| *s == n).unwrap_or(0) as f64;
+        let slots = sizes.len().max(2) as f64 - 1.0;
+        self.x + 30.0 + i * (self.w - 60.0) / slots
+    }
+
+    fn to_y(&self, value: f64) -> f64 {
+        self.y + self.h - value / self.y_max * self.h
+    }
+
+    fn axes(&self, svg: &mut String, sizes: &[u64], title: &str, x_label: &str) {
+        let (x, y, w, h) = (self.x, self.y, self.w, self.h);
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" font-weight=\"bold\">{}</text>",
+            x,
+            y - 10.0,
+            escape(title)
+        );
+        for i in 0..=5 {
+            let value = self.y_max * i as f64 / 5.0;
+            let ty = self.to_y(value);
+            let _ = writeln!(
+                svg,
+                "<line x1=\"{x:.1}\" y1=\"{ty:.1}\" x2=\"{:.1}\" y2=\"{ty:.1}\" stroke=\"#e5e5e5\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                x + w,
+                x - 6.0,
+                ty + 4.0,
+                trim(value)
+            );
+        }
+        let _ = writeln!(
+            svg,
+            "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{h:.1}\" fill=\"none\" stroke=\"#999\"/>"
+        );
+        for n in sizes {
+            let tx = self.to_x(sizes, *n);
+            let _ = writeln!(
+                svg,
+                "<text x=\"{tx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{n}</text>",
+                y + h + 16.0
+            );
+        }
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            x + w / 2.0,
+            y + h + 34.0,
+            escape(x_label)
+        );
+    }
+
+    fn line(
+        &self,
+        svg: &mut String,
+        sizes: &[u64],
+        points: &[(u64, f64)],
+        colour: &str,
+        dashed: bool,
+    ) {
+        if points.is_empty() {
+            return;
+        }
+        let path: Vec<String> = points
+            .iter()
+            .map(|(n, v)| format!("{:.1},{:.1}", self.to_x(sizes, *n), self.to_y(*v)))
+            .collect();
+        let style = if dashed {
+            "stroke-width=\"1.5\" stroke-dasharray=\"5 4\""
+        } else {
+            "stroke-width=\"2.5\""
+        };
+        let _ = writeln!(
+            svg,
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{colour}\" {style}/>",
+            path.join(" ")
+        );
+        if !dashed {
+            for (n, v) in points {
+                let _ = writeln!(
+                    svg,
+                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{colour}\"/>",
+                    self.to_x(sizes, *n),
+                    self.to_y(*v)
+                );
+            }
+        }
+    }
+}
+
+/// A tick label without needless decimals.
+fn trim(value: f64) -> String {
+    let text = format!("{value:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
