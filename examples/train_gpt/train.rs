@@ -19,6 +19,9 @@ use burn_zero::{MemoryReport, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard}
 
 use crate::gpt::{CastParams, Corpus, Gpt, Materialise, Preset, TEXT, mix, param_values};
 
+/// Serialises seeding and initialising a model: Burn's seeded generator is process-wide.
+static SEEDED_INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The training backend: autodiff over the ZeRO decorator over `B`.
 pub type Train<B> = Autodiff<Zero<B>>;
 
@@ -167,9 +170,17 @@ pub fn train<B: Backend>(
     let gpt = config.preset.config(corpus.vocab(), config.seq_len);
 
     // One model, built and materialised once from the seed, that every rank starts from.
-    <Train<B> as Backend>::seed(&device, config.seed);
-    let base: Gpt<Train<B>> = gpt.init(&device);
-    base.visit(&mut Materialise);
+    // Burn's seeded generator is global to the process: hold the lock while drawing from it,
+    // so that two runs in one process (tests run in parallel) cannot interleave their draws.
+    let base: Gpt<Train<B>> = {
+        let _init = SEEDED_INIT
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        <Train<B> as Backend>::seed(&device, config.seed);
+        let base = gpt.init(&device);
+        base.visit(&mut Materialise);
+        base
+    };
     let base = match config.precision {
         DType::F32 => base,
         dtype => base.map(&mut CastParams(dtype)),
