@@ -12,43 +12,17 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use burn::backend::NdArray;
-use burn::tensor::Tensor;
-use burn_zero::comm::{CommError, ReduceOp, launch};
+use burn_zero::comm::{CommError, launch};
 mod common;
+
+use common::collective::{KIB, Op, label};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 
 type B = NdArray;
 
-const KIB: usize = 1024;
 const SIZES: [usize; 4] = [64 * KIB, KIB * KIB, 16 * KIB * KIB, 64 * KIB * KIB];
 const WORLDS: [usize; 2] = [2, 4];
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Op {
-    AllGather,
-    ReduceScatter,
-    AllReduce,
-}
-
-impl Op {
-    fn name(self) -> &'static str {
-        match self {
-            Op::AllGather => "all_gather",
-            Op::ReduceScatter => "reduce_scatter",
-            Op::AllReduce => "all_reduce",
-        }
-    }
-
-    /// nccl-tests' bus-bandwidth factor.
-    fn bus_factor(self, n: usize) -> f64 {
-        let n = n as f64;
-        match self {
-            Op::AllGather | Op::ReduceScatter => (n - 1.0) / n,
-            Op::AllReduce => 2.0 * (n - 1.0) / n,
-        }
-    }
-}
 
 /// Per-iteration times seen by every sample, keyed by (op, world, bytes).
 static SAMPLES: Mutex<BTreeMap<(Op, usize, usize), Vec<f64>>> = Mutex::new(BTreeMap::new());
@@ -56,23 +30,13 @@ static MEMCPY: Mutex<BTreeMap<usize, Vec<f64>>> = Mutex::new(BTreeMap::new());
 
 /// Runs `iters` collectives on every rank; returns the slowest rank's time between barriers.
 fn run(op: Op, world: usize, bytes: usize, iters: u64) -> Duration {
-    let full = bytes / 4;
     let times = launch::<B, _, _, CommError>(world, &[Default::default()], |ctx| {
-        let len = match op {
-            Op::AllGather => full / world,
-            Op::ReduceScatter | Op::AllReduce => full,
-        };
-        let input = Tensor::<B, 1>::ones([len], ctx.device()).mul_scalar(ctx.rank() as f32 + 1.0);
+        let input = op.input::<B>(bytes, world, ctx.rank(), ctx.device());
         let comm = ctx.comm();
         comm.barrier()?;
         let start = Instant::now();
         for _ in 0..iters {
-            let out = match op {
-                Op::AllGather => comm.all_gather(input.clone())?,
-                Op::ReduceScatter => comm.reduce_scatter(input.clone(), ReduceOp::Sum)?,
-                Op::AllReduce => comm.all_reduce(input.clone(), ReduceOp::Sum)?,
-            };
-            black_box(out);
+            black_box(op.call(comm.as_ref(), input.clone())?);
         }
         comm.barrier()?;
         Ok(start.elapsed())
@@ -86,14 +50,6 @@ fn run(op: Op, world: usize, bytes: usize, iters: u64) -> Duration {
         .or_default()
         .push(slowest.as_secs_f64() / iters as f64);
     slowest
-}
-
-fn label(bytes: usize) -> String {
-    if bytes >= KIB * KIB {
-        format!("{}MiB", bytes / (KIB * KIB))
-    } else {
-        format!("{}KiB", bytes / KIB)
-    }
 }
 
 fn bench_memcpy(c: &mut Criterion) {

@@ -16,48 +16,12 @@ use std::time::Instant;
 
 use burn::tensor::Tensor;
 use burn_zero::comm::nccl::{CudaBackend, CudaDevice, NcclOptions, cuda_device_count};
-use burn_zero::comm::{CommError, Communicator, ReduceOp, launch, launch_nccl};
+use burn_zero::comm::{CommError, Communicator, launch, launch_nccl};
 mod common;
 
+use common::collective::{KIB, MIB, Op, label};
+
 type B = CudaBackend;
-
-const KIB: usize = 1024;
-const MIB: usize = KIB * KIB;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Op {
-    AllGather,
-    ReduceScatter,
-    AllReduce,
-}
-
-impl Op {
-    const ALL: [Op; 3] = [Op::AllGather, Op::ReduceScatter, Op::AllReduce];
-
-    fn name(self) -> &'static str {
-        match self {
-            Op::AllGather => "all_gather",
-            Op::ReduceScatter => "reduce_scatter",
-            Op::AllReduce => "all_reduce",
-        }
-    }
-
-    fn bus_factor(self, n: usize) -> f64 {
-        let n = n as f64;
-        match self {
-            Op::AllGather | Op::ReduceScatter => (n - 1.0) / n,
-            Op::AllReduce => 2.0 * (n - 1.0) / n,
-        }
-    }
-}
-
-fn label(bytes: usize) -> String {
-    if bytes >= MIB {
-        format!("{}MiB", bytes / MIB)
-    } else {
-        format!("{}KiB", bytes / KIB)
-    }
-}
 
 /// (op, buffer bytes) and seconds per call.
 type Timing = ((Op, usize), f64);
@@ -72,17 +36,8 @@ fn measure(
     let mut times = Vec::new();
     for op in Op::ALL {
         for &bytes in sizes {
-            let full = bytes / 4;
-            let len = match op {
-                Op::AllGather => full / world,
-                Op::ReduceScatter | Op::AllReduce => full,
-            };
-            let input = Tensor::<B, 1>::ones([len], device).mul_scalar(comm.rank() as f32 + 1.0);
-            let call = |input: Tensor<B, 1>| match op {
-                Op::AllGather => comm.all_gather(input),
-                Op::ReduceScatter => comm.reduce_scatter(input, ReduceOp::Sum),
-                Op::AllReduce => comm.all_reduce(input, ReduceOp::Sum),
-            };
+            let input = op.input::<B>(bytes, world, comm.rank(), device);
+            let call = |input: Tensor<B, 1>| op.call(comm, input);
             for _ in 0..3 {
                 black_box(call(input.clone())?);
             }

@@ -1,6 +1,9 @@
-//! What the benchmarks share: the report writer and a ~50M-parameter model.
+//! What the benchmarks share: the report writer, a ~50M-parameter model and the timed
+//! collectives (`collective`).
 
 #![allow(dead_code)]
+
+pub mod collective;
 
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
