@@ -527,14 +527,7 @@ fn main() {
         "unix_time": unix_time,
     });
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-reports");
-    let name = std::env::var("SCALING_REPORT").unwrap_or_else(|_| "scaling".into());
-    let path = dir.join(format!("{name}.json"));
-    let written = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json")));
-    match written {
-        Ok(()) => println!("wrote {}", path.display()),
-        Err(error) => eprintln!("could not write {}: {error}", path.display()),
-    }
+    workload::write_report(&dir, "SCALING_REPORT", "scaling", &report);
 }
 
 /// One configuration's figures as JSON: step-time samples, and per rank the traffic by phase

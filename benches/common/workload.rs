@@ -174,3 +174,21 @@ pub fn timed_phases<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
 pub fn phases_json(ms: &[f64; 3]) -> serde_json::Value {
     serde_json::json!({ "forward": ms[0], "backward": ms[1], "optimizer": ms[2] })
 }
+
+/// Writes `report` to `<dir>/<name>.json`, where `name` is `$env_var` or `default`, and says
+/// where it went (or why it could not).
+pub fn write_report(
+    dir: &std::path::Path,
+    env_var: &str,
+    default: &str,
+    report: &serde_json::Value,
+) {
+    let name = std::env::var(env_var).unwrap_or_else(|_| default.into());
+    let path = dir.join(format!("{name}.json"));
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&path, serde_json::to_string_pretty(report).expect("json")));
+    match written {
+        Ok(()) => println!("wrote {}", path.display()),
+        Err(error) => eprintln!("could not write {}: {error}", path.display()),
+    }
+}

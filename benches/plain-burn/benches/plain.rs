@@ -88,12 +88,5 @@ fn run() {
         "unix_time": unix_time,
     });
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-reports");
-    let name = std::env::var("PLAIN_REPORT").unwrap_or_else(|_| "plain".into());
-    let path = dir.join(format!("{name}.json"));
-    let written = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json")));
-    match written {
-        Ok(()) => println!("wrote {}", path.display()),
-        Err(error) => eprintln!("could not write {}: {error}", path.display()),
-    }
+    workload::write_report(&dir, "PLAIN_REPORT", "plain", &report);
 }
