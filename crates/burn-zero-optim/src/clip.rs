@@ -5,6 +5,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, ElementConversion, Tensor};
 use burn_zero_comm::{CommError, Communicator, ReduceOp};
 
+use crate::master::cast_to;
+
 /// Which norm clipping bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NormType {
@@ -26,11 +28,7 @@ impl LocalStats {
     /// Adds one gradient part; `count` is false for a replicated gradient on ranks other than
     /// rank 0, so that it counts once in the global norm.
     pub fn add<B: Backend>(&mut self, grad: &Tensor<B, 1>, norm: NormType, count: bool) {
-        let grad = if grad.dtype() == DType::F32 {
-            grad.clone()
-        } else {
-            grad.clone().cast(DType::F32)
-        };
+        let grad = cast_to(grad.clone(), DType::F32);
         let nonfinite = grad.clone().is_nan().bool_or(grad.clone().is_inf()).any();
         if nonfinite.into_scalar().elem::<bool>() {
             self.nonfinite += 1.0;

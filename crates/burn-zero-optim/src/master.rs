@@ -24,7 +24,7 @@ impl<O: SimpleOptimizer<B>, B: Backend> Master<O, B> {
     /// A master copy of `values` (converted to fp32), with no optimizer state yet.
     pub fn new(values: Tensor<B, 1>) -> Self {
         Self {
-            values: to_f32(values),
+            values: cast_to(values, DType::F32),
             state: None,
         }
     }
@@ -32,7 +32,7 @@ impl<O: SimpleOptimizer<B>, B: Backend> Master<O, B> {
     /// Applies one step of `optim` with `grad` (any float dtype) multiplied by `factor`
     /// (unscaling and clipping), and returns the new values.
     pub fn step(&mut self, optim: &O, lr: f64, grad: Tensor<B, 1>, factor: f64) -> Tensor<B, 1> {
-        let grad = to_f32(grad);
+        let grad = cast_to(grad, DType::F32);
         let grad = if factor == 1.0 {
             grad
         } else {
@@ -45,10 +45,11 @@ impl<O: SimpleOptimizer<B>, B: Backend> Master<O, B> {
     }
 }
 
-fn to_f32<B: Backend>(tensor: Tensor<B, 1>) -> Tensor<B, 1> {
-    if tensor.dtype() == DType::F32 {
+/// `tensor` in `dtype` (itself when it already is).
+pub(crate) fn cast_to<B: Backend>(tensor: Tensor<B, 1>, dtype: DType) -> Tensor<B, 1> {
+    if tensor.dtype() == dtype {
         tensor
     } else {
-        tensor.cast(DType::F32)
+        tensor.cast(dtype)
     }
 }

@@ -14,7 +14,7 @@ use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroGroup, ZeroTensor, group
 
 use crate::clip::{LocalStats, NormType};
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
-use crate::master::Master;
+use crate::master::{Master, cast_to};
 use crate::placement::{Offload, OnDevice, Placement};
 use crate::record::ZeroOptimizerRecord;
 use crate::state::StateBytes;
@@ -486,12 +486,7 @@ where
             group.hold_master(key);
         }
         let updated = master.step(&self.optimizer.optim, self.lr, grad, self.factor);
-        let updated = P::to_model(updated, group.device());
-        let updated = if dtype == DType::F32 {
-            updated
-        } else {
-            updated.cast(dtype)
-        };
+        let updated = written_back::<B, P>(updated, group.device(), dtype);
         match value {
             ZeroTensor::Sharded(view) => {
                 let param = view.param().with_shard(updated.into_primitive().tensor());
@@ -534,6 +529,15 @@ where
         let tensor = marked_parameter::<AB, B, D>(id, updated, require_grad);
         Param::from_mapped_value(id, tensor, mapper)
     }
+}
+
+/// A master copy's fp32 values as a parameter's values: on the model's `device`, in `dtype`.
+fn written_back<B: Backend, P: Placement<B>>(
+    values: Tensor<P::Host, 1>,
+    device: &B::Device,
+    dtype: DType,
+) -> Tensor<B, 1> {
+    cast_to(P::to_model(values, device), dtype)
 }
 
 /// A parameter tensor holding `value`, marked for the gradient hooks.
@@ -582,12 +586,8 @@ where
                         shard.key()
                     )
                 });
-                let values = P::to_model(master.values.clone(), shard.device());
-                let values = if shard.dtype() == DType::F32 {
-                    values
-                } else {
-                    values.cast(shard.dtype())
-                };
+                let values =
+                    written_back::<B, P>(master.values.clone(), shard.device(), shard.dtype());
                 let refilled = shard.with_shard(values.into_primitive().tensor());
                 let value = ZeroTensor::Sharded(ShardedView::new(Arc::new(refilled)));
                 marked_parameter::<AB, B, D>(id, value, tensor.is_require_grad())
