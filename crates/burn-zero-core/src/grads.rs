@@ -256,8 +256,8 @@ impl<B: Backend> ZeroGroup<B> {
             let bucket = &state.queue.buckets()[bucket];
             stats.collectives += 1;
             stats.bytes += bucket.bytes(self.world_size());
-            let (mode, members) = (bucket.mode, bucket.members.clone());
-            for (member, value) in members.iter().zip(values) {
+            let mode = bucket.mode;
+            for (member, value) in bucket.members.iter().zip(values) {
                 let value = bucket::deliver(self, mode, member, value);
                 match state.slots.remove(&member.key) {
                     Some(slot) => slot.write(value),
