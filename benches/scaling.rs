@@ -13,8 +13,8 @@
 //!   the step, and the bytes of the gradients `GradientsParams` holds;
 //! - a few steps timed phase by phase (forward, backward, optimizer step).
 //!
-//! Everything goes to `target/bench-reports/scaling.json`; `cargo run --example
-//! scaling_report` turns it and the baseline's `plain.json` into `docs/scaling.md` and
+//! Everything goes to `target/bench-reports/scaling.json`; `cargo run -p
+//! scaling-report` turns it and the baseline's `plain.json` into `docs/scaling.md` and
 //! `docs/scaling.svg`. `SCALING_WORLD_SIZES=1` runs only the given world sizes and
 //! `SCALING_REPORT=name` writes `name.json` instead (`benches/plain-burn/overhead.sh` uses both
 //! to alternate single-rank runs with the baseline).
@@ -23,9 +23,6 @@
 //! gather cache (`max_live_gathered_bytes(0)`: backward re-gathers, the 3Ψ schedule) and with
 //! the default 512 MiB cache (a parameter gathered in forward is reused in backward).
 
-#[path = "../examples/train_gpt/gpt.rs"]
-#[allow(dead_code)]
-mod gpt;
 #[path = "common/workload.rs"]
 mod workload;
 
@@ -46,7 +43,7 @@ use burn_zero::{MemoryReport, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard}
 use criterion::{BenchmarkId, Criterion, SamplingMode};
 use serde_json::{Value, json};
 
-use gpt::Gpt;
+use burn_zero_gpt::Gpt;
 
 type Inner = NdArray;
 type Train = Autodiff<Zero<Inner>>;
@@ -470,7 +467,7 @@ fn main() {
     let corpus = workload::corpus();
     // Parameter sizes, in module order, on an unsharded copy (for Ψ and the padding).
     let numels: Vec<usize> =
-        gpt::param_values(&workload::model::<Train>(&corpus, &Default::default()))
+        burn_zero_gpt::param_values(&workload::model::<Train>(&corpus, &Default::default()))
             .iter()
             .map(Vec::len)
             .collect();

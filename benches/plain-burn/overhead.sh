@@ -2,7 +2,7 @@
 # Single-rank overhead of burn-zero over plain Burn, measured in alternation: the baseline and
 # burn-zero's N = 1 runs take turns, ROUNDS times (default 5), so that a slow phase of the
 # machine weighs on both. Writes target/bench-reports/ab-plain-K.json and ab-scaling-K.json,
-# which `cargo run --example scaling_report` summarises in docs/scaling.md.
+# which `cargo run -p scaling-report` summarises in docs/scaling.md.
 # Run from the repository root: benches/plain-burn/overhead.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
