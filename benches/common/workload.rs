@@ -2,8 +2,7 @@
 //! (`benches/scaling.rs`) and the plain-Burn baseline (`benches/plain-burn`), so both run the
 //! same model, data and optimizer and differ only in the backend and the optimizer wrapper.
 //!
-//! The including crate must declare the GPT model as `crate::gpt`
-//! (`examples/train_gpt/gpt.rs`).
+//! The model, data and module helpers come from the `burn-zero-gpt` crate.
 
 #![allow(dead_code)]
 
@@ -14,7 +13,7 @@ use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::gpt::{Corpus, Gpt, Materialise, Preset, TEXT};
+use burn_zero_gpt::{Corpus, Gpt, Materialise, Preset, TEXT};
 
 /// Model size: GPT `small` (d_model 192, 6 heads, 4 blocks, about 1.8M parameters).
 pub const PRESET: Preset = Preset::Small;

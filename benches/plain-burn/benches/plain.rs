@@ -4,9 +4,6 @@
 //! `target/bench-reports/plain.json` for `examples/scaling_report.rs` (`PLAIN_REPORT=name`
 //! writes `name.json` instead).
 
-#[path = "../../../examples/train_gpt/gpt.rs"]
-#[allow(dead_code)]
-mod gpt;
 #[path = "../../common/workload.rs"]
 mod workload;
 

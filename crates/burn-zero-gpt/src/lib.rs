@@ -1,6 +1,7 @@
-//! The model and the data of `train_gpt`, shared with its integration test
-//! (`tests/train_gpt.rs`): a decoder-only transformer with a tied output head, a
-//! character-level corpus, deterministic batches, and two module helpers.
+//! The character-level GPT of burn-zero's `train_gpt` example, its tests and the scaling
+//! benchmarks: a decoder-only transformer with a tied output head, a character-level corpus,
+//! deterministic batches, and module helpers (materialise, cast, read back). Plain Burn: it
+//! does not depend on burn-zero, so the plain-Burn baseline builds it too.
 
 use std::ops::Range;
 
