@@ -1,10 +1,7 @@
-//! The `train_gpt` example's model, data and training loop (shared through `#[path]`): a short
-//! run learns, and ZeRO-3 on 2 ranks ends with exactly the parameters of 1 rank that
-//! accumulates the same two micro-batches.
+//! The `train_gpt` example's training loop (shared through `#[path]`): a short run learns, and
+//! ZeRO-3 on 2 ranks ends with exactly the parameters of 1 rank that accumulates the same two
+//! micro-batches.
 
-#[allow(dead_code)]
-#[path = "../examples/train_gpt/gpt.rs"]
-mod gpt;
 #[allow(dead_code)]
 #[path = "../examples/train_gpt/train.rs"]
 mod train;
@@ -31,7 +28,7 @@ fn short_run_lowers_the_loss() {
     let first = losses[0];
     let last = losses[losses.len() - 3..].iter().sum::<f32>() / 3.0;
     // The first loss is about ln(vocabulary) (the tied head starts near zero).
-    let uniform = (gpt::Corpus::new(gpt::TEXT).vocab() as f32).ln();
+    let uniform = (burn_zero_gpt::Corpus::new(burn_zero_gpt::TEXT).vocab() as f32).ln();
     assert!(
         (first - uniform).abs() < 0.1,
         "first loss {first}, ln(vocab) {uniform}"
@@ -76,5 +73,31 @@ fn two_rank_zero3_equals_one_rank_accumulating_both_micro_batches_bitwise() {
         }
         // The reported losses are the same mean of the same two micro-batch losses.
         assert_eq!(rank.losses, single[0].losses);
+    }
+}
+
+#[test]
+fn a_diverging_run_names_the_non_finite_loss() {
+    // Adam moves every weight by about the learning rate: at 1e30 the logits overflow at once.
+    let config = RunConfig {
+        lr: 1e30,
+        ..short(4)
+    };
+    let error = match train::<Flex>(&config, Default::default(), |_| {}) {
+        Ok(_) => panic!("a run at lr 1e30 finished"),
+        Err(error) => error,
+    };
+    assert!(
+        error.contains("the loss became") && error.contains("training diverged"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_learning_rate_that_is_not_a_positive_number_is_refused_before_training() {
+    for lr in [f64::NAN, f64::INFINITY, 0.0, -1e-3] {
+        let config = RunConfig { lr, ..short(1) };
+        let error = config.validate().unwrap_err();
+        assert!(error.contains("--lr"), "{lr}: {error}");
     }
 }

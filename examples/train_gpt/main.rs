@@ -11,7 +11,6 @@
 //! second and its memory accounting; at the end every rank generates the same sample in
 //! lockstep, and a table gives each rank's memory, throughput and losses.
 
-mod gpt;
 mod train;
 
 use std::time::Instant;
@@ -22,8 +21,8 @@ use burn::tensor::backend::Backend;
 use clap::{ArgAction, Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::gpt::{Corpus, Preset, TEXT};
 use crate::train::{PROMPT, RankOutcome, RunConfig, StepInfo, train};
+use burn_zero_gpt::{Corpus, Preset, TEXT};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BackendArg {
@@ -184,6 +183,17 @@ fn names(args: &Args) -> (String, String) {
 fn run<B: Backend>(args: &Args, device: B::Device) -> Result<(), String> {
     let config = args.run_config();
     config.validate()?;
+    // Open the report's file before training, so that a path that cannot be written fails now
+    // rather than after the whole run.
+    let report_file = args
+        .memory_report
+        .as_ref()
+        .map(|path| {
+            std::fs::File::create(path)
+                .map(|file| (path, file))
+                .map_err(|e| format!("--memory-report {}: {e}", path.display()))
+        })
+        .transpose()?;
     let (backend, precision) = names(args);
     if !B::supports_dtype(&device, config.precision) {
         return Err(format!(
@@ -251,13 +261,14 @@ fn run<B: Backend>(args: &Args, device: B::Device) -> Result<(), String> {
         }
     }
     summary(&config, &ranks, wall);
-    // Every rank must end with the same model (read back gathered at stage 3).
-    if ranks.iter().any(|r| r.params != first.params) {
+    // Every rank must end with the same model (read back gathered at stage 3), bit for bit.
+    if ranks.iter().any(|r| !same_bits(&r.params, &first.params)) {
         return Err("ranks ended with different parameters".into());
     }
     println!("every rank holds the same final parameters");
-    if let Some(path) = &args.memory_report {
-        write_report(path, args, &config, &ranks)?;
+    if let Some((path, file)) = report_file {
+        write_report(file, args, &config, &ranks)
+            .map_err(|e| format!("--memory-report {}: {e}", path.display()))?;
         println!("memory report: {}", path.display());
     }
     Ok(())
@@ -332,8 +343,20 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
     }
 }
 
+/// Whether two parameter lists hold the same bits (NaN equals itself here).
+fn same_bits(a: &Option<Vec<Vec<f32>>>, b: &Option<Vec<Vec<f32>>>) -> bool {
+    let bits = |p: &Option<Vec<Vec<f32>>>| {
+        p.as_ref().map(|p| {
+            p.iter()
+                .map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        })
+    };
+    bits(a) == bits(b)
+}
+
 fn write_report(
-    path: &std::path::Path,
+    mut file: std::fs::File,
     args: &Args,
     config: &RunConfig,
     ranks: &[RankOutcome],
@@ -359,5 +382,5 @@ fn write_report(
         })
         .collect();
     let text = serde_json::to_string_pretty(&entries).map_err(|e| e.to_string())?;
-    std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))
+    std::io::Write::write_all(&mut file, (text + "\n").as_bytes()).map_err(|e| e.to_string())
 }

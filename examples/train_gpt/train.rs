@@ -17,7 +17,7 @@ use burn_zero::core::current_group;
 use burn_zero::optim::LossScalerConfig;
 use burn_zero::{MemoryReport, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 
-use crate::gpt::{CastParams, Corpus, Gpt, Materialise, Preset, TEXT, mix, param_values};
+use burn_zero_gpt::{CastParams, Corpus, Gpt, Materialise, Preset, TEXT, mix, param_values};
 
 /// Serialises seeding and initialising a model: Burn's seeded generator is process-wide.
 static SEEDED_INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -108,6 +108,9 @@ impl RunConfig {
         if self.seq_len == 0 || self.seq_len + 1 >= Corpus::new(TEXT).len() {
             return Err(format!("--seq-len {} does not fit the text", self.seq_len));
         }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(format!("--lr {} must be a positive finite number", self.lr));
+        }
         Ok(())
     }
 }
@@ -146,6 +149,30 @@ pub struct RankOutcome {
     pub sample: String,
     /// Final parameters, when asked for.
     pub params: Option<Vec<Vec<f32>>>,
+}
+
+/// Why a rank stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RankError {
+    /// Sharding or a collective failed.
+    #[error(transparent)]
+    Zero(#[from] ZeroError),
+    /// The loss (mean over ranks) is NaN or infinite: training diverged. Every rank sees the
+    /// same all-reduced value, so every rank stops at the same step.
+    #[error(
+        "the loss became {loss} at step {step} (mean over ranks): training diverged; lower --lr{hint}"
+    )]
+    NonFiniteLoss {
+        step: usize,
+        loss: f32,
+        hint: &'static str,
+    },
+}
+
+impl From<burn_zero::comm::CommError> for RankError {
+    fn from(error: burn_zero::comm::CommError) -> Self {
+        RankError::Zero(error.into())
+    }
 }
 
 /// Prompt of the generated sample.
@@ -195,7 +222,7 @@ pub fn train<B: Backend>(
     let micro = config.micro_batch();
     let step_tokens = config.batch_size * config.seq_len;
 
-    let ranks = launch::<B, _, _, ZeroError>(config.world_size, &[device], |ctx| {
+    let ranks = launch::<B, _, _, RankError>(config.world_size, &[device], |ctx| {
         let (rank, device) = (ctx.rank(), ctx.device());
         let mut model = shard(base.clone(), &ctx, &zero)?;
         let mut optimizer =
@@ -225,6 +252,18 @@ pub fn train<B: Backend>(
             let local = loss_sum / config.accumulation as f32;
             let mine = Tensor::<B, 1>::from_floats([local], device);
             let mean = scalar(ctx.comm().all_reduce(mine, ReduceOp::Mean)?);
+            // With a loss scaler a non-finite gradient skips the step, but a non-finite loss
+            // means the parameters themselves went bad: nothing later can recover.
+            if !mean.is_finite() {
+                return Err(RankError::NonFiniteLoss {
+                    step,
+                    loss: mean,
+                    hint: match config.precision {
+                        DType::F16 => " or use --precision bf16 / f32",
+                        _ => "",
+                    },
+                });
+            }
             local_losses.push(local);
             losses.push(mean);
             if rank == 0 {
