@@ -13,7 +13,6 @@ mod gpt;
 #[path = "common/gpu_steps.rs"]
 mod gpu_steps;
 #[path = "common/workload.rs"]
-#[allow(dead_code)]
 mod workload;
 
 use std::sync::Arc;

@@ -12,7 +12,6 @@ mod gpt;
 #[path = "../../common/gpu_steps.rs"]
 mod gpu_steps;
 #[path = "../../common/workload.rs"]
-#[allow(dead_code)]
 mod workload;
 
 use burn::backend::{Autodiff, Cuda};
