@@ -8,7 +8,8 @@
 //! synchronisation with CubeCL's stream before and after NCCL. The table is printed and written
 //! to `target/bench-reports/nccl.md`.
 //!
-//! `NCCL_BENCH_MAX_MIB` (default 64) caps the largest buffer.
+//! `NCCL_BENCH_MAX_MIB` (default 64) caps the largest buffer. `NCCL_BENCH_REPORT=path` also
+//! writes the rows as JSON there (`{"skipped": ...}` without a CUDA device), for the GPU check.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -58,6 +59,7 @@ fn main() {
     let count = cuda_device_count();
     if count == 0 {
         println!("nccl benchmark: skipped, no CUDA device visible");
+        write_json(&serde_json::json!({ "skipped": "no CUDA device visible" }));
         return;
     }
     let max_mib: usize = std::env::var("NCCL_BENCH_MAX_MIB")
@@ -98,15 +100,37 @@ fn main() {
     let mut out = String::from(
         "| engine | op | ranks | size | time | algbw GB/s | busbw GB/s |\n|---|---|---|---|---|---|---|\n",
     );
+    let mut rows = Vec::new();
     for ((engine, op, world, bytes), seconds) in results {
         let algbw = bytes as f64 / seconds / 1e9;
+        let busbw = algbw * op.bus_factor(world);
         out += &format!(
-            "| {engine} | {} | {world} | {} | {:.3} ms | {algbw:.2} | {:.2} |\n",
+            "| {engine} | {} | {world} | {} | {:.3} ms | {algbw:.2} | {busbw:.2} |\n",
             op.name(),
             label(bytes),
             seconds * 1e3,
-            algbw * op.bus_factor(world),
         );
+        rows.push(serde_json::json!({
+            "engine": engine,
+            "op": op.name(),
+            "ranks": world,
+            "bytes": bytes,
+            "seconds": seconds,
+            "algbw_gb_s": algbw,
+            "busbw_gb_s": busbw,
+        }));
     }
     common::publish("nccl", &out);
+    write_json(&serde_json::json!({ "devices": count, "rows": rows }));
+}
+
+/// Writes `value` to `$NCCL_BENCH_REPORT` when set.
+fn write_json(value: &serde_json::Value) {
+    if let Ok(path) = std::env::var("NCCL_BENCH_REPORT") {
+        let text = serde_json::to_string_pretty(value).expect("json");
+        if let Err(error) = std::fs::write(&path, text + "\n") {
+            eprintln!("could not write {path}: {error}");
+            std::process::exit(1);
+        }
+    }
 }

@@ -11,6 +11,8 @@
 //! second and its memory accounting; at the end every rank generates the same sample in
 //! lockstep, and a table gives each rank's memory, throughput and losses.
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod train;
 
 use std::time::Instant;
@@ -21,7 +23,7 @@ use burn::tensor::backend::Backend;
 use clap::{ArgAction, Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::train::{PROMPT, RankOutcome, RunConfig, StepInfo, train};
+use crate::train::{PROMPT, RankFn, RankOutcome, RunConfig, StepInfo, local_ranks, train_with};
 use burn_zero_gpt::{Corpus, Preset, TEXT};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -32,7 +34,8 @@ enum BackendArg {
     Flex,
     /// Burn's wgpu backend (Vulkan, Metal, DX12; Mesa's lavapipe without a GPU).
     Wgpu,
-    /// `CubeBackend<CudaRuntime>` (needs the `cuda` feature).
+    /// `CubeBackend<CudaRuntime>` with NCCL (needs the `cuda` feature): one GPU per rank, ranks
+    /// on threads, or one process per GPU under `zero-run`.
     Cuda,
 }
 
@@ -61,7 +64,8 @@ fn defaults() -> RunConfig {
 #[derive(Parser, Debug)]
 #[command(about = "Character-level GPT trained with ZeRO-sharded data parallelism (burn-zero)")]
 struct Args {
-    /// Ranks (one thread each, in-process communicator).
+    /// Ranks (one thread each, in-process communicator; with `--backend cuda` one GPU each,
+    /// and under `zero-run` the job's world size).
     #[arg(long, default_value_t = defaults().world_size)]
     world_size: usize,
     /// ZeRO stage: 0 plain data parallel, 1 optimizer state, 2 + gradients, 3 + parameters.
@@ -147,17 +151,32 @@ impl Args {
 
 fn main() {
     let args = Args::parse();
+    let world = args.world_size;
     let result = match args.backend {
-        BackendArg::Flex => run::<Flex>(&args, Default::default()),
-        BackendArg::Ndarray => run::<NdArray>(&args, Default::default()),
-        BackendArg::Wgpu => run::<Wgpu>(&args, Default::default()),
-        // `CubeBackend<CudaRuntime>` (no fusion); the ranks share GPU 0 through `LocalGroup`.
+        BackendArg::Flex => run::<Flex>(
+            &args,
+            world,
+            Default::default(),
+            local_ranks::<Flex>(world, Default::default()),
+        ),
+        BackendArg::Ndarray => run::<NdArray>(
+            &args,
+            world,
+            Default::default(),
+            local_ranks::<NdArray>(world, Default::default()),
+        ),
+        BackendArg::Wgpu => run::<Wgpu>(
+            &args,
+            world,
+            Default::default(),
+            local_ranks::<Wgpu>(world, Default::default()),
+        ),
+        // NCCL between GPUs: this process's ranks, or its one rank of a zero-run job.
         #[cfg(feature = "cuda")]
-        BackendArg::Cuda if burn_zero::comm::nccl::cuda_device_count() == 0 => {
-            Err("--backend cuda: no CUDA device is visible".into())
-        }
-        #[cfg(feature = "cuda")]
-        BackendArg::Cuda => run::<burn_zero::comm::nccl::CudaBackend>(&args, Default::default()),
+        BackendArg::Cuda => cuda::CudaRanks::new(world).and_then(|ranks| {
+            let (world, device) = (ranks.world_size(), ranks.device());
+            run::<cuda::Backend>(&args, world, device, |rank_fn| ranks.run(rank_fn))
+        }),
         #[cfg(not(feature = "cuda"))]
         BackendArg::Cuda => Err(
             "--backend cuda: this build has no CUDA backend; rebuild with --features cuda".into(),
@@ -180,20 +199,23 @@ fn names(args: &Args) -> (String, String) {
     )
 }
 
-fn run<B: Backend>(args: &Args, device: B::Device) -> Result<(), String> {
-    let config = args.run_config();
+/// Trains on `world_size` ranks (the whole job's), started by `ranks` (see `train_with`), the
+/// model initialised on `device`; prints progress, the sample and the summary.
+fn run<B: Backend>(
+    args: &Args,
+    world_size: usize,
+    device: B::Device,
+    ranks: impl FnOnce(&RankFn<'_, B>) -> Result<Vec<RankOutcome>, String>,
+) -> Result<(), String> {
+    let config = RunConfig {
+        world_size,
+        ..args.run_config()
+    };
     config.validate()?;
-    // Open the report's file before training, so that a path that cannot be written fails now
-    // rather than after the whole run.
-    let report_file = args
-        .memory_report
-        .as_ref()
-        .map(|path| {
-            std::fs::File::create(path)
-                .map(|file| (path, file))
-                .map_err(|e| format!("--memory-report {}: {e}", path.display()))
-        })
-        .transpose()?;
+    // A report that cannot be written fails now, not after the whole run.
+    if let Some(path) = &args.memory_report {
+        check_writable(path).map_err(|e| format!("--memory-report {}: {e}", path.display()))?;
+    }
     let (backend, precision) = names(args);
     if !B::supports_dtype(&device, config.precision) {
         return Err(format!(
@@ -246,7 +268,7 @@ fn run<B: Backend>(args: &Args, device: B::Device) -> Result<(), String> {
         }
     };
     let started = Instant::now();
-    let ranks = train::<B>(&config, device, on_step)?;
+    let ranks = train_with::<B>(&config, device, on_step, ranks)?;
     bar.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
 
@@ -266,10 +288,12 @@ fn run<B: Backend>(args: &Args, device: B::Device) -> Result<(), String> {
         return Err("ranks ended with different parameters".into());
     }
     println!("every rank holds the same final parameters");
-    if let Some((path, file)) = report_file {
-        write_report(file, args, &config, &ranks)
-            .map_err(|e| format!("--memory-report {}: {e}", path.display()))?;
-        println!("memory report: {}", path.display());
+    if let Some(path) = &args.memory_report {
+        write_report(path, args, &config, &ranks)?;
+        println!(
+            "memory report: {}",
+            own_report_path(path, &config, &ranks).display()
+        );
     }
     Ok(())
 }
@@ -356,7 +380,7 @@ fn same_bits(a: &Option<Vec<Vec<f32>>>, b: &Option<Vec<Vec<f32>>>) -> bool {
 }
 
 fn write_report(
-    mut file: std::fs::File,
+    path: &std::path::Path,
     args: &Args,
     config: &RunConfig,
     ranks: &[RankOutcome],
@@ -382,5 +406,39 @@ fn write_report(
         })
         .collect();
     let text = serde_json::to_string_pretty(&entries).map_err(|e| e.to_string())?;
-    std::io::Write::write_all(&mut file, (text + "\n").as_bytes()).map_err(|e| e.to_string())
+    let path = own_report_path(path, config, ranks);
+    std::fs::write(&path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Whether a file can be created beside `path` (the report's own name may carry a rank suffix):
+/// creates and removes a probe file in its folder.
+fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
+    let folder = match path.parent() {
+        Some(folder) if !folder.as_os_str().is_empty() => folder,
+        _ => std::path::Path::new("."),
+    };
+    let probe = folder.join(format!(".train_gpt-probe-{}", std::process::id()));
+    std::fs::File::create(&probe)?;
+    std::fs::remove_file(&probe)
+}
+
+/// Where this process writes its memory report: `path`, or, when the process holds only some
+/// ranks of the job (one process per GPU), `path` with `-rank<R>` before the extension, so that
+/// the processes of a job do not overwrite each other's reports.
+fn own_report_path(
+    path: &std::path::Path,
+    config: &RunConfig,
+    ranks: &[RankOutcome],
+) -> std::path::PathBuf {
+    match ranks.first() {
+        Some(first) if ranks.len() < config.world_size => {
+            let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+            let name = match path.extension() {
+                Some(ext) => format!("{stem}-rank{}.{}", first.rank, ext.to_string_lossy()),
+                None => format!("{stem}-rank{}", first.rank),
+            };
+            path.with_file_name(name)
+        }
+        _ => path.to_path_buf(),
+    }
 }

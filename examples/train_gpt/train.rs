@@ -12,7 +12,7 @@ use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use burn_zero::comm::{ReduceOp, launch};
+use burn_zero::comm::{RankContext, ReduceOp, launch};
 use burn_zero::core::current_group;
 use burn_zero::optim::LossScalerConfig;
 use burn_zero::{MemoryReport, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
@@ -178,12 +178,43 @@ impl From<burn_zero::comm::CommError> for RankError {
 /// Prompt of the generated sample.
 pub const PROMPT: &str = "Phileas Fogg";
 
-/// Trains on `config.world_size` ranks computing on `B`'s `device`; calls `on_step` on rank 0
-/// after each step. Returns each rank's outcome in rank order.
+/// What one rank runs: training from its [`RankContext`] to its outcome.
+pub type RankFn<'a, B> = dyn Fn(RankContext<B>) -> Result<RankOutcome, RankError> + Sync + 'a;
+
+/// Trains on `config.world_size` ranks computing on `B`'s `device`, one thread each, connected
+/// by a `LocalGroup`; calls `on_step` on rank 0 after each step. Returns each rank's outcome in
+/// rank order.
+// The tests' entry point; the binary picks how its ranks start (`train_with`).
+#[allow(dead_code)]
 pub fn train<B: Backend>(
     config: &RunConfig,
     device: B::Device,
     on_step: impl Fn(&StepInfo) + Sync,
+) -> Result<Vec<RankOutcome>, String> {
+    let ranks = local_ranks::<B>(config.world_size, device.clone());
+    train_with::<B>(config, device, on_step, ranks)
+}
+
+/// Starts `world_size` ranks on threads of this process, all on `device`, connected by a
+/// `LocalGroup` (the ranks argument of [`train_with`]).
+pub fn local_ranks<B: Backend>(
+    world_size: usize,
+    device: B::Device,
+) -> impl FnOnce(&RankFn<'_, B>) -> Result<Vec<RankOutcome>, String> {
+    move |rank_fn| {
+        launch::<B, _, _, RankError>(world_size, &[device], rank_fn).map_err(|e| e.to_string())
+    }
+}
+
+/// [`train`] with the ranks started by `ranks`, which runs the rank function once per rank of
+/// this process (every rank of a `LocalGroup` or of `launch_nccl`, or this process's single
+/// rank of a multi-process NCCL job) and returns the outcomes in rank order. The model is
+/// initialised on `device` and moved to each rank's device.
+pub fn train_with<B: Backend>(
+    config: &RunConfig,
+    device: B::Device,
+    on_step: impl Fn(&StepInfo) + Sync,
+    ranks: impl FnOnce(&RankFn<'_, B>) -> Result<Vec<RankOutcome>, String>,
 ) -> Result<Vec<RankOutcome>, String> {
     config.validate()?;
     if !B::supports_dtype(&device, config.precision) {
@@ -199,6 +230,7 @@ pub fn train<B: Backend>(
     // One model, built and materialised once from the seed, that every rank starts from.
     // Burn's seeded generator is global to the process: hold the lock while drawing from it,
     // so that two runs in one process (tests run in parallel) cannot interleave their draws.
+    let base_device = device.clone();
     let base: Gpt<Train<B>> = {
         let _init = SEEDED_INIT
             .lock()
@@ -222,9 +254,14 @@ pub fn train<B: Backend>(
     let micro = config.micro_batch();
     let step_tokens = config.batch_size * config.seq_len;
 
-    let ranks = launch::<B, _, _, RankError>(config.world_size, &[device], |ctx| {
+    let rank_fn = |ctx: RankContext<B>| -> Result<RankOutcome, RankError> {
         let (rank, device) = (ctx.rank(), ctx.device());
-        let mut model = shard(base.clone(), &ctx, &zero)?;
+        let start = if *device == base_device {
+            base.clone()
+        } else {
+            base.clone().fork(device)
+        };
+        let mut model = shard(start, &ctx, &zero)?;
         let mut optimizer =
             ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(config.accumulation);
         if config.precision == DType::F16 {
@@ -293,8 +330,8 @@ pub fn train<B: Backend>(
             sample,
             params,
         })
-    });
-    ranks.map_err(|e| e.to_string())
+    };
+    ranks(&rank_fn)
 }
 
 /// The first value of a tensor, as f32.

@@ -103,6 +103,9 @@ fn flex_bf16() {
 /// wgpu on whatever adapter the machine has; CI installs Mesa's software Vulkan (lavapipe).
 #[test]
 fn wgpu_f32() {
+    if !burn_zero_testing::skip::wgpu_adapter("wgpu_f32") {
+        return;
+    }
     let device = burn::backend::wgpu::WgpuDevice::default();
     for world_size in [1, 2, 3] {
         for block in [7, (1 << 18) + 3] {

@@ -1,7 +1,8 @@
-//! The NCCL engine (feature `cuda`). Tests that need a GPU print that they were skipped and
-//! pass when no CUDA device is visible; the others run everywhere.
+//! The NCCL engine (feature `cuda`). Tests that need a GPU print `SKIPPED: <test>: <reason>`
+//! and pass when no CUDA device is visible (unless `BURN_ZERO_REQUIRE_CUDA=1`); the others run
+//! everywhere.
 //!
-//! On a CUDA machine, `libnccl.so` must be loadable (see scripts/cuda.sh).
+//! On a CUDA machine, `libnccl.so` must be loadable (see scripts/gpu-check.sh).
 
 #![cfg(feature = "cuda")]
 
@@ -15,6 +16,7 @@ use burn_zero_comm::nccl::{
     CudaBackend, CudaDevice, NcclGroup, NcclOptions, cuda_device_count, launch_nccl,
 };
 use burn_zero_comm::{CommError, Communicator, LaunchError, ReduceOp, launch};
+use burn_zero_testing::skip;
 
 type B = CudaBackend;
 
@@ -24,14 +26,10 @@ const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, Reduce
 /// different threads, can deadlock each other, so GPU tests run one at a time.
 static GPUS: Mutex<()> = Mutex::new(());
 
-/// Every visible CUDA device and the GPU lock, or `None` (after saying so) when there is no
-/// device.
-fn gpus(test: &str) -> Option<(MutexGuard<'static, ()>, Vec<CudaDevice>)> {
-    let count = cuda_device_count();
-    if count == 0 {
-        eprintln!("{test}: skipped, no CUDA device visible");
-        return None;
-    }
+/// Every visible CUDA device and the GPU lock when at least `needed` devices are visible, or
+/// `None` after printing `SKIPPED: <test>: <reason>`.
+fn gpus(test: &str, needed: usize) -> Option<(MutexGuard<'static, ()>, Vec<CudaDevice>)> {
+    let count = skip::cuda_devices(test, needed)?;
     let guard = GPUS.lock().unwrap_or_else(|p| p.into_inner());
     Some((guard, (0..count).map(CudaDevice::new).collect()))
 }
@@ -125,7 +123,7 @@ fn check_parity(devices: &[CudaDevice]) {
 
 #[test]
 fn nccl_matches_local_group_at_world_size_one() {
-    let Some((_gpus, devices)) = gpus("nccl_matches_local_group_at_world_size_one") else {
+    let Some((_gpus, devices)) = gpus("nccl_matches_local_group_at_world_size_one", 1) else {
         return;
     };
     check_parity(&devices[..1]);
@@ -133,19 +131,15 @@ fn nccl_matches_local_group_at_world_size_one() {
 
 #[test]
 fn nccl_matches_local_group_on_every_gpu() {
-    let Some((_gpus, devices)) = gpus("nccl_matches_local_group_on_every_gpu") else {
+    let Some((_gpus, devices)) = gpus("nccl_matches_local_group_on_every_gpu", 2) else {
         return;
     };
-    if devices.len() < 2 {
-        eprintln!("nccl_matches_local_group_on_every_gpu: skipped, one CUDA device visible");
-        return;
-    }
     check_parity(&devices);
 }
 
 #[test]
 fn an_invalid_call_fails_the_group_for_good() {
-    let Some((_gpus, devices)) = gpus("an_invalid_call_fails_the_group_for_good") else {
+    let Some((_gpus, devices)) = gpus("an_invalid_call_fails_the_group_for_good", 1) else {
         return;
     };
     let group = NcclGroup::local_group(&devices[..1], &NcclOptions::default())
@@ -177,7 +171,8 @@ fn an_invalid_call_fails_the_group_for_good() {
 
 #[test]
 fn a_duplicate_works_and_shares_the_fate_of_its_group() {
-    let Some((_gpus, devices)) = gpus("a_duplicate_works_and_shares_the_fate_of_its_group") else {
+    let Some((_gpus, devices)) = gpus("a_duplicate_works_and_shares_the_fate_of_its_group", 1)
+    else {
         return;
     };
     let world = devices.len();
@@ -229,13 +224,9 @@ fn a_duplicate_works_and_shares_the_fate_of_its_group() {
 
 #[test]
 fn a_rank_that_stops_early_does_not_hang_the_others() {
-    let Some((_gpus, devices)) = gpus("a_rank_that_stops_early_does_not_hang_the_others") else {
+    let Some((_gpus, devices)) = gpus("a_rank_that_stops_early_does_not_hang_the_others", 2) else {
         return;
     };
-    if devices.len() < 2 {
-        eprintln!("a_rank_that_stops_early_does_not_hang_the_others: skipped, needs 2 GPUs");
-        return;
-    }
     let options = NcclOptions::default().with_timeout(Duration::from_secs(5));
     let started = std::time::Instant::now();
     let result = launch_nccl::<f32, i32, u8, _, _, _>(&devices[..2], &options, |ctx| {
@@ -262,8 +253,10 @@ fn a_rank_that_stops_early_does_not_hang_the_others() {
 
 #[test]
 fn ranks_in_separate_processes_meet_through_the_environment() {
-    let Some((_gpus, devices)) = gpus("ranks_in_separate_processes_meet_through_the_environment")
-    else {
+    let Some((_gpus, devices)) = gpus(
+        "ranks_in_separate_processes_meet_through_the_environment",
+        1,
+    ) else {
         return;
     };
     let world = devices.len();
@@ -272,7 +265,7 @@ fn ranks_in_separate_processes_meet_through_the_environment() {
         .local_addr()
         .unwrap()
         .port();
-    // A test binary carried to another machine is told where the probe is (scripts/cuda.sh).
+    // A test binary carried to another machine is told where the probe is (scripts/gpu-check.sh).
     let probe = std::env::var_os("NCCL_RANK_PROBE")
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_nccl-rank-probe").into());
     // Start every rank before waiting for any: they meet in the rendezvous.
@@ -308,7 +301,10 @@ fn ranks_in_separate_processes_meet_through_the_environment() {
 #[test]
 fn without_cuda_the_engine_reports_what_is_missing() {
     if cuda_device_count() > 0 {
-        eprintln!("without_cuda_the_engine_reports_what_is_missing: skipped, CUDA is present");
+        skip::skip(
+            "without_cuda_the_engine_reports_what_is_missing",
+            "a CUDA device is visible",
+        );
         return;
     }
     let error = NcclGroup::local_group(&[CudaDevice::new(0)], &NcclOptions::default()).unwrap_err();

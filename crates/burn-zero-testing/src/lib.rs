@@ -1,5 +1,8 @@
 //! Fixtures shared by burn-zero's tests: a transformer block with a tied output head, its
-//! micro-batches, and world-size-1 unsharded references (gradients averaged in rank order).
+//! micro-batches, and world-size-1 unsharded references (gradients averaged in rank order);
+//! and [`skip`], how a test that needs absent hardware says so.
+
+pub mod skip;
 
 use burn::backend::flex::FlexDevice;
 use burn::backend::{Autodiff, Flex};

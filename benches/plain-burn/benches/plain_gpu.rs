@@ -1,0 +1,81 @@
+//! The plain-Burn side of the GPU check's step time (feature `cuda`): the scaling suite's GPT
+//! step with Burn's own Adam on CUDA device 0, no burn-zero, on Burn's `Cuda` backend
+//! (`--backend cuda`, Fusion-wrapped as Burn's default) or on `CubeBackend<CudaRuntime>`
+//! (`--backend cube`, the backend burn-zero's side wraps). Prints and writes (`--out`) the step
+//! times; `scripts/gpu-check.sh` runs it beside `benches/gpu_steps.rs`.
+//!
+//! Without a CUDA device it writes `{"skipped": "<reason>"}` and exits successfully.
+
+#[path = "../../common/gpu_steps.rs"]
+mod gpu_steps;
+#[path = "../../common/workload.rs"]
+mod workload;
+
+use burn::backend::{Autodiff, Cuda};
+use burn::optim::AdamConfig;
+use burn::tensor::backend::AutodiffBackend;
+use burn_cubecl::CubeBackend;
+use clap::{Parser, ValueEnum};
+use cubecl::cuda::{CudaDevice, CudaRuntime};
+
+use gpu_steps::StepArgs;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    /// Burn's `Cuda` (Fusion over `CubeBackend<CudaRuntime>`).
+    Cuda,
+    /// `CubeBackend<CudaRuntime>`, without fusion.
+    Cube,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "GPT step time of plain Burn on one CUDA device")]
+struct Args {
+    #[arg(long, value_enum, default_value_t = BackendArg::Cuda)]
+    backend: BackendArg,
+    #[command(flatten)]
+    steps: StepArgs,
+}
+
+fn run<B: AutodiffBackend<Device = CudaDevice>>(
+    args: &Args,
+    name: &str,
+) -> Result<serde_json::Value, String> {
+    let device = CudaDevice::new(0);
+    let corpus = workload::corpus();
+    let model = workload::model::<B>(&corpus, &device);
+    let parameters = model.parameters();
+    let mut optimizer = AdamConfig::new().init();
+    let (_model, seconds) =
+        gpu_steps::time_steps(model, &mut optimizer, &corpus, &args.steps, &device)?;
+    Ok(gpu_steps::result("plain-burn", name, parameters, &seconds))
+}
+
+/// Whether the CUDA driver loads and sees a device (cubecl panics on first use otherwise).
+fn cuda_visible() -> bool {
+    // SAFETY: `is_culib_present` only tries to `dlopen` the driver library's candidate names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return false;
+    }
+    cudarc::driver::CudaContext::device_count().is_ok_and(|n| n > 0)
+}
+
+fn main() {
+    let args = Args::parse();
+    let result = if !cuda_visible() {
+        Ok(serde_json::json!({ "skipped": "no CUDA device visible" }))
+    } else {
+        match args.backend {
+            BackendArg::Cuda => run::<Autodiff<Cuda>>(&args, "Autodiff<Cuda> (Fusion)"),
+            BackendArg::Cube => run::<Autodiff<CubeBackend<CudaRuntime, f32, i32, u8>>>(
+                &args,
+                "Autodiff<CubeBackend<CudaRuntime>>",
+            ),
+        }
+    };
+    let result = result.and_then(|value| gpu_steps::emit(&args.steps, &value));
+    if let Err(error) = result {
+        eprintln!("plain_gpu: {error}");
+        std::process::exit(1);
+    }
+}

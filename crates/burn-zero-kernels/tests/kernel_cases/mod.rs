@@ -1,0 +1,311 @@
+//! The kernel-against-fallback cases, generic over the cubecl backend: `kernel_wgpu.rs` and
+//! `kernel_cuda.rs` run the same cases through [`kernel_tests!`], each on its own runtime.
+//! Buckets and unpacked shards must be bitwise identical on the two paths.
+
+#![allow(dead_code)]
+
+use burn::backend::Flex;
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Shape, TensorData, TensorMetadata};
+use burn_zero_kernels::{
+    BucketSpec, KernelError, MemberSpec, PackPath, Packer, kernel_available, unpack,
+};
+
+use crate::common::{self, Case, Grad, assert_bitwise, read, reference_unpack};
+
+/// Packs `case` on `path`; `strided` as in [`grad_for`].
+pub fn pack<B: Backend>(
+    case: &Case,
+    path: PackPath,
+    strided: bool,
+    device: &B::Device,
+) -> TensorData {
+    let mut packer = Packer::<B>::new(case.spec, device, path).unwrap();
+    assert_eq!(packer.uses_kernel(), path != PackPath::Fallback);
+    for (member, grad) in &case.members {
+        let grad = grad.as_ref().map(|g| grad_for::<B>(g, device, strided));
+        packer.push(member, grad).unwrap();
+    }
+    read::<B>(packer.finish().unwrap())
+}
+
+/// The gradient on the device; `strided` gives 2-D gradients a non-contiguous layout (the
+/// transpose of a transposed copy: same logical values, swapped strides).
+pub fn grad_for<B: Backend>(
+    grad: &Grad,
+    device: &B::Device,
+    strided: bool,
+) -> B::FloatTensorPrimitive {
+    if strided && grad.shape.len() == 2 {
+        let [a, b] = [grad.shape[0], grad.shape[1]];
+        let mut transposed = grad.clone();
+        transposed.shape = vec![b, a];
+        transposed.values = (0..a * b)
+            .map(|k| grad.values[(k % a) * b + k / a])
+            .collect();
+        let t = transposed.primitive::<B>(device);
+        let t = B::float_swap_dims(t, 0, 1);
+        assert_eq!(t.shape(), Shape::from(grad.shape.clone()));
+        t
+    } else {
+        grad.primitive::<B>(device)
+    }
+}
+
+/// Kernel and fallback agree bit for bit on the bucket and on every unpacked member. Where no
+/// division is involved (a device's division need not be correctly rounded), the kernel also
+/// matches the host reference, so the layout is checked independently of the fallback.
+pub fn check<B: Backend>(case: &Case, strided: bool, device: &B::Device) {
+    let spec = case.spec;
+    let what = format!(
+        "rows={} dtype={:?} predivide={} strided={strided}",
+        spec.rows, spec.dtype, spec.predivide
+    );
+    leave_dirty_memory::<B>(case, device);
+    let kernel = pack::<B>(case, PackPath::Kernel, strided, device);
+    let fallback = pack::<B>(case, PackPath::Fallback, strided, device);
+    assert_bitwise(&kernel, &fallback, &format!("pack {what}"));
+    if spec.predivide == 1.0 {
+        assert_bitwise(&kernel, &case.reference(), &format!("pack vs host {what}"));
+    }
+
+    for row in 0..spec.rows {
+        let start = row * spec.row_len;
+        let values = common::host(&kernel)[start..start + spec.row_len].to_vec();
+        let row_data = common::data(spec.dtype, &values, [spec.row_len]);
+        let reduced = Grad {
+            dtype: spec.dtype,
+            shape: vec![spec.row_len],
+            values,
+        }
+        .primitive::<B>(device);
+        for (i, (member, grad)) in case.members.iter().enumerate() {
+            for postdivide in [1.0, 2.0, 3.0] {
+                let dtype = grad.as_ref().map_or(spec.dtype, |g| g.dtype);
+                let run = |path| {
+                    read::<B>(
+                        unpack::<B>(&reduced, member.offset, member.len, postdivide, dtype, path)
+                            .unwrap(),
+                    )
+                };
+                let what = format!("unpack {what} row {row} member {i} postdivide {postdivide}");
+                let kernel = run(PackPath::Kernel);
+                assert_bitwise(&kernel, &run(PackPath::Fallback), &what);
+                if postdivide == 1.0 {
+                    let expected =
+                        reference_unpack(&row_data, member.offset, member.len, postdivide, dtype);
+                    assert_bitwise(&kernel, &expected, &format!("{what} vs host"));
+                }
+            }
+        }
+    }
+}
+
+/// Packs and drops a bucket of `case`'s size with no zero anywhere, so that the next
+/// allocation of that size likely reuses non-zero memory: padding and members without a
+/// gradient must then be written, not inherited from a fresh zeroed buffer.
+fn leave_dirty_memory<B: Backend>(case: &Case, device: &B::Device) {
+    let mut dirty = case.clone();
+    for (i, (member, grad)) in dirty.members.iter_mut().enumerate() {
+        member.numel = case.spec.rows * member.len;
+        let values = vec![1.5; member.numel];
+        *grad = Some(Grad {
+            dtype: case.spec.dtype,
+            shape: vec![member.numel],
+            values: values.iter().map(|v| v + i as f64).collect(),
+        });
+    }
+    let bucket = pack::<B>(&dirty, PackPath::Kernel, false, device);
+    assert!(common::host(&bucket).iter().all(|&v| v != 0.0));
+}
+
+/// A one-member f32 spec, for the detection and refusal checks.
+fn small_spec(dtype: DType) -> BucketSpec {
+    BucketSpec {
+        rows: 1,
+        row_len: 4,
+        dtype,
+        predivide: 1.0,
+    }
+}
+
+/// `B` takes the kernel path, and a CPU backend does not.
+pub fn kernel_is_detected<B: Backend>(device: &B::Device) {
+    assert!(kernel_available::<B>());
+    assert!(!kernel_available::<Flex>());
+    assert!(
+        Packer::<B>::new(small_spec(DType::F32), device, PackPath::Auto)
+            .unwrap()
+            .uses_kernel()
+    );
+}
+
+/// Odd sizes (and so odd offsets), a member without a gradient, extra padding columns.
+pub fn f32_odd_sizes_rows_and_divisors<B: Backend>(device: &B::Device) {
+    let numels = [1, 7, 1023, 8, 5];
+    let extra = [0, 2, 1, 0, 3];
+    let grads = [
+        Some(DType::F32),
+        Some(DType::F32),
+        None,
+        Some(DType::F32),
+        Some(DType::F32),
+    ];
+    for rows in 1..=4 {
+        for predivide in [1.0, 2.0, 3.0] {
+            let case = Case::new(
+                rows,
+                DType::F32,
+                predivide,
+                &numels,
+                &extra,
+                &grads,
+                rows as u64,
+            );
+            check::<B>(&case, false, device);
+        }
+    }
+}
+
+/// Lengths and offsets that are multiples of 4: the kernels read and write vectors.
+pub fn f32_vectorised_members<B: Backend>(device: &B::Device) {
+    let case = Case::new(
+        2,
+        DType::F32,
+        3.0,
+        &[4096, 64, 8],
+        &[0, 4, 0],
+        &[Some(DType::F32), None, Some(DType::F32)],
+        5,
+    );
+    check::<B>(&case, false, device);
+}
+
+/// 2-D gradients with swapped strides: read element by element through the view.
+pub fn f32_strided_gradients<B: Backend>(device: &B::Device) {
+    let case = Case::new(
+        3,
+        DType::F32,
+        2.0,
+        &[6, 35, 1024],
+        &[0, 1, 0],
+        &[Some(DType::F32), Some(DType::F32), Some(DType::F32)],
+        21,
+    );
+    assert_eq!(case.members[1].1.as_ref().unwrap().shape.len(), 2);
+    check::<B>(&case, true, device);
+}
+
+/// A member of a quarter million elements, over one and three rows.
+pub fn f32_large_member<B: Backend>(device: &B::Device) {
+    for rows in [1, 3] {
+        let case = Case::new(
+            rows,
+            DType::F32,
+            3.0,
+            &[262_147, 7],
+            &[0, 1],
+            &[Some(DType::F32), None],
+            77,
+        );
+        check::<B>(&case, false, device);
+    }
+}
+
+/// A half-precision `dtype` (f16 or bf16) as the bucket dtype, the gradient dtype, or both; where
+/// the device lacks it, the kernel path must refuse it rather than pack wrongly.
+fn half_precision<B: Backend>(half: DType, device: &B::Device) {
+    if !B::supports_dtype(device, half) {
+        let error = Packer::<B>::new(small_spec(half), device, PackPath::Kernel)
+            .err()
+            .unwrap();
+        assert_eq!(
+            error,
+            KernelError::UnsupportedDType {
+                dtype: half,
+                path: "kernel"
+            }
+        );
+        eprintln!("this device has no {half:?}: checked the refusal only");
+        return;
+    }
+    for (dtype, grad) in [(half, DType::F32), (DType::F32, half), (half, half)] {
+        for rows in [1, 2, 4] {
+            for predivide in [1.0, 3.0] {
+                let case = Case::new(
+                    rows,
+                    dtype,
+                    predivide,
+                    &[7, 1023, 1],
+                    &[1, 0, 0],
+                    &[Some(grad), None, Some(grad)],
+                    rows as u64,
+                );
+                check::<B>(&case, false, device);
+            }
+        }
+    }
+}
+
+/// f16 buckets and gradients (or the refusal where the device has no f16).
+pub fn f16<B: Backend>(device: &B::Device) {
+    half_precision::<B>(DType::F16, device);
+}
+
+/// bf16 buckets and gradients (or the refusal where the device has no bf16).
+pub fn bf16<B: Backend>(device: &B::Device) {
+    half_precision::<B>(DType::BF16, device);
+}
+
+/// A gradient on `other` (another device of the same backend) is refused on both paths.
+pub fn gradient_on_another_device<B: Backend>(device: &B::Device, other: &B::Device) {
+    let spec = small_spec(DType::F32);
+    let member = MemberSpec {
+        numel: 4,
+        len: 4,
+        offset: 0,
+    };
+    let grad = Grad::new(DType::F32, 8, 4, 1);
+    for path in [PackPath::Kernel, PackPath::Fallback] {
+        let mut packer = Packer::<B>::new(spec, device, path).unwrap();
+        let error = packer
+            .push(&member, Some(grad.primitive::<B>(other)))
+            .unwrap_err();
+        assert!(
+            matches!(error, KernelError::DeviceMismatch { .. }),
+            "{error}"
+        );
+        // The control: the same gradient on the bucket's device is accepted.
+        packer
+            .push(&member, Some(grad.primitive::<B>(device)))
+            .unwrap();
+    }
+}
+
+/// One `#[test]` per shared case on backend `$backend`. `$device` is a function of the test's
+/// name that returns the device, or `None` after saying why the test is skipped.
+#[macro_export]
+macro_rules! kernel_tests {
+    ($backend:ty, $device:path) => {
+        $crate::kernel_tests!(@cases $backend, $device,
+            kernel_is_detected,
+            f32_odd_sizes_rows_and_divisors,
+            f32_vectorised_members,
+            f32_strided_gradients,
+            f32_large_member,
+            f16,
+            bf16,
+        );
+    };
+    (@cases $backend:ty, $device:path, $($case:ident,)*) => {
+        $(
+            #[test]
+            fn $case() {
+                let Some(device) = $device(stringify!($case)) else {
+                    return;
+                };
+                $crate::kernel_cases::$case::<$backend>(&device);
+            }
+        )*
+    };
+}

@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""Turns a GPU-check run (run.sh's REPORT_DIR: data/, logs/) into report.json and report.md.
+
+Every section gets a status: "ok", "failed" (with its exit code and the end of its log),
+"no CUDA device" (the programs ran and found none), or "not run". Standard library only.
+"""
+
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+MEMORY_KINDS = [
+    "parameter_shards",
+    "persistent_parameters",
+    "gradient_shards",
+    "gathered",
+    "buckets",
+    "master_weights",
+    "optimizer_state",
+    "gradient_accumulators",
+]
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def load(path):
+    text = read(path)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        return {"error": f"{os.path.basename(path)}: not JSON ({error})"}
+
+
+def tail(text, lines=15):
+    return "\n".join((text or "").rstrip().splitlines()[-lines:])
+
+
+def sections_run(out):
+    rows = {}
+    for line in (read(os.path.join(out, "data", "sections.tsv")) or "").splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3:
+            rows[parts[0]] = {"exit_code": int(parts[1]), "seconds": int(parts[2]) / 1000}
+    return rows
+
+
+def environment(log):
+    env = {}
+    for line in (log or "").splitlines():
+        m = re.match(r"^(\d+), (.+), (\d+ MiB), ([\d.]+)$", line.strip())
+        if m:
+            env.setdefault("gpus", []).append(
+                {"index": int(m[1]), "name": m[2], "memory": m[3], "driver": m[4]}
+            )
+        m = re.search(r"CUDA Version: ([\d.]+)", line)
+        if m:
+            env["driver_cuda_version"] = m[1]
+        if line.startswith("torch "):
+            env["torch"] = line[len("torch "):]
+        for key in ("host", "kernel", "commit", "built", "profile", "rustc"):
+            if line.startswith(key + ": "):
+                env[key] = line[len(key) + 2:]
+        if line.startswith("NCCL: "):
+            env["nccl"] = line[len("NCCL: "):]
+    return env
+
+
+def tests(log):
+    passed = failed = 0
+    for m in re.finditer(r"test result: \w+\. (\d+) passed; (\d+) failed", log or ""):
+        passed += int(m[1])
+        failed += int(m[2])
+    skipped = re.findall(r"SKIPPED: ([^:\s]+): ([^\n]*)", log or "")
+    failures = re.findall(r"^test (\S+) \.\.\. FAILED", log or "", re.M)
+    return {
+        "passed": passed - len(skipped),
+        "failed": failed,
+        "skipped": len(skipped),
+        "skipped_tests": [{"test": t, "reason": r} for t, r in skipped],
+        "failed_tests": failures,
+    }
+
+
+def steps(out):
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(out, "data", "steps", "*.json"))):
+        name = os.path.basename(path)[: -len(".json")]
+        config, _, _round = name.rpartition("-")
+        value = load(path) or {}
+        driver = read(path[: -len(".json")] + ".driver-mib")
+        if driver and driver.strip().isdigit() and int(driver) > 0:
+            value["driver_peak_mib"] = int(driver)
+        runs.setdefault(config, []).append(value)
+    if not runs:
+        return None
+    if all("skipped" in r for rs in runs.values() for r in rs):
+        return {"skipped": next(iter(runs.values()))[0]["skipped"]}
+    table = {}
+    for config, values in runs.items():
+        medians = [v["median_step_s"] for v in values if "median_step_s" in v]
+        row = {
+            "backend": next((v.get("backend") for v in values if v.get("backend")), None),
+            "rounds": len(medians),
+            "median_step_s": statistics.median(medians) if medians else None,
+            "round_medians_s": medians,
+            "driver_peak_mib": max((v.get("driver_peak_mib", 0) for v in values), default=0) or None,
+        }
+        memory = next((v.get("memory") for v in values if v.get("memory")), None)
+        if memory:
+            row["tracer_peak_bytes"] = {
+                k: memory[k]["peak"] for k in MEMORY_KINDS if isinstance(memory.get(k), dict)
+            }
+            row["tracer_sum_of_peaks_bytes"] = sum(row["tracer_peak_bytes"].values())
+        table[config] = row
+    for base in ("plain-cube", "plain-cuda"):
+        reference = (table.get(base) or {}).get("median_step_s")
+        for config, row in table.items():
+            if config.startswith("zero-") and reference and row["median_step_s"]:
+                row[f"ratio_to_{base}"] = row["median_step_s"] / reference
+    return {"configs": table, "goal": "stage 3 at most 1.10x plain Burn"}
+
+
+def status_of(name, ran, data):
+    if name not in ran:
+        return "not run"
+    if isinstance(data, dict) and isinstance(data.get("skipped"), str) and ran[name]["exit_code"] == 0:
+        return "no CUDA device"
+    return "ok" if ran[name]["exit_code"] == 0 else "failed"
+
+
+def build(out):
+    ran = sections_run(out)
+    logs = {n: read(os.path.join(out, "logs", f"{n}.log")) for n in ran}
+    report = {"sections": {}}
+    data = {
+        "environment": environment((logs.get("environment") or "") + "\n" + (read(os.path.join(out, "logs", "nccl-setup.log")) or "")),
+        "tests": tests(logs.get("tests")),
+        "nccl": load(os.path.join(out, "data", "nccl.json")),
+        "pack": load(os.path.join(out, "data", "pack.json")),
+        "steps": steps(out),
+        "fsdp2": load(os.path.join(out, "data", "fsdp2.json")),
+    }
+    for name, value in data.items():
+        entry = {"status": status_of(name, ran, value), "data": value}
+        # Every skipped test skipped for want of a device: the machine has none.
+        if name == "tests" and name in ran and value["failed"] == 0 and value["skipped"] > 0 \
+                and ran[name]["exit_code"] == 0 \
+                and all("no CUDA device" in t["reason"] for t in value["skipped_tests"]):
+            entry["status"] = "no CUDA device"
+        if name in ran:
+            entry.update(ran[name])
+            if ran[name]["exit_code"] != 0:
+                entry["error"] = tail(logs.get(name))
+        report["sections"][name] = entry
+    return report
+
+
+def markdown(report):
+    s = report["sections"]
+    env = s["environment"]["data"]
+    gpus = env.get("gpus") or []
+    machine = ", ".join(f"{g['name']} ({g['memory']})" for g in gpus) or "no GPU visible"
+    lines = [
+        "# burn-zero GPU check",
+        "",
+        f"Machine: {machine}; driver {gpus[0]['driver'] if gpus else '-'}, "
+        f"CUDA {env.get('driver_cuda_version', '-')}; host {env.get('host', '-')}; "
+        f"PyTorch {env.get('torch', '-')}; NCCL {env.get('nccl', '-')}.",
+        f"Bundle: {env.get('commit', '-')}, {env.get('profile', '-')} profile, built {env.get('built', '-')}.",
+        "",
+        "| section | status | seconds |",
+        "|---|---|---|",
+    ]
+    for name, entry in s.items():
+        lines.append(f"| {name} | {entry['status']} | {entry.get('seconds', '-')} |")
+    for name, entry in s.items():
+        if entry.get("error"):
+            lines += ["", f"**{name} failed** (exit {entry['exit_code']}):", "", "```text", entry["error"], "```"]
+
+    t = s["tests"]["data"]
+    lines += ["", "## Tests", "", f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped."]
+    for f in t["failed_tests"]:
+        lines.append(f"- FAILED {f}")
+    for k in t["skipped_tests"]:
+        lines.append(f"- skipped {k['test']}: {k['reason']}")
+
+    lines += ["", "## NCCL collectives", ""]
+    nccl = s["nccl"]["data"]
+    if nccl and "rows" in nccl:
+        lines += ["algbw = bytes / time; busbw = algbw × (n−1)/n (all-gather, reduce-scatter), "
+                  "× 2(n−1)/n (all-reduce), as nccl-tests defines them.", "",
+                  "| engine | op | ranks | bytes | time (ms) | algbw GB/s | busbw GB/s |", "|---|---|---|---|---|---|---|"]
+        for r in nccl["rows"]:
+            lines.append(f"| {r['engine']} | {r['op']} | {r['ranks']} | {r['bytes']} | {r['seconds'] * 1e3:.3f} | "
+                         f"{r['algbw_gb_s']:.2f} | {r['busbw_gb_s']:.2f} |")
+    else:
+        lines.append(s["nccl"]["status"] if not nccl else nccl.get("skipped", nccl.get("error", "-")))
+
+    lines += ["", "## Pack kernels against a device copy", ""]
+    pack = s["pack"]["data"]
+    if pack and "results" in pack:
+        lines += [f"25 MiB f32 bucket, 4 MiB members; copy: {pack['copy_gb_per_s']:.0f} GB/s "
+                  "(read + write). Goal: pack at 80% of the copy or more.", "",
+                  "| path | GB/s | of copy |", "|---|---|---|"]
+        for r in pack["results"]:
+            frac = r.get("fraction_of_copy")
+            lines.append(f"| {r['path']} | {r['gb_per_s']:.0f} | {'-' if frac is None else f'{frac:.0%}'} |")
+    else:
+        lines.append(s["pack"]["status"] if not pack else pack.get("skipped", pack.get("error", "-")))
+
+    lines += ["", "## GPT step time and memory (world size 1)", ""]
+    st = s["steps"]["data"]
+    if st and "configs" in st:
+        lines += ["Median over rounds of each run's median step (device synchronised after every step). "
+                  "Memory: the tracer's peaks (model data burn-zero accounts for) beside the driver's "
+                  "peak for the process (nvidia-smi, everything: CUDA context, allocator pools, activations).", "",
+                  "| run | backend | step (ms) | vs plain cube | vs plain Cuda | tracer sum of peaks (MB) | driver peak (MiB) |",
+                  "|---|---|---|---|---|---|---|"]
+        for config, r in sorted(st["configs"].items()):
+            ms = r["median_step_s"] * 1e3 if r["median_step_s"] else None
+            tracer = r.get("tracer_sum_of_peaks_bytes")
+            lines.append(
+                f"| {config} | {r['backend']} | {'-' if ms is None else f'{ms:.2f}'} | "
+                f"{r.get('ratio_to_plain-cube', '-') if not isinstance(r.get('ratio_to_plain-cube'), float) else format(r['ratio_to_plain-cube'], '.3f')} | "
+                f"{r.get('ratio_to_plain-cuda', '-') if not isinstance(r.get('ratio_to_plain-cuda'), float) else format(r['ratio_to_plain-cuda'], '.3f')} | "
+                f"{'-' if tracer is None else f'{tracer / 1e6:.2f}'} | {r.get('driver_peak_mib') or '-'} |")
+    else:
+        lines.append(s["steps"]["status"] if not st else st.get("skipped", "-"))
+
+    lines += ["", "## PyTorch FSDP2 peer", ""]
+    f = s["fsdp2"]["data"]
+    if f and "median_step_s" in f:
+        lines.append(f"{f['backend']} on {f['device']}: {f['parameters']} parameters, median step "
+                     f"{f['median_step_s'] * 1e3:.2f} ms, loss {f['first_loss']:.3f} -> {f['last_loss']:.3f}, "
+                     f"peak allocated {f.get('max_memory_allocated_bytes', 0) / 1e6:.1f} MB.")
+    else:
+        lines.append(s["fsdp2"]["status"] if not f else f.get("error", "-"))
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    out = sys.argv[1]
+    report = build(out)
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    text = markdown(report)
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(text)
+    print(text)
+    print(f"report: {out}/report.json, {out}/report.md")
+
+
+if __name__ == "__main__":
+    main()

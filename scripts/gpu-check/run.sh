@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Runs burn-zero's GPU check from a bundle made by `scripts/gpu-check.sh build`; needs no Rust
+# toolchain and no network. Usage:
+#
+#   run.sh [REPORT_DIR]        (default: ./gpu-check-report)
+#
+# Sections: environment, tests (CUDA kernels, NCCL engine, training on NCCL, train_gpt under
+# zero-run), nccl (collective bandwidth), pack (pack/unpack against a device copy), steps
+# (GPT step time, Zero at stages 0-3 against plain Burn, with memory), fsdp2 (PyTorch FSDP2 on
+# the same GPT). A section that fails records its error and the others still run; at the end
+# REPORT_DIR holds report.json, report.md and every section's log.
+#
+# Environment: NCCL_LIB_DIR (a folder holding libnccl.so or libnccl.so.2), GPU_CHECK_ROUNDS
+# (step-time rounds, default 3), GPU_CHECK_SECTIONS (space-separated subset to run),
+# PYTHON (default python3).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-$PWD/gpu-check-report}
+mkdir -p "$out/logs" "$out/data"
+out=$(cd "$out" && pwd)
+python=${PYTHON:-python3}
+rounds=${GPU_CHECK_ROUNDS:-3}
+sections=${GPU_CHECK_SECTIONS:-"environment tests nccl pack steps fsdp2"}
+bin="$here/bin"
+status="$out/data/sections.tsv"
+: >"$status"
+
+# Makes `libnccl.so` loadable: cudarc opens that name, the pip package nvidia-nccl-cu12/-cu13
+# ships libnccl.so.2. Looks at $NCCL_LIB_DIR, the loader path, the pip package (through
+# python), then /usr and /opt; links the library as libnccl.so in a private folder.
+nccl_setup() {
+    local found="" dir
+    if [ -n "${NCCL_LIB_DIR:-}" ]; then
+        if [ -e "$NCCL_LIB_DIR/libnccl.so" ]; then
+            export LD_LIBRARY_PATH="$NCCL_LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            echo "NCCL: $NCCL_LIB_DIR/libnccl.so"
+            return 0
+        fi
+        found=$(ls "$NCCL_LIB_DIR"/libnccl.so.2* 2>/dev/null | head -n 1 || true)
+    fi
+    if [ -z "$found" ] && ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
+        echo "NCCL: libnccl.so is on the loader path"
+        return 0
+    fi
+    if [ -z "$found" ] && command -v "$python" >/dev/null 2>&1; then
+        found=$("$python" - <<'PY' 2>/dev/null || true
+import glob, os, site
+roots = []
+try:
+    import nvidia.nccl
+    roots += list(nvidia.nccl.__path__)
+except Exception:
+    pass
+dirs = list(site.getsitepackages()) + [site.getusersitepackages()]
+roots += [os.path.join(d, "nvidia", "nccl") for d in dirs]
+for root in roots:
+    for path in sorted(glob.glob(os.path.join(root, "lib", "libnccl.so*"))):
+        print(path)
+        raise SystemExit
+PY
+)
+    fi
+    if [ -z "$found" ]; then
+        found=$(find /usr/lib /usr/lib64 /usr/local /opt -maxdepth 7 -name 'libnccl.so.2*' \
+            -type f 2>/dev/null | head -n 1 || true)
+    fi
+    if [ -z "$found" ]; then
+        echo "NCCL: no libnccl.so.2 found; install nvidia-nccl-cu13 (pip) or set NCCL_LIB_DIR"
+        return 1
+    fi
+    dir="$out/data/nccl-lib"
+    mkdir -p "$dir"
+    ln -sf "$found" "$dir/libnccl.so"
+    export LD_LIBRARY_PATH="$dir:$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "NCCL: $found (linked as $dir/libnccl.so)"
+}
+
+# The CUDA toolkit's libraries (NVRTC compiles cubecl's kernels) on the loader path.
+cuda_setup() {
+    local d
+    for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" "${CUDA_HOME:-/usr/local/cuda}/targets/x86_64-linux/lib"; do
+        if [ -d "$d" ]; then
+            export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        fi
+    done
+}
+
+# Whether the driver sees a GPU (nvidia-smi lists one).
+gpu_present() {
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+}
+
+# section NAME COMMAND...: runs COMMAND with its output in logs/NAME.log and records
+# "NAME<TAB>exit code<TAB>milliseconds" in data/sections.tsv.
+section() {
+    local name=$1 started rc
+    shift
+    echo "== $name"
+    started=$(date +%s%N)
+    # A subshell: whatever goes wrong inside a section stays inside it.
+    ( "$@" ) >"$out/logs/$name.log" 2>&1
+    rc=$?
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$(( ($(date +%s%N) - started) / 1000000 ))" >>"$status"
+    if [ "$rc" -eq 0 ]; then
+        echo "   ok"
+    else
+        echo "   failed (exit $rc): see $out/logs/$name.log"
+        tail -n 5 "$out/logs/$name.log" | sed 's/^/   | /'
+    fi
+    return 0
+}
+
+# Runs a program and samples the GPU memory the driver reports for its process every 0.2 s;
+# the peak (MiB) goes to FILE. Usage: with_driver_memory FILE COMMAND...
+with_driver_memory() {
+    local file=$1 pid peak=0 used
+    shift
+    "$@" &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        if command -v nvidia-smi >/dev/null 2>&1; then
+            used=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
+                | awk -F', *' -v p="$pid" '$1 == p {print $2}' | head -n 1)
+            if [ -n "$used" ] && [ "$used" -gt "$peak" ] 2>/dev/null; then
+                peak=$used
+            fi
+        fi
+        sleep 0.2
+    done
+    wait "$pid"
+    local rc=$?
+    echo "$peak" >"$file"
+    return "$rc"
+}
+
+environment() {
+    echo "host: $(hostname)"
+    echo "kernel: $(uname -srm)"
+    if [ -f "$here/BUILD.txt" ]; then cat "$here/BUILD.txt"; fi
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv || true
+        nvidia-smi | head -n 4 || true
+    else
+        echo "nvidia-smi not found"
+    fi
+    ls -d "${CUDA_HOME:-/usr/local/cuda}" 2>/dev/null && cat "${CUDA_HOME:-/usr/local/cuda}/version.json" 2>/dev/null | head -n 20
+    "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 || true
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    echo "BURN_ZERO_REQUIRE_CUDA=${BURN_ZERO_REQUIRE_CUDA:-}"
+}
+
+tests() {
+    local rc=0
+    export NCCL_RANK_PROBE="$bin/nccl-rank-probe" ZERO_RUN="$bin/zero-run" TRAIN_GPT="$bin/train_gpt"
+    for t in kernel-cuda-tests nccl-tests cuda-tests; do
+        echo "--- $t"
+        # One test at a time: GPU tests of different binaries share the device anyway.
+        "$bin/$t" --test-threads 1 || rc=1
+    done
+    return $rc
+}
+
+nccl() {
+    NCCL_BENCH_REPORT="$out/data/nccl.json" "$bin/nccl-bench"
+}
+
+pack() {
+    PACK_CUDA_REPORT="$out/data/pack.json" "$bin/pack-cuda" --bench
+}
+
+steps() {
+    local round stage rc=0
+    mkdir -p "$out/data/steps"
+    # Rounds alternate the sides, so that a slow phase of the machine weighs on all of them.
+    for round in $(seq 1 "$rounds"); do
+        for backend in cube cuda; do
+            echo "--- round $round: plain Burn ($backend)"
+            with_driver_memory "$out/data/steps/plain-$backend-$round.driver-mib" \
+                "$bin/plain-gpu" --backend "$backend" --out "$out/data/steps/plain-$backend-$round.json" || rc=1
+        done
+        for stage in 0 1 2 3; do
+            echo "--- round $round: burn-zero stage $stage"
+            with_driver_memory "$out/data/steps/zero-$stage-$round.driver-mib" \
+                "$bin/gpu-steps" --stage "$stage" --out "$out/data/steps/zero-$stage-$round.json" || rc=1
+        done
+    done
+    return $rc
+}
+
+fsdp2() {
+    "$python" "$here/fsdp2.py" --out "$out/data/fsdp2.json"
+}
+
+echo "burn-zero GPU check: report in $out"
+cuda_setup
+nccl_setup >"$out/logs/nccl-setup.log" 2>&1
+cat "$out/logs/nccl-setup.log"
+if gpu_present; then
+    # The driver sees a GPU: a test that finds no device has found a bug, not a reason to skip.
+    export BURN_ZERO_REQUIRE_CUDA=1
+fi
+for name in $sections; do
+    section "$name" "$name"
+done
+"$python" "$here/report.py" "$out" || echo "report.py failed: the logs are in $out/logs"
