@@ -116,7 +116,7 @@ fn run(ordered: bool) -> Vec<Seen> {
     let options = LaunchOptions::with_timeout(Duration::from_secs(20));
     launch_with::<B, _, _, _>(2, &[Default::default()], &options, |ctx| {
         let rank = ctx.rank();
-        let device = ctx.device().clone();
+        let device = *ctx.device();
         let log = Arc::new(Mutex::new(Vec::new()));
         let engine: Arc<dyn Communicator<B>> = Arc::new(Recorder {
             inner: ctx.comm().clone(),
@@ -134,7 +134,6 @@ fn run(ordered: bool) -> Vec<Seen> {
         let hook = {
             let submitted = submitted.clone();
             let log = log.clone();
-            let device = device.clone();
             thread::spawn(move || -> Result<ThreadId, CommError> {
                 for (round, reservation) in hook_inbox {
                     if rank == 0 && round + 1 < ROUNDS {
