@@ -112,6 +112,98 @@ impl fmt::Display for CollectiveCall {
     }
 }
 
+/// The dtypes a fingerprint names, by their code (index + 1; 0 is "no buffer").
+const DTYPE_CODES: [DType; 13] = [
+    DType::F64,
+    DType::F32,
+    DType::Flex32,
+    DType::F16,
+    DType::BF16,
+    DType::I64,
+    DType::I32,
+    DType::I16,
+    DType::I8,
+    DType::U64,
+    DType::U32,
+    DType::U16,
+    DType::U8,
+];
+
+impl CollectiveCall {
+    /// The call's fingerprint as bytes, for comparing schedules across processes: the op (and
+    /// its reduction or root), the dtype and the size; the position travels beside it.
+    pub fn fingerprint(&self) -> Vec<u8> {
+        let (op, arg): (u8, u64) = match self.op {
+            CollectiveOp::AllGather => (0, 0),
+            CollectiveOp::ReduceScatter(op) => (1, reduce_code(op)),
+            CollectiveOp::AllReduce(op) => (2, reduce_code(op)),
+            CollectiveOp::Broadcast { root } => (3, root as u64),
+            CollectiveOp::Barrier => (4, 0),
+            CollectiveOp::Duplicate => (5, 0),
+        };
+        let dtype = match self.dtype {
+            None => 0u8,
+            Some(dtype) => DTYPE_CODES
+                .iter()
+                .position(|&known| known == dtype)
+                .map_or(u8::MAX, |index| index as u8 + 1),
+        };
+        let mut bytes = Vec::with_capacity(18);
+        bytes.push(op);
+        bytes.extend_from_slice(&arg.to_be_bytes());
+        bytes.push(dtype);
+        bytes.extend_from_slice(&(self.numel as u64).to_be_bytes());
+        bytes
+    }
+
+    /// The call at position `seq` whose fingerprint is `bytes`; `None` for bytes that are no
+    /// fingerprint.
+    pub fn from_fingerprint(seq: u64, bytes: &[u8]) -> Option<CollectiveCall> {
+        if bytes.len() != 18 {
+            return None;
+        }
+        let arg = u64::from_be_bytes(bytes[1..9].try_into().ok()?);
+        let reduce = || match arg {
+            0 => Some(ReduceOp::Sum),
+            1 => Some(ReduceOp::Mean),
+            2 => Some(ReduceOp::Max),
+            3 => Some(ReduceOp::Min),
+            _ => None,
+        };
+        let op = match bytes[0] {
+            0 => CollectiveOp::AllGather,
+            1 => CollectiveOp::ReduceScatter(reduce()?),
+            2 => CollectiveOp::AllReduce(reduce()?),
+            3 => CollectiveOp::Broadcast {
+                root: usize::try_from(arg).ok()?,
+            },
+            4 => CollectiveOp::Barrier,
+            5 => CollectiveOp::Duplicate,
+            _ => return None,
+        };
+        let dtype = match bytes[9] {
+            0 => None,
+            code => Some(*DTYPE_CODES.get(code as usize - 1)?),
+        };
+        let numel = usize::try_from(u64::from_be_bytes(bytes[10..18].try_into().ok()?)).ok()?;
+        Some(CollectiveCall {
+            seq,
+            op,
+            dtype,
+            numel,
+        })
+    }
+}
+
+fn reduce_code(op: ReduceOp) -> u64 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Mean => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+    }
+}
+
 /// Short lower-case name of a dtype, as in `f32`, `bf16`.
 pub fn dtype_name(dtype: DType) -> String {
     match dtype {
@@ -147,6 +239,43 @@ mod tests {
             numel: 0,
         };
         assert_eq!(barrier.to_string(), "barrier as its 2nd collective");
+    }
+
+    #[test]
+    fn fingerprints_read_back_as_the_call() {
+        let calls = [
+            (CollectiveOp::AllGather, Some(DType::F32), 4096),
+            (
+                CollectiveOp::ReduceScatter(ReduceOp::Sum),
+                Some(DType::BF16),
+                1 << 33,
+            ),
+            (CollectiveOp::AllReduce(ReduceOp::Max), Some(DType::F16), 3),
+            (
+                CollectiveOp::AllReduce(ReduceOp::Mean),
+                Some(DType::Flex32),
+                1,
+            ),
+            (CollectiveOp::Broadcast { root: 5 }, Some(DType::F64), 7),
+            (CollectiveOp::Barrier, None, 0),
+            (CollectiveOp::Duplicate, None, 0),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for (seq, (op, dtype, numel)) in calls.into_iter().enumerate() {
+            let call = CollectiveCall {
+                seq: seq as u64 + 1,
+                op,
+                dtype,
+                numel,
+            };
+            let bytes = call.fingerprint();
+            assert!(seen.insert(bytes.clone()), "{call}: fingerprint not unique");
+            assert_eq!(
+                CollectiveCall::from_fingerprint(call.seq, &bytes),
+                Some(call)
+            );
+        }
+        assert_eq!(CollectiveCall::from_fingerprint(1, b"garbage"), None);
     }
 
     #[test]

@@ -6,6 +6,11 @@
 //!   runs on every backend. Reductions run in rank order: results are bitwise reproducible.
 //! - [`launch`]: runs a closure once per rank on its own thread with a [`RankContext`], and
 //!   turns a failed rank into an error on every other rank instead of a hang.
+//! - [`OrderedComm`]: a rank's collectives issued from one thread, in the order its training
+//!   thread fixes, whichever thread submits them (what NCCL needs when gradient reduction
+//!   overlaps backward).
+//! - [`JobControl`]: a rank's side of the job-lifetime control connection (aborts that reach
+//!   every process, schedules compared across processes before data moves).
 //! - `nccl` (feature `cuda`): `NcclGroup`, the NCCL engine for CubeCL's CUDA backend, within
 //!   one process or across processes started by `zero-run`.
 //!
@@ -30,16 +35,20 @@
 
 pub mod call;
 pub mod communicator;
+pub mod control;
 pub mod error;
 pub mod launch;
 pub mod local;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+pub mod ordered;
 
 pub use call::{CollectiveCall, CollectiveOp, ReduceOp};
 pub use communicator::Communicator;
+pub use control::JobControl;
 pub use error::{CommError, LaunchError, RankFailure};
 pub use launch::{LaunchOptions, RankContext, launch, launch_with};
 pub use local::{GroupOptions, LocalGroup};
 #[cfg(feature = "cuda")]
 pub use nccl::{NcclGroup, NcclOptions, launch_nccl};
+pub use ordered::{OrderedComm, Reservation};

@@ -24,7 +24,7 @@ fn two_threads_per_rank_use_independent_sequences() {
         let comm = ctx.comm();
         let side = comm.duplicate()?;
         let rank = ctx.rank() as f32;
-        let device = ctx.device().clone();
+        let device = *ctx.device();
         let gathered = thread::scope(|scope| {
             let worker = scope.spawn(|| -> Result<Vec<Vec<f32>>, CommError> {
                 (0..50)

@@ -6,8 +6,10 @@
 //! descending parameter key — whatever order the hooks fire in and whichever parameters a rank
 //! used, with zeros standing in for the gradients this rank does not have. So ranks never issue
 //! different collectives. With `overlap_comm` (stages 0, 2, 3) a communication thread
-//! ([`crate::reducer`]) reduces each bucket as soon as it is complete, while backward goes on;
-//! otherwise, and at stage 1, every bucket is reduced when backward ends. Either way the hook
+//! ([`crate::reducer`]) reduces each bucket as soon as it is complete, while backward goes on,
+//! in the position of the rank's order of collectives that the completing hook took (so the
+//! order is the program's, not the threads' timing); otherwise, and at stage 1, every bucket
+//! is reduced when backward ends, on the training thread. Either way the hook
 //! itself never blocks (see [`ZeroGroup::gradient_ready`]).
 
 use std::collections::BTreeMap;
@@ -133,9 +135,10 @@ impl<B: Backend> ZeroGroup<B> {
         let grad = slot.read();
         let bytes = grad.shape().num_elements() * grad.dtype().size();
         self.memory().add(MemoryKind::Buckets, bytes);
-        let mut state = self.lock_grads();
+        let mut guard = self.lock_grads();
+        let state = &mut *guard;
         state.start();
-        match (&state.reducer, grad) {
+        match (&mut state.reducer, grad) {
             (Some(reducer), ZeroTensor::Local(grad)) => {
                 // The thread reads the gradient from its own stream on cubecl backends.
                 if let Err(error) = B::sync(self.device()) {
@@ -169,19 +172,21 @@ impl<B: Backend> ZeroGroup<B> {
     /// parameters the pass left in the cache.
     pub(crate) fn end_backward(self: &Arc<Self>) {
         let backward_ended = Instant::now();
-        let mut state = self.lock_grads();
+        let mut guard = self.lock_grads();
+        let state = &mut *guard;
         if state.active {
             let started = Instant::now();
             let held = std::mem::take(&mut state.held);
-            let (reduced, overlap) = match &state.reducer {
+            let (reduced, overlap) = match &mut state.reducer {
                 Some(reducer) => {
                     for (key, (grad, bytes)) in held {
                         reducer.submit(key, grad.materialize(), bytes);
                     }
-                    // A fence on the training thread's schedule: a rank that gathered more
-                    // or less than the others in this pass meets a mismatch here, which ends
-                    // the communication thread's group too, instead of leaving both threads
-                    // waiting for each other.
+                    // Every bucket takes its position now, before the fence.
+                    reducer.reserve_rest();
+                    // A fence at the end of the pass: a rank that gathered more than the
+                    // others meets a mismatch here instead of waiting for a partner that
+                    // will not come until the next step.
                     match self.comm().barrier() {
                         Ok(()) => {
                             let finished = reducer.finish(backward_ended);
@@ -205,12 +210,12 @@ impl<B: Backend> ZeroGroup<B> {
                 )
             });
             let exposed = started.elapsed().as_secs_f64();
-            let stats = self.deliver(&mut state, reduced, exposed, overlap);
+            let stats = self.deliver(state, reduced, exposed, overlap);
             state.active = false;
             tracing::debug!(rank = self.rank(), ?stats, "gradients reduced");
             *lock(&self.reduction) = stats;
         }
-        drop(state);
+        drop(guard);
         self.clear_gather_cache();
     }
 

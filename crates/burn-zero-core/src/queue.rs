@@ -1,4 +1,4 @@
-//! The bucket queue: final gradients wait here until their bucket is complete, and buckets
+//! The bucket queue: final gradients wait here until their bucket is reduced, and buckets
 //! are reduced strictly in layout order, so every rank issues the same collectives whatever
 //! order its hooks fire in.
 
@@ -39,16 +39,6 @@ impl<B: Backend> BucketQueue<B> {
     /// Keeps parameter `key`'s final gradient (`bytes` already counted as bucket memory).
     pub fn push(&mut self, key: usize, grad: B::FloatTensorPrimitive, bytes: usize) {
         self.pending.insert(key, (grad, bytes));
-    }
-
-    /// Whether the next bucket has every member's gradient.
-    pub fn next_is_complete(&self) -> bool {
-        self.buckets.get(self.next).is_some_and(|bucket| {
-            bucket
-                .members
-                .iter()
-                .all(|m| self.pending.contains_key(&m.key))
-        })
     }
 
     /// Whether every bucket of this pass has been reduced.

@@ -1,20 +1,25 @@
 //! The communication thread: reduces gradient buckets while backward is still running.
 //!
-//! Autodiff's hook hands each final gradient over and returns at once; the thread reduces a
-//! bucket as soon as all of its members are in, on a duplicate of the rank's communicator (so
-//! its collectives never interleave with the gathers the training thread issues during a
-//! stage-3 backward). At the end of backward the training thread asks for the results and
-//! writes them into autodiff's gradient slots itself. Buckets are still reduced strictly in
-//! layout order, with the same arithmetic as on the training thread, so results are bitwise
-//! the same as without overlap.
+//! Autodiff's hook hands each final gradient over and returns at once. The hook that
+//! completes a bucket (all its members handed over, and every earlier bucket complete) also
+//! takes the bucket's position in the rank's order of collectives, on the training thread
+//! ([`OrderedComm::reserve`]); the thread packs the bucket and runs its collective in that
+//! position, through the rank's one issuing thread. So the gathers the training thread issues
+//! during a stage-3 backward and the bucket reductions are interleaved by program order, the
+//! same on every rank, never by how fast this thread packs (see [`burn_zero_comm::ordered`]
+//! for the whole argument). At the end of backward the training thread takes the positions of
+//! the buckets still open, waits for the results and writes them into autodiff's gradient
+//! slots itself. Buckets are reduced strictly in layout order, with the same arithmetic as on
+//! the training thread, so results are bitwise the same as without overlap.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
-use burn_zero_comm::{CommError, Communicator};
+use burn_zero_comm::{CommError, Communicator, OrderedComm, Reservation};
 
 use crate::bucket::{Bucket, ReduceError, Reduction};
 use crate::memory::MemoryTracker;
@@ -27,8 +32,10 @@ enum Job<B: Backend> {
         grad: B::FloatTensorPrimitive,
         bytes: usize,
     },
-    /// Backward is over (its last hook ran at `backward_ended`): reduce the remaining
-    /// buckets and send everything back.
+    /// Reduce the next bucket, in the position `reservation` holds.
+    Reduce { reservation: Reservation<B> },
+    /// Backward is over (its last hook ran at `backward_ended`) and every bucket has had its
+    /// `Reduce`: send everything back.
     Finish { backward_ended: Instant },
 }
 
@@ -41,18 +48,26 @@ pub(crate) struct Finished<B: Backend> {
     pub early: usize,
 }
 
-/// Handle on a rank's communication thread.
+/// Handle on a rank's communication thread, kept by the training thread.
 pub(crate) struct Reducer<B: Backend> {
     jobs: Option<Sender<Job<B>>>,
     finished: Receiver<Finished<B>>,
     thread: Option<JoinHandle<()>>,
+    /// The rank's order of collectives, where each bucket takes its position.
+    order: OrderedComm<B>,
+    /// Each bucket's member keys, in reduction order.
+    members: Vec<Vec<usize>>,
+    /// Keys handed over in this backward pass.
+    handed: HashSet<usize>,
+    /// The next bucket without a position.
+    next: usize,
 }
 
 impl<B: Backend> Reducer<B> {
-    /// Starts the thread for rank `rank`, reducing `buckets` on `comm` (a duplicate of the
-    /// rank's communicator) on `device`.
+    /// Starts the thread for rank `rank`, reducing `buckets` in positions of `order` (the
+    /// rank's communicator behind its issuing thread) on `device`.
     pub fn spawn(
-        comm: Arc<dyn Communicator<B>>,
+        order: OrderedComm<B>,
         buckets: Vec<Bucket>,
         device: B::Device,
         predivide: f64,
@@ -60,36 +75,76 @@ impl<B: Backend> Reducer<B> {
     ) -> std::io::Result<Self> {
         let (jobs, inbox) = channel::<Job<B>>();
         let (outbox, finished) = channel::<Finished<B>>();
-        let rank = comm.rank();
+        let rank = order.rank();
+        let members = buckets
+            .iter()
+            .map(|bucket| bucket.members.iter().map(|m| m.key).collect())
+            .collect();
         let thread = std::thread::Builder::new()
             .name(format!("burn-zero-reduce-{rank}"))
             .spawn(move || {
-                let ctx = Reduction {
-                    comm: comm.as_ref(),
+                let work = Work {
                     device: &device,
                     predivide,
                     memory: &memory,
                 };
-                serve(&ctx, BucketQueue::new(buckets), &inbox, &outbox);
+                serve(&work, BucketQueue::new(buckets), &inbox, &outbox);
             })?;
         Ok(Self {
             jobs: Some(jobs),
             finished,
             thread: Some(thread),
+            order,
+            members,
+            handed: HashSet::new(),
+            next: 0,
         })
     }
 
     /// Hands over parameter `key`'s final gradient. The caller has finished writing it on its
-    /// device (the thread reads it from its own stream).
-    pub fn submit(&self, key: usize, grad: B::FloatTensorPrimitive, bytes: usize) {
-        if let Some(jobs) = &self.jobs {
-            // A send fails only when the thread is gone; `finish` reports that.
-            let _ = jobs.send(Job::Gradient { key, grad, bytes });
+    /// device (the thread reads it from its own stream). When this completes the next
+    /// bucket(s), their positions in the rank's order are taken here, on the caller's thread.
+    pub fn submit(&mut self, key: usize, grad: B::FloatTensorPrimitive, bytes: usize) {
+        self.send(Job::Gradient { key, grad, bytes });
+        self.handed.insert(key);
+        while self
+            .members
+            .get(self.next)
+            .is_some_and(|keys| keys.iter().all(|key| self.handed.contains(key)))
+        {
+            self.reserve_next();
         }
     }
 
-    /// Waits for every bucket of this backward pass, which ended at `backward_ended`.
-    pub fn finish(&self, backward_ended: Instant) -> Finished<B> {
+    /// Takes the next bucket's position and hands it to the thread.
+    fn reserve_next(&mut self) {
+        let reservation = self.order.reserve();
+        self.send(Job::Reduce { reservation });
+        self.next += 1;
+    }
+
+    fn send(&self, job: Job<B>) {
+        if let Some(jobs) = &self.jobs {
+            // A send fails only when the thread is gone; `finish` reports that. A reservation
+            // in a job that cannot be sent is dropped, which skips its position.
+            let _ = jobs.send(job);
+        }
+    }
+
+    /// Takes the positions of the buckets still open: the pass is over, so they are reduced
+    /// zero-filled where this rank has no gradient.
+    pub fn reserve_rest(&mut self) {
+        while self.next < self.members.len() {
+            self.reserve_next();
+        }
+    }
+
+    /// Waits for every bucket of this backward pass, which ended at `backward_ended` (taking
+    /// the positions of any still open first).
+    pub fn finish(&mut self, backward_ended: Instant) -> Finished<B> {
+        self.reserve_rest();
+        self.next = 0;
+        self.handed.clear();
         let gone = || Finished {
             reduced: Err(ReduceError::Comm(CommError::InvalidGroup(
                 "the gradient communication thread has stopped".into(),
@@ -118,9 +173,17 @@ impl<B: Backend> Drop for Reducer<B> {
     }
 }
 
-/// The thread's loop: queue gradients, reduce complete buckets in order, answer `Finish`.
+/// What the thread reduces with, besides the communicator.
+struct Work<'a, B: Backend> {
+    device: &'a B::Device,
+    predivide: f64,
+    memory: &'a MemoryTracker,
+}
+
+/// The thread's loop: queue gradients, reduce the next bucket in each position it is given,
+/// answer `Finish`.
 fn serve<B: Backend>(
-    ctx: &Reduction<'_, B>,
+    work: &Work<'_, B>,
     mut queue: BucketQueue<B>,
     inbox: &Receiver<Job<B>>,
     outbox: &Sender<Finished<B>>,
@@ -128,10 +191,24 @@ fn serve<B: Backend>(
     let mut pass = Pass::default();
     for job in inbox {
         match job {
-            Job::Gradient { key, grad, bytes } => {
-                queue.push(key, grad, bytes);
-                while pass.failure.is_none() && queue.next_is_complete() {
-                    pass.reduce_next(ctx, &mut queue);
+            Job::Gradient { key, grad, bytes } => queue.push(key, grad, bytes),
+            Job::Reduce { reservation } => {
+                if pass.failure.is_none() && !queue.is_done() {
+                    let ctx = Reduction {
+                        comm: &reservation,
+                        device: work.device,
+                        predivide: work.predivide,
+                        memory: work.memory,
+                    };
+                    pass.reduce_next(&ctx, &mut queue);
+                    if let Some(error) = &pass.failure {
+                        // The positions after this one are skipped on this rank: end the
+                        // group so that no rank pairs its next collective with a wrong one.
+                        reservation.abort(&format!(
+                            "rank {} could not reduce a gradient bucket: {error}",
+                            reservation.rank()
+                        ));
+                    }
                 }
             }
             Job::Finish { backward_ended } => {
@@ -140,10 +217,7 @@ fn serve<B: Backend>(
                     .iter()
                     .filter(|&&done| done <= backward_ended)
                     .count();
-                while pass.failure.is_none() && !queue.is_done() {
-                    pass.reduce_next(ctx, &mut queue);
-                }
-                queue.reset(ctx.memory);
+                queue.reset(work.memory);
                 let done = std::mem::take(&mut pass);
                 let sent = outbox.send(Finished {
                     reduced: match done.failure {

@@ -6,7 +6,7 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
-use burn_zero_comm::{CommError, RankContext};
+use burn_zero_comm::{CommError, Communicator, OrderedComm, RankContext};
 
 use crate::backend::Zero;
 use crate::bucket::{self, Mode};
@@ -44,11 +44,24 @@ where
     M: Module<AB>,
 {
     config.validate().map_err(ZeroError::InvalidConfig)?;
-    let group = Arc::new(ZeroGroup::new(
-        ctx.comm().clone(),
-        ctx.device().clone(),
-        config.clone(),
-    ));
+    // With a communication thread beside the training thread, every collective of the group
+    // goes through one issuing thread in the order the training thread fixes (NCCL deadlocks
+    // when ranks interleave two threads' collectives differently).
+    let order = if config.overlaps_reduction() {
+        let order = OrderedComm::new(ctx.comm().clone()).map_err(|error| {
+            ZeroError::Comm(CommError::InvalidGroup(format!(
+                "could not start the collective issuing thread: {error}"
+            )))
+        })?;
+        Some(order)
+    } else {
+        None
+    };
+    let comm: Arc<dyn Communicator<B>> = match &order {
+        Some(order) => Arc::new(order.clone()),
+        None => ctx.comm().clone(),
+    };
+    let group = Arc::new(ZeroGroup::new(comm, ctx.device().clone(), config.clone()));
     let mut sharder = Sharder {
         group: group.clone(),
         next_key: 0,
@@ -78,11 +91,9 @@ where
         config.bucket_size_mb * (1u64 << 20) as f64,
         config.reduce_dtype,
     );
-    let reducer = if config.overlaps_reduction() {
-        // A collective: every rank reaches this point with the same schedule.
-        let comm = group.comm().duplicate()?;
+    let reducer = if let Some(order) = order {
         let reducer = Reducer::spawn(
-            comm,
+            order,
             buckets.clone(),
             group.device().clone(),
             config.gradient_predivide_factor,

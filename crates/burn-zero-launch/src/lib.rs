@@ -6,6 +6,9 @@
 //! - [`Rendezvous`]: rank 0 hands an opaque blob (the NCCL unique id) to every other rank over
 //!   TCP, with a timeout, retries while the master starts, and clear errors for an unreachable
 //!   master, a world-size mismatch, a duplicate rank and missing ranks.
+//! - [`control`]: the job-lifetime control connection (a small store on rank 0, beside the
+//!   rendezvous): a failed rank stops every rank within a round trip, and ranks can check that
+//!   they issue the same collectives before issuing them.
 //! - [`supervisor`]: what the `zero-run` binary does: start this node's ranks with that
 //!   environment, prefix their output with the rank, forward SIGINT/SIGTERM, and when one rank
 //!   fails stop the others and exit with its code.
@@ -19,12 +22,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod control;
 pub mod env;
 pub mod output;
 pub mod rendezvous;
 pub mod signals;
 pub mod supervisor;
 
+pub use control::{ControlClient, ControlError, ControlFailure, ControlServer, establish};
 pub use env::{DistEnv, EnvError};
-pub use rendezvous::{Rendezvous, RendezvousError};
+pub use rendezvous::{Rendezvous, RendezvousError, RendezvousListener};
 pub use supervisor::{Exit, Outcome, RunConfig, SupervisorError, run};

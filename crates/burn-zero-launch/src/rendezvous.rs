@@ -127,6 +127,25 @@ pub enum RendezvousError {
     },
 }
 
+/// Rank 0's rendezvous socket, bound ahead of [`Rendezvous::serve_on`].
+#[derive(Debug)]
+pub struct RendezvousListener {
+    listener: TcpListener,
+}
+
+impl RendezvousListener {
+    /// The port it listens on (the one the system picked, for port 0).
+    pub fn port(&self) -> Result<u16, RendezvousError> {
+        self.listener
+            .local_addr()
+            .map(|address| address.port())
+            .map_err(|error| RendezvousError::Bind {
+                endpoint: "the rendezvous socket".into(),
+                reason: error.to_string(),
+            })
+    }
+}
+
 /// One rank's side of the rendezvous. Build it from the launcher's environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rendezvous {
@@ -201,6 +220,31 @@ impl Rendezvous {
         if self.world_size == 1 {
             return Ok(());
         }
+        let listener = self.bind()?;
+        self.serve_on(listener, blob)
+    }
+
+    /// Rank 0 binds its socket now, before serving: with port 0 in the rendezvous, the
+    /// system picks a free port, which [`RendezvousListener::port`] tells (for the other
+    /// ranks' `MASTER_PORT`).
+    pub fn bind(&self) -> Result<RendezvousListener, RendezvousError> {
+        self.check_rank()?;
+        Ok(RendezvousListener {
+            listener: self.listen()?,
+        })
+    }
+
+    /// [`Rendezvous::serve`] on a socket bound beforehand with [`Rendezvous::bind`].
+    pub fn serve_on(
+        &self,
+        listener: RendezvousListener,
+        blob: &[u8],
+    ) -> Result<(), RendezvousError> {
+        self.check_rank()?;
+        if self.world_size == 1 {
+            return Ok(());
+        }
+        let listener = listener.listener;
         if blob.len() > MAX_MESSAGE {
             return Err(RendezvousError::Connection {
                 peer: "every rank".into(),
@@ -212,7 +256,6 @@ impl Rendezvous {
         }
         let started = Instant::now();
         let deadline = started + self.timeout;
-        let listener = self.listen()?;
         tracing::debug!(endpoint = %self.endpoint(), world_size = self.world_size, "rendezvous: waiting for ranks");
 
         // peers[r] is the connection of rank r (None for rank 0 and ranks not yet joined).
@@ -373,56 +416,69 @@ impl Rendezvous {
 
     /// Connects to the master, retrying with a growing interval until `deadline`.
     fn connect(&self, started: Instant, deadline: Instant) -> Result<TcpStream, RendezvousError> {
-        let mut interval = Duration::from_millis(20);
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let attempt = match (self.host.as_str(), self.port).to_socket_addrs() {
-                Ok(addrs) => {
-                    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
-                    let mut connected = None;
-                    for addr in addrs {
-                        let limit =
-                            remaining.clamp(Duration::from_millis(1), Duration::from_secs(5));
-                        match TcpStream::connect_timeout(&addr, limit) {
-                            Ok(stream) => {
-                                connected = Some(stream);
-                                break;
-                            }
-                            Err(error) => last = error,
+        let stream = connect_until(&self.host, self.port, deadline).map_err(|error| {
+            RendezvousError::Unreachable {
+                rank: self.rank,
+                endpoint: self.endpoint(),
+                waited: started.elapsed(),
+                last_error: error.to_string(),
+            }
+        })?;
+        tracing::debug!(rank = self.rank, "rendezvous: connected to rank 0");
+        Ok(stream)
+    }
+}
+
+/// Connects to `host:port`, retrying with a growing interval for `timeout` while nobody
+/// listens there yet (the other side is still starting).
+pub(crate) fn connect_with_retry(
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    connect_until(host, port, Instant::now() + timeout)
+}
+
+/// [`connect_with_retry`] with a deadline; the error is the last attempt's.
+fn connect_until(host: &str, port: u16, deadline: Instant) -> io::Result<TcpStream> {
+    let mut interval = Duration::from_millis(20);
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let attempt = match (host, port).to_socket_addrs() {
+            Ok(addrs) => {
+                let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+                let mut connected = None;
+                for addr in addrs {
+                    let limit = remaining.clamp(Duration::from_millis(1), Duration::from_secs(5));
+                    match TcpStream::connect_timeout(&addr, limit) {
+                        Ok(stream) => {
+                            connected = Some(stream);
+                            break;
                         }
+                        Err(error) => last = error,
                     }
-                    connected.ok_or(last)
                 }
-                Err(error) => Err(error),
-            };
-            match attempt {
-                Ok(stream) => {
-                    let _ = stream.set_nodelay(true);
-                    tracing::debug!(
-                        rank = self.rank,
-                        attempts,
-                        "rendezvous: connected to rank 0"
-                    );
-                    return Ok(stream);
+                connected.ok_or(last)
+            }
+            Err(error) => Err(error),
+        };
+        match attempt {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(stream);
+            }
+            Err(error) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(error);
                 }
-                Err(error) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Err(RendezvousError::Unreachable {
-                            rank: self.rank,
-                            endpoint: self.endpoint(),
-                            waited: started.elapsed(),
-                            last_error: error.to_string(),
-                        });
-                    }
-                    if attempts == 1 || attempts.is_multiple_of(20) {
-                        tracing::debug!(rank = self.rank, attempts, %error, "rendezvous: rank 0 not reachable yet");
-                    }
-                    thread::sleep(interval.min(deadline - now));
-                    interval = (interval * 2).min(MAX_RETRY_INTERVAL);
+                if attempts == 1 || attempts.is_multiple_of(20) {
+                    tracing::debug!(host, port, attempts, %error, "not reachable yet");
                 }
+                thread::sleep(interval.min(deadline - now));
+                interval = (interval * 2).min(MAX_RETRY_INTERVAL);
             }
         }
     }

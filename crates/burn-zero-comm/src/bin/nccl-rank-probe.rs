@@ -18,6 +18,7 @@ fn run() -> Result<String, CommError> {
         timeout: Duration::from_secs(60),
         init_timeout: Duration::from_secs(60),
         rendezvous_timeout: Duration::from_secs(60),
+        check_schedule: true,
     };
     let group = NcclGroup::from_env(&options)?;
     let (rank, world) = (

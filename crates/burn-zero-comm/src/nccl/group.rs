@@ -16,6 +16,7 @@ use super::NcclOptions;
 use super::sys::{self, DataType, DevicePtr, Failure, Progress, RawComm, RedOp};
 use crate::call::{CollectiveCall, CollectiveOp, ReduceOp, dtype_name};
 use crate::communicator::Communicator;
+use crate::control::JobControl;
 use crate::error::CommError;
 
 /// The dtypes the NCCL engine moves and reduces.
@@ -36,14 +37,22 @@ pub(crate) const SUPPORTED: &str = "f32, flex32 (stored as f32), f16, bf16";
 /// [`CommError::Nccl`] or [`CommError::Stalled`]. A failed group stays failed: every later call
 /// returns the same error.
 ///
+/// A failure of one rank reaches the others without waiting for the timeout: the ranks of one
+/// process ([`NcclGroup::local_group`]) share their failure, and ranks in several processes
+/// ([`NcclGroup::init`]) hear of it through the job's control connection ([`JobControl`]);
+/// either way a rank polling a collective aborts its communicator at once. With
+/// [`NcclOptions::check_schedule`], every call is compared with the other ranks' calls
+/// before NCCL sees it, so a diverged schedule is a [`CommError::Mismatch`] naming both calls,
+/// never a collective that reads or writes past a buffer.
+///
 /// `ReduceOp::Mean` is an NCCL sum divided once by the world size with a Burn op afterwards
 /// (not `ncclAvg`), the same arithmetic as [`crate::LocalGroup`]. Sums follow NCCL's order
 /// (ring or tree), not rank order, so they can differ from `LocalGroup` in the last bits when
 /// more than two ranks add values that round.
 pub struct NcclGroup {
     // Declared first so that it drops first: the communicator is aborted before its stream
-    // and context are released.
-    link: Mutex<Link>,
+    // and context are released. Shared (weakly) with the control connection's failure hook.
+    link: Arc<Mutex<Link>>,
     rank: usize,
     world_size: usize,
     device: CudaDevice,
@@ -52,14 +61,28 @@ pub struct NcclGroup {
     stream: Arc<CudaStream>,
     /// Set by [`Communicator::abort`] while another thread is inside a collective.
     abort_request: Mutex<Option<String>>,
-    /// Shared with the group this one was duplicated from and every duplicate: the first
-    /// failure of any of them ends them all.
+    /// Shared with the other ranks of this process's job, the group this one was duplicated
+    /// from and every duplicate: the first failure of any of them ends them all.
     family: Family,
+    /// The job's control connection, for ranks in several processes.
+    control: Option<Arc<JobControl>>,
     issued: AtomicU64,
 }
 
-/// The failure shared by a group and its duplicates.
-type Family = Arc<Mutex<Option<CommError>>>;
+/// What the groups of one job in this process share.
+#[derive(Debug, Default)]
+pub(crate) struct FamilyState {
+    /// The first failure of any of them.
+    failure: Mutex<Option<CommError>>,
+    /// For each rank that finished its work: how many collectives it had issued.
+    departed: Mutex<Vec<Option<u64>>>,
+}
+
+pub(crate) type Family = Arc<FamilyState>;
+
+fn guard<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The communicator and what it needs to run one collective at a time.
 struct Link {
@@ -82,6 +105,9 @@ enum Kind {
 impl NcclGroup {
     /// Wraps a communicator that was created on `context`'s device and has finished
     /// initialising.
+    /// `family` is shared by the ranks of one process; `control` is the job's control
+    /// connection when ranks live in several processes.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn from_parts(
         rank: usize,
         world_size: usize,
@@ -89,34 +115,36 @@ impl NcclGroup {
         options: NcclOptions,
         context: Arc<CudaContext>,
         comm: RawComm,
-    ) -> Result<Self, CommError> {
-        Self::in_family(
-            rank,
-            world_size,
-            device,
-            options,
-            context,
-            comm,
-            Family::default(),
-        )
-    }
-
-    /// [`NcclGroup::from_parts`] for a member of an existing family of groups.
-    fn in_family(
-        rank: usize,
-        world_size: usize,
-        device: CudaDevice,
-        options: NcclOptions,
-        context: Arc<CudaContext>,
-        comm: RawComm,
         family: Family,
+        control: Option<Arc<JobControl>>,
     ) -> Result<Self, CommError> {
+        guard(&family.departed).resize(world_size, None);
         let device_error = |error: cudarc::driver::DriverError| CommError::Device {
             rank,
             reason: format!("CUDA: {error}"),
         };
         let stream = context.new_stream().map_err(device_error)?;
         let done = context.new_event(None).map_err(device_error)?;
+        let link = Arc::new(Mutex::new(Link {
+            comm: Some(comm),
+            failure: None,
+            done,
+        }));
+        if let Some(control) = &control {
+            // On receipt of the job's failure: abort the communicator now when no collective
+            // holds it; a collective that does sees the failure at its next poll (`usable`).
+            let link = Arc::downgrade(&link);
+            control.on_failure(move |error| {
+                let Some(link) = link.upgrade() else { return };
+                if let Ok(mut link) = link.try_lock()
+                    && link.failure.is_none()
+                {
+                    tracing::error!(rank, %error, "the job failed; aborting the NCCL communicator");
+                    link.comm = None; // Drop aborts.
+                    link.failure = Some(error.clone());
+                }
+            });
+        }
         Ok(NcclGroup {
             rank,
             world_size,
@@ -124,15 +152,32 @@ impl NcclGroup {
             options,
             context,
             stream,
-            link: Mutex::new(Link {
-                comm: Some(comm),
-                failure: None,
-                done,
-            }),
+            link,
             abort_request: Mutex::new(None),
             family,
+            control,
             issued: AtomicU64::new(0),
         })
+    }
+
+    /// A family for the groups of one job in this process.
+    pub(crate) fn new_family() -> Family {
+        Family::default()
+    }
+
+    /// Tells the other ranks that this rank will issue no more collectives: one still waiting
+    /// for it in a later collective fails with [`CommError::PeerExited`] instead of waiting
+    /// out its timeout. [`crate::nccl::launch_nccl`] calls it when a rank's work succeeded.
+    pub fn leave(&self) {
+        let issued = self.issued.load(Ordering::Relaxed);
+        if let Some(slot) = guard(&self.family.departed).get_mut(self.rank) {
+            *slot = Some(issued);
+        }
+        if let Some(control) = &self.control
+            && control.checks_schedule()
+        {
+            control.leave(issued);
+        }
     }
 
     /// The CUDA device of this rank.
@@ -160,6 +205,12 @@ impl NcclGroup {
     /// of one waits on the GPU for a peer that is blocked in the other).
     pub fn duplicate_group(&self) -> Result<NcclGroup, CommError> {
         let call = self.call(CollectiveOp::Duplicate, None, 0);
+        if let Some(control) = &self.control
+            && let Err(error) = control.check(&call)
+        {
+            let mut link = self.lock();
+            return Err(self.fail(&mut link, error));
+        }
         let during = call.to_string();
         let during = during.as_str();
         let version = sys::version().map_err(|f| {
@@ -186,7 +237,7 @@ impl NcclGroup {
                 let mut link = self.lock();
                 self.fail(&mut link, error)
             })?;
-            return NcclGroup::in_family(
+            return NcclGroup::from_parts(
                 self.rank,
                 self.world_size,
                 self.device.clone(),
@@ -194,6 +245,7 @@ impl NcclGroup {
                 self.context.clone(),
                 child,
                 self.family.clone(),
+                self.duplicate_control(),
             );
         }
         // Older NCCL: rank 0 makes an id and broadcasts it over this group.
@@ -237,7 +289,7 @@ impl NcclGroup {
             let mut link = self.lock();
             self.fail(&mut link, error)
         })?;
-        NcclGroup::in_family(
+        NcclGroup::from_parts(
             self.rank,
             self.world_size,
             self.device.clone(),
@@ -245,6 +297,7 @@ impl NcclGroup {
             self.context.clone(),
             child,
             self.family.clone(),
+            self.duplicate_control(),
         )
     }
 
@@ -263,15 +316,18 @@ impl NcclGroup {
             self.fail(link, error);
         }
         if link.failure.is_none() {
-            let family = self
-                .family
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
+            let family = guard(&self.family.failure).clone();
             if let Some(error) = family {
-                // A duplicate (or the group this one came from) failed: end this one too.
+                // Another rank of this process, a duplicate or the group this one came from
+                // failed: end this one too.
                 self.fail(link, error);
             }
+        }
+        if link.failure.is_none()
+            && let Some(error) = self.control.as_ref().and_then(|control| control.failure())
+        {
+            // A rank of another process failed (the control connection says so).
+            self.fail(link, error);
         }
         if let Some(failure) = &link.failure {
             return Err(failure.clone());
@@ -304,11 +360,34 @@ impl NcclGroup {
         tracing::error!(rank = self.rank, %error, "NCCL group failed; aborting the communicator");
         link.comm = None; // Drop aborts.
         link.failure = Some(error.clone());
-        self.family
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert_with(|| error.clone());
+        guard(&self.family.failure).get_or_insert_with(|| error.clone());
+        if let Some(control) = &self.control {
+            // Every other process hears of it (the store keeps only the job's first failure).
+            control.abort(&error.to_string());
+        }
         error
+    }
+
+    /// The control connection of a duplicate: the same connection, aborts only (a duplicate
+    /// counts its collectives apart, so its positions are not comparable with the store's).
+    fn duplicate_control(&self) -> Option<Arc<JobControl>> {
+        self.control
+            .as_ref()
+            .map(|control| Arc::new(control.without_checks()))
+    }
+
+    /// A rank of this process that finished its work before reaching `call`, which it will
+    /// therefore never join.
+    fn departed_before(&self, call: &CollectiveCall) -> Option<CommError> {
+        guard(&self.family.departed)
+            .iter()
+            .enumerate()
+            .find(|&(peer, issued)| peer != self.rank && issued.is_some_and(|n| n < call.seq))
+            .map(|(peer, _)| CommError::PeerExited {
+                peer,
+                rank: self.rank,
+                call: Box::new(call.clone()),
+            })
     }
 
     fn nccl_error(&self, during: &str, failure: Failure) -> CommError {
@@ -387,6 +466,13 @@ impl NcclGroup {
                 return Err(self.fail(&mut link, error));
             }
         }
+        // Every rank agrees on this call before NCCL touches a buffer.
+        if let Some(control) = &self.control
+            && let Err(error) = control.check(&call)
+        {
+            let mut link = self.lock();
+            return Err(self.fail(&mut link, error));
+        }
         let data_type = data_type(dtype).unwrap_or(DataType::F32);
         let out_numel = match kind {
             Kind::AllGather => numel * self.world_size,
@@ -455,13 +541,13 @@ impl NcclGroup {
         };
         let progress = launched.map_err(|f| self.fail(&mut link, self.nccl_error(&during, f)))?;
         if progress == Progress::Pending {
-            self.wait(&mut link, &during, started, |_| Ok(true))?;
+            self.wait(&mut link, &call, started, |_| Ok(true))?;
         }
         let recorded = link.done.record(&self.stream);
         if let Err(error) = recorded {
             return Err(self.fail(&mut link, device_error(format!("CUDA: {error}"))));
         }
-        self.wait(&mut link, &during, started, |link| {
+        self.wait(&mut link, &call, started, |link| {
             link.done
                 .try_is_complete()
                 .map_err(|e| device_error(format!("CUDA: {e}")))
@@ -483,12 +569,17 @@ impl NcclGroup {
     fn wait(
         &self,
         link: &mut Link,
-        during: &str,
+        call: &CollectiveCall,
         started: Instant,
         mut ready: impl FnMut(&Link) -> Result<bool, CommError>,
     ) -> Result<(), CommError> {
+        let during = call.to_string();
+        let during = during.as_str();
         let mut spins = 0u32;
         loop {
+            if let Some(error) = self.departed_before(call) {
+                return Err(self.fail(link, error));
+            }
             let polled = self.usable(link)?.poll();
             match polled {
                 Err(failure) => return Err(self.fail(link, self.nccl_error(during, failure))),
@@ -662,6 +753,20 @@ fn mean_if<B: burn::tensor::backend::Backend>(
     match op {
         ReduceOp::Mean if world_size > 1 => sum.div_scalar(world_size as f64),
         _ => sum,
+    }
+}
+
+impl Drop for NcclGroup {
+    fn drop(&mut self) {
+        // A rank whose work ended says so, with its count of collectives, so that a rank
+        // still waiting for it in a later collective fails at once. A panicking rank says
+        // nothing here: its control connection reports the panic.
+        if !thread::panicking()
+            && let Some(control) = &self.control
+            && control.checks_schedule()
+        {
+            control.leave(self.issued.load(Ordering::Relaxed));
+        }
     }
 }
 

@@ -1,18 +1,20 @@
 //! How NCCL groups come to be: several GPUs of one process (one communicator per device from
-//! one unique id, created in one NCCL group call), or one rank per process (the unique id
-//! handed out by the TCP rendezvous of `burn-zero-launch`).
+//! one unique id, created in one NCCL group call, sharing one failure), or one rank per process
+//! (the unique id handed out by the TCP rendezvous of `burn-zero-launch`, with the job's
+//! control connection kept open beside it for aborts and schedule checks).
 
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use burn_zero_launch::{DistEnv, Rendezvous};
+use burn_zero_launch::DistEnv;
 use cubecl_cuda::CudaDevice;
 use cudarc::driver::CudaContext;
 
 use super::NcclOptions;
 use super::group::NcclGroup;
 use super::sys::{self, Progress, RawComm};
+use crate::control::JobControl;
 use crate::error::CommError;
 
 impl NcclGroup {
@@ -87,12 +89,23 @@ impl NcclGroup {
             )?);
         }
         tracing::info!(world_size, elapsed = ?started.elapsed(), "NCCL group created in this process");
+        // One failure for the whole job: a rank that fails ends every rank's group.
+        let family = NcclGroup::new_family();
         ready
             .into_iter()
             .zip(devices.iter().cloned().zip(contexts))
             .enumerate()
             .map(|(rank, (comm, (device, context)))| {
-                NcclGroup::from_parts(rank, world_size, device, options.clone(), context, comm)
+                NcclGroup::from_parts(
+                    rank,
+                    world_size,
+                    device,
+                    options.clone(),
+                    context,
+                    comm,
+                    family.clone(),
+                    None,
+                )
             })
             .collect()
     }
@@ -108,6 +121,11 @@ impl NcclGroup {
 
     /// Rank `env.rank` of a multi-process job on `device`: rank 0 makes the NCCL unique id and
     /// serves it over TCP; the others fetch it; then every rank creates its communicator.
+    ///
+    /// Rank 0 also starts the job's control store (on a port the system picks, sent along with
+    /// the id) and every rank keeps a connection to it for the group's life: a rank that fails
+    /// stops every rank of the job, and with [`NcclOptions::check_schedule`] every call is
+    /// compared across ranks before NCCL sees it.
     pub fn init(
         env: &DistEnv,
         device: CudaDevice,
@@ -116,41 +134,47 @@ impl NcclGroup {
         ensure_nccl()?;
         let rank = env.rank;
         let context = context(rank, &device)?;
-        let rendezvous = Rendezvous::new(env).with_timeout(options.rendezvous_timeout);
         let id = if rank == 0 {
-            let id = sys::unique_id().map_err(|f| setup_error(rank, "ncclGetUniqueId", f))?;
-            rendezvous
-                .serve(&id)
-                .map_err(|e| CommError::Rendezvous(e.to_string()))?;
-            id
+            Some(sys::unique_id().map_err(|f| setup_error(rank, "ncclGetUniqueId", f))?)
         } else {
-            let bytes = rendezvous
-                .fetch()
-                .map_err(|e| CommError::Rendezvous(e.to_string()))?;
-            <[u8; sys::UNIQUE_ID_BYTES]>::try_from(bytes.as_slice()).map_err(|_| {
-                CommError::Rendezvous(format!(
-                    "rank 0 sent {} bytes, an NCCL unique id has {}",
-                    bytes.len(),
-                    sys::UNIQUE_ID_BYTES
-                ))
-            })?
+            None
         };
-        tracing::debug!(%env, "NCCL unique id shared");
-        init_rank(rank, env.world_size, device, context, &id, options)
+        let (bytes, client) =
+            burn_zero_launch::establish(env, options.rendezvous_timeout, None, || {
+                id.map(|id| id.to_vec()).unwrap_or_default()
+            })
+            .map_err(|e| CommError::Rendezvous(e.to_string()))?;
+        let id = <[u8; sys::UNIQUE_ID_BYTES]>::try_from(bytes.as_slice()).map_err(|_| {
+            CommError::Rendezvous(format!(
+                "rank 0 sent {} bytes, an NCCL unique id has {}",
+                bytes.len(),
+                sys::UNIQUE_ID_BYTES
+            ))
+        })?;
+        tracing::debug!(%env, store = client.endpoint(), "NCCL unique id shared");
+        let control = Arc::new(JobControl::new(
+            client,
+            options.check_schedule,
+            options.timeout,
+        ));
+        let comm = match init_comm(rank, env.world_size, &context, &id, options) {
+            Ok(comm) => comm,
+            Err(error) => {
+                control.abort(&error.to_string());
+                return Err(error);
+            }
+        };
+        NcclGroup::from_parts(
+            rank,
+            env.world_size,
+            device,
+            options.clone(),
+            context,
+            comm,
+            NcclGroup::new_family(),
+            Some(control),
+        )
     }
-}
-
-/// Creates this rank's communicator from a shared id and wraps it.
-fn init_rank(
-    rank: usize,
-    world_size: usize,
-    device: CudaDevice,
-    context: Arc<CudaContext>,
-    id: &[u8; sys::UNIQUE_ID_BYTES],
-    options: &NcclOptions,
-) -> Result<NcclGroup, CommError> {
-    let comm = init_comm(rank, world_size, &context, id, options)?;
-    NcclGroup::from_parts(rank, world_size, device, options.clone(), context, comm)
 }
 
 /// Creates this rank's communicator from a shared id, on `context`'s device.

@@ -42,15 +42,25 @@ pub struct NcclOptions {
     pub init_timeout: Duration,
     /// How long the TCP rendezvous of a multi-process job may take.
     pub rendezvous_timeout: Duration,
+    /// Compare every collective with the other ranks' through the job's control connection
+    /// before NCCL sees it (multi-process jobs): a diverged schedule then fails with
+    /// [`CommError::Mismatch`] naming both calls instead of hanging or reading past a buffer.
+    /// Off by default: it costs one round trip to rank 0's store per collective, measured at
+    /// 75–104 µs on the loopback of a 2-vCPU machine, 2–4% of a GPT training step at stage 3
+    /// there (and more of a GPU's shorter step). Turn it on to debug a hang or a crash inside
+    /// NCCL. Aborts travel over the connection either way.
+    pub check_schedule: bool,
 }
 
 impl Default for NcclOptions {
-    /// Ten minutes per collective (as PyTorch's NCCL process groups), five to set up.
+    /// Ten minutes per collective (as PyTorch's NCCL process groups), five to set up;
+    /// schedules not compared (see [`NcclOptions::check_schedule`]).
     fn default() -> Self {
         NcclOptions {
             timeout: Duration::from_secs(600),
             init_timeout: Duration::from_secs(300),
             rendezvous_timeout: Duration::from_secs(300),
+            check_schedule: false,
         }
     }
 }
@@ -59,6 +69,12 @@ impl NcclOptions {
     /// Options with the given collective timeout.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Options with schedule checks on or off.
+    pub fn with_check_schedule(mut self, check_schedule: bool) -> Self {
+        self.check_schedule = check_schedule;
         self
     }
 }
@@ -81,8 +97,10 @@ pub fn nccl_available() -> Result<(), CommError> {
 }
 
 /// [`crate::launch`] for NCCL: runs `rank_fn` once per device, each rank on its own thread with
-/// its [`NcclGroup`], and returns the results in rank order. A rank that fails aborts its
-/// communicator, so the others fail (or time out) instead of hanging.
+/// its [`NcclGroup`], and returns the results in rank order. The ranks share one failure: a
+/// rank that fails ends every rank's group at once (each aborts its communicator), and a rank
+/// that finished leaves, so one still waiting for it fails with [`CommError::PeerExited`]
+/// instead of waiting out its timeout.
 pub fn launch_nccl<FE, IE, BT, F, T, E>(
     devices: &[CudaDevice],
     options: &NcclOptions,
@@ -98,5 +116,5 @@ where
 {
     let groups = NcclGroup::local_group(devices, options)
         .map_err(|e| LaunchError::Invalid(e.to_string()))?;
-    run_ranks(groups, devices, |_| {}, rank_fn)
+    run_ranks(groups, devices, NcclGroup::leave, rank_fn)
 }

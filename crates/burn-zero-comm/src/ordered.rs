@@ -1,0 +1,378 @@
+//! `OrderedComm`: every collective of a rank issued from one thread, in one order that the
+//! submitting threads fix, whatever thread does the work around it.
+//!
+//! # Why
+//!
+//! A rank of a ZeRO job has two streams of collectives: the training thread's (parameter
+//! gathers in forward and backward, the optimizer's reductions) and the gradient reductions of
+//! the communication thread that overlaps backward. NCCL collectives block on the device until
+//! every rank has joined the same one; with two communicators driven from two threads, rank 0
+//! may issue `gather, reduce` while rank 1 issues `reduce, gather`, and each waits forever
+//! for the other. The order in which the communication thread gets to a reduction depends on
+//! timing (how long packing took), so it differs between ranks even when their programs do
+//! not.
+//!
+//! # The ordering argument
+//!
+//! 1. A collective's *position* is a ticket, taken by [`OrderedComm::reserve`] (or implicitly
+//!    by a direct call). Tickets are numbered from one counter per rank.
+//! 2. Tickets are taken on the training thread only, in program order: forward ops, then the
+//!    backward hooks in autodiff's deterministic order, then the end of backward and the
+//!    optimizer. A hook that completes a gradient bucket takes the bucket's ticket right
+//!    there, before returning; the communication thread fills it later (after packing). So the
+//!    sequence of tickets is a function of the program and the hook order alone, the same on
+//!    every rank whose graph is the same; no thread timing enters it.
+//! 3. One issuing thread runs the collectives strictly in ticket order: it waits for the call
+//!    of ticket `n` (however late its submitter is) before it looks at ticket `n + 1`, and it
+//!    runs one collective at a time on one communicator.
+//!
+//! Hence every rank issues the same collectives in the same order from one thread, which is
+//! what NCCL requires; a rank whose program differs (a rank-dependent parameter use at stage 3)
+//! issues a different sequence, which the engine's schedule check reports as a mismatch
+//! naming both calls instead of hanging.
+//!
+//! Liveness: the submitter of a reserved ticket needs nothing from later tickets to fill it
+//! (a bucket's gradients are all handed over before its ticket is taken), so the issuing
+//! thread never waits on a ticket that waits on it. A gather's submitter waits for its
+//! result; a bucket reduction's submitter does not (its reservation is filled and waited on
+//! by the communication thread).
+//!
+//! The layer is engine-agnostic: it wraps any [`Communicator`], so the order it enforces is
+//! tested on CPU with [`crate::LocalGroup`] and used unchanged with NCCL.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc::sync_channel;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+use crate::call::ReduceOp;
+use crate::communicator::Communicator;
+use crate::error::CommError;
+
+/// A collective waiting for the issuing thread.
+type Call<B> = Box<dyn FnOnce(&dyn Communicator<B>) + Send>;
+
+/// The calls of one ticket. A ticket may carry several calls (they run back to back, in the
+/// order they were submitted); it is done once its reservation is dropped.
+struct Slot<B: Backend> {
+    calls: VecDeque<Call<B>>,
+    closed: bool,
+}
+
+struct Queue<B: Backend> {
+    /// The next ticket to hand out.
+    next_ticket: u64,
+    /// Tickets handed out and not yet done, by number.
+    slots: BTreeMap<u64, Slot<B>>,
+    /// No handle is left: the thread ends once every reservation is done.
+    stopping: bool,
+}
+
+struct Shared<B: Backend> {
+    queue: Mutex<Queue<B>>,
+    changed: Condvar,
+}
+
+impl<B: Backend> Shared<B> {
+    fn lock(&self) -> MutexGuard<'_, Queue<B>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The issuing thread; stopped when the last handle goes.
+struct Issuer<B: Backend> {
+    shared: Arc<Shared<B>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<B: Backend> Drop for Issuer<B> {
+    fn drop(&mut self) {
+        self.shared.lock().stopping = true;
+        self.shared.changed.notify_all();
+        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(thread) = thread
+            && thread.join().is_err()
+        {
+            tracing::error!("the collective issuing thread panicked");
+        }
+    }
+}
+
+/// A rank's communicator behind its issuing thread: every collective of every clone (and of
+/// every [`Reservation`]) runs on that one thread, in ticket order.
+///
+/// A direct call ([`Communicator::all_gather`] and the others) takes the next ticket and waits
+/// for its result. [`OrderedComm::reserve`] takes a ticket now and lets any thread fill it
+/// later. [`Communicator::abort`] goes straight to the engine: it must reach a collective that
+/// is running.
+pub struct OrderedComm<B: Backend> {
+    inner: Arc<dyn Communicator<B>>,
+    issuer: Arc<Issuer<B>>,
+}
+
+impl<B: Backend> Clone for OrderedComm<B> {
+    fn clone(&self) -> Self {
+        OrderedComm {
+            inner: self.inner.clone(),
+            issuer: self.issuer.clone(),
+        }
+    }
+}
+
+impl<B: Backend> OrderedComm<B> {
+    /// Starts the issuing thread of `inner`'s rank.
+    pub fn new(inner: Arc<dyn Communicator<B>>) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                next_ticket: 0,
+                slots: BTreeMap::new(),
+                stopping: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let serving = shared.clone();
+        let comm = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("burn-zero-issue-{}", inner.rank()))
+            .spawn(move || issue(&serving, comm.as_ref()))?;
+        Ok(OrderedComm {
+            inner,
+            issuer: Arc::new(Issuer {
+                shared,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// The engine underneath.
+    pub fn inner(&self) -> &Arc<dyn Communicator<B>> {
+        &self.inner
+    }
+
+    /// Takes the next position in this rank's order of collectives. The reservation's calls,
+    /// from whatever thread, run in that position; the position is done when the reservation
+    /// is dropped (with no call, it is skipped).
+    pub fn reserve(&self) -> Reservation<B> {
+        let mut queue = self.issuer.shared.lock();
+        let ticket = queue.next_ticket;
+        queue.next_ticket += 1;
+        queue.slots.insert(
+            ticket,
+            Slot {
+                calls: VecDeque::new(),
+                closed: false,
+            },
+        );
+        drop(queue);
+        Reservation {
+            ticket,
+            rank: self.inner.rank(),
+            world_size: self.inner.world_size(),
+            inner: self.inner.clone(),
+            shared: self.issuer.shared.clone(),
+            _issuer: self.issuer.clone(),
+        }
+    }
+}
+
+/// The issuing thread's loop: the calls of ticket 0, then of ticket 1, …
+fn issue<B: Backend>(shared: &Shared<B>, comm: &dyn Communicator<B>) {
+    let mut serving = 0u64;
+    loop {
+        let call = {
+            let mut queue = shared.lock();
+            loop {
+                let stopped = queue.stopping && queue.slots.is_empty();
+                match queue.slots.get_mut(&serving) {
+                    Some(slot) => {
+                        if let Some(call) = slot.calls.pop_front() {
+                            break call;
+                        }
+                        if slot.closed {
+                            queue.slots.remove(&serving);
+                            serving += 1;
+                            continue;
+                        }
+                    }
+                    None if stopped => return,
+                    None => {}
+                }
+                queue = shared
+                    .changed
+                    .wait(queue)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        call(comm);
+    }
+}
+
+/// A position in a rank's order of collectives, taken with [`OrderedComm::reserve`]. Its
+/// collectives run there, on the issuing thread; the calling thread waits for each result.
+pub struct Reservation<B: Backend> {
+    ticket: u64,
+    rank: usize,
+    world_size: usize,
+    inner: Arc<dyn Communicator<B>>,
+    shared: Arc<Shared<B>>,
+    /// Keeps the issuing thread alive while the reservation is open.
+    _issuer: Arc<Issuer<B>>,
+}
+
+impl<B: Backend> Reservation<B> {
+    /// The reservation's position (0-based) in the rank's order.
+    pub fn ticket(&self) -> u64 {
+        self.ticket
+    }
+
+    /// Finishes this thread's pending work on `input`'s device before another thread reads
+    /// it: on backends with a queue per thread (cubecl's wgpu and CUDA streams) the issuing
+    /// thread must not read a buffer that is still being written. A no-op on CPU backends.
+    fn settle(&self, input: &Tensor<B, 1>) -> Result<(), CommError> {
+        B::sync(&input.device()).map_err(|error| {
+            // This position will be skipped: end the group rather than let the other ranks
+            // pair their collective with this rank's next one.
+            let reason = format!("could not finish a collective's input: {error}");
+            self.inner.abort(&reason);
+            CommError::Device {
+                rank: self.rank,
+                reason,
+            }
+        })
+    }
+
+    /// Runs `collective` on the issuing thread, in this reservation's position, and returns
+    /// its result.
+    fn submit<T: Send + 'static>(
+        &self,
+        collective: impl FnOnce(&dyn Communicator<B>) -> Result<T, CommError> + Send + 'static,
+    ) -> Result<T, CommError> {
+        let (answer, result) = sync_channel(1);
+        let call: Call<B> = Box::new(move |comm| {
+            let outcome =
+                catch_unwind(AssertUnwindSafe(|| collective(comm))).unwrap_or_else(|_| {
+                    let reason = "a collective panicked on the issuing thread".to_string();
+                    comm.abort(&reason);
+                    Err(CommError::PeerFailed {
+                        rank: comm.rank(),
+                        reason,
+                    })
+                });
+            let _ = answer.send(outcome);
+        });
+        {
+            let mut queue = self.shared.lock();
+            match queue.slots.get_mut(&self.ticket) {
+                Some(slot) => slot.calls.push_back(call),
+                None => {
+                    return Err(CommError::InvalidGroup(
+                        "the collective issuing thread has stopped".into(),
+                    ));
+                }
+            }
+        }
+        self.shared.changed.notify_all();
+        result.recv().unwrap_or_else(|_| {
+            Err(CommError::InvalidGroup(
+                "the collective issuing thread has stopped".into(),
+            ))
+        })
+    }
+}
+
+impl<B: Backend> Drop for Reservation<B> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.shared.lock().slots.get_mut(&self.ticket) {
+            slot.closed = true;
+        }
+        self.shared.changed.notify_all();
+    }
+}
+
+impl<B: Backend> Communicator<B> for Reservation<B> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        self.settle(&block)?;
+        self.submit(move |comm| comm.all_gather(block))
+    }
+
+    fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.settle(&input)?;
+        self.submit(move |comm| comm.reduce_scatter(input, op))
+    }
+
+    fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.settle(&input)?;
+        self.submit(move |comm| comm.all_reduce(input, op))
+    }
+
+    fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
+        self.settle(&buffer)?;
+        self.submit(move |comm| comm.broadcast(buffer, root))
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        self.submit(|comm| comm.barrier())
+    }
+
+    /// A duplicate runs in this reservation's position on the engine; its own collectives
+    /// are then outside the ordering (the engine's duplicate is returned).
+    fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        self.submit(|comm| comm.duplicate())
+    }
+
+    fn abort(&self, reason: &str) {
+        self.inner.abort(reason);
+    }
+}
+
+impl<B: Backend> Communicator<B> for OrderedComm<B> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+
+    fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        self.reserve().all_gather(block)
+    }
+
+    fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.reserve().reduce_scatter(input, op)
+    }
+
+    fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.reserve().all_reduce(input, op)
+    }
+
+    fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
+        self.reserve().broadcast(buffer, root)
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        self.reserve().barrier()
+    }
+
+    /// Another handle on the same issuing thread: its collectives take tickets from the same
+    /// counter, so they stay in the one order (no engine call is made).
+    fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        Ok(Arc::new(self.clone()))
+    }
+
+    fn abort(&self, reason: &str) {
+        self.inner.abort(reason);
+    }
+}

@@ -1,0 +1,266 @@
+//! The ordered issuing layer: when a training thread and a hook thread race to submit
+//! collectives, and they race differently on different ranks, the engine still sees one
+//! order, the same on every rank, from one thread.
+//!
+//! The race is forced, not hoped for: on rank 0 the hook thread fills its reservation only
+//! after the training thread has submitted its next gather; on rank 1 the training thread
+//! submits its next gather only after the hook thread has submitted its reduction. Without
+//! the layer (the hook thread on a duplicate group) the engine sees two different orders,
+//! which is the NCCL deadlock; the control run below shows it.
+
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::{self, ThreadId};
+use std::time::Duration;
+
+use burn::backend::NdArray;
+use burn::tensor::Tensor;
+use burn_zero_comm::{CommError, Communicator, LaunchOptions, OrderedComm, ReduceOp, launch_with};
+
+type B = NdArray;
+
+const ROUNDS: usize = 6;
+
+/// Records what reaches the engine, and from which thread, then delegates.
+struct Recorder {
+    inner: Arc<dyn Communicator<B>>,
+    log: Arc<Mutex<Vec<(String, ThreadId)>>>,
+}
+
+impl Recorder {
+    fn note(&self, what: String) {
+        self.log
+            .lock()
+            .unwrap()
+            .push((what, thread::current().id()));
+    }
+}
+
+impl Communicator<B> for Recorder {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        self.note(format!("all_gather {}", block.dims()[0]));
+        self.inner.all_gather(block)
+    }
+    fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.note(format!("reduce_scatter {}", input.dims()[0]));
+        self.inner.reduce_scatter(input, op)
+    }
+    fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.note(format!("all_reduce {}", input.dims()[0]));
+        self.inner.all_reduce(input, op)
+    }
+    fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
+        self.note(format!("broadcast {}", buffer.dims()[0]));
+        self.inner.broadcast(buffer, root)
+    }
+    fn barrier(&self) -> Result<(), CommError> {
+        self.note("barrier".into());
+        self.inner.barrier()
+    }
+    fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        Ok(Arc::new(Recorder {
+            inner: self.inner.duplicate()?,
+            log: self.log.clone(),
+        }))
+    }
+    fn abort(&self, reason: &str) {
+        self.inner.abort(reason)
+    }
+}
+
+/// How many gathers the training thread has submitted (not necessarily issued).
+#[derive(Default)]
+struct Submitted {
+    gathers: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl Submitted {
+    fn bump(&self) {
+        *self.gathers.lock().unwrap() += 1;
+        self.changed.notify_all();
+    }
+    fn wait_for(&self, gathers: usize) {
+        let mut count = self.gathers.lock().unwrap();
+        while *count < gathers {
+            count = self.changed.wait(count).unwrap();
+        }
+    }
+}
+
+/// Waits until the engine has seen `call`.
+fn wait_for_call(log: &Mutex<Vec<(String, ThreadId)>>, call: &str) {
+    while !log.lock().unwrap().iter().any(|(seen, _)| seen == call) {
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// What the engine saw on one rank: the calls in order, the threads that issued them, and
+/// the submitting threads.
+struct Seen {
+    calls: Vec<String>,
+    issuers: Vec<ThreadId>,
+    training: ThreadId,
+    hook: ThreadId,
+}
+
+/// Runs the raced program on two ranks: `ordered` through [`OrderedComm`], otherwise the
+/// hook thread on a duplicate group (the design the layer replaces).
+fn run(ordered: bool) -> Vec<Seen> {
+    let options = LaunchOptions::with_timeout(Duration::from_secs(20));
+    launch_with::<B, _, _, _>(2, &[Default::default()], &options, |ctx| {
+        let rank = ctx.rank();
+        let device = *ctx.device();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let engine: Arc<dyn Communicator<B>> = Arc::new(Recorder {
+            inner: ctx.comm().clone(),
+            log: log.clone(),
+        });
+        let order = OrderedComm::new(engine.clone()).unwrap();
+        let side = if ordered {
+            None
+        } else {
+            Some(engine.duplicate()?)
+        };
+        let submitted = Arc::new(Submitted::default());
+        let (to_hook, hook_inbox) = channel();
+
+        let hook = {
+            let submitted = submitted.clone();
+            let log = log.clone();
+            thread::spawn(move || -> Result<ThreadId, CommError> {
+                for (round, reservation) in hook_inbox {
+                    if rank == 0 && round + 1 < ROUNDS {
+                        // Rank 0's hook is slow: the training thread gets to its next gather
+                        // first (submitted it, with the layer, where it waits for this
+                        // reservation; issued it, without).
+                        if ordered {
+                            submitted.wait_for(round + 2);
+                        } else {
+                            wait_for_call(&log, &format!("all_gather {}", round + 2));
+                        }
+                    }
+                    let input = Tensor::<B, 1>::ones([2 * (round + 1)], &device)
+                        .mul_scalar((rank + 1) as f32);
+                    let sum = match (&reservation, &side) {
+                        (Some(reservation), _) => {
+                            Communicator::<B>::all_reduce(reservation, input, ReduceOp::Sum)?
+                        }
+                        (None, Some(side)) => side.all_reduce(input, ReduceOp::Sum)?,
+                        (None, None) => unreachable!(),
+                    };
+                    drop(reservation);
+                    let sum: Vec<f32> = sum.into_data().to_vec().unwrap();
+                    assert_eq!(sum, vec![3.0; 2 * (round + 1)]);
+                }
+                Ok(thread::current().id())
+            })
+        };
+
+        for round in 0..ROUNDS {
+            if rank == 1 && round > 0 {
+                // Rank 1's training thread is slow: the engine sees the last round's
+                // reduction first.
+                wait_for_call(&log, &format!("all_reduce {}", 2 * round));
+            }
+            let block = Tensor::<B, 1>::ones([round + 1], &device).mul_scalar(rank as f32);
+            submitted.bump();
+            let gathered: Vec<f32> = if ordered {
+                order.all_gather(block)?
+            } else {
+                engine.all_gather(block)?
+            }
+            .into_data()
+            .to_vec()
+            .unwrap();
+            let mut expected = vec![0.0; round + 1];
+            expected.extend(vec![1.0; round + 1]);
+            assert_eq!(gathered, expected);
+            // The hook that completes a bucket takes its position here, on this thread.
+            let reservation = ordered.then(|| order.reserve());
+            to_hook.send((round, reservation)).unwrap();
+        }
+        drop(to_hook);
+        let hook = hook.join().unwrap()?;
+        drop(order);
+        let log = log.lock().unwrap().clone();
+        Ok::<_, CommError>(Seen {
+            calls: log.iter().map(|(call, _)| call.clone()).collect(),
+            issuers: log.iter().map(|(_, thread)| *thread).collect(),
+            training: thread::current().id(),
+            hook,
+        })
+    })
+    .unwrap()
+}
+
+/// The order the program means: gather of round `r`, then the reduction its hook completed.
+fn program_order() -> Vec<String> {
+    (0..ROUNDS)
+        .flat_map(|round| {
+            [
+                format!("all_gather {}", round + 1),
+                format!("all_reduce {}", 2 * (round + 1)),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn every_rank_issues_the_program_order_from_one_thread_whatever_the_race() {
+    let seen = run(true);
+    for (rank, rank_seen) in seen.iter().enumerate() {
+        assert_eq!(rank_seen.calls, program_order(), "rank {rank}");
+        let issuer = rank_seen.issuers[0];
+        assert!(
+            rank_seen.issuers.iter().all(|&t| t == issuer),
+            "rank {rank}: collectives came from more than one thread"
+        );
+        assert_ne!(issuer, rank_seen.training, "rank {rank}");
+        assert_ne!(issuer, rank_seen.hook, "rank {rank}");
+    }
+}
+
+#[test]
+fn without_the_layer_the_same_race_gives_ranks_different_orders() {
+    // The control: it shows the race above is real. Over NCCL these two orders deadlock.
+    let seen = run(false);
+    assert_ne!(seen[0].calls, seen[1].calls);
+    assert_eq!(seen[1].calls, program_order());
+}
+
+#[test]
+fn an_unused_reservation_is_skipped() {
+    launch_with::<B, _, _, _>(2, &[Default::default()], &LaunchOptions::default(), |ctx| {
+        let order = OrderedComm::new(ctx.comm().clone()).unwrap();
+        drop(order.reserve());
+        let total = order.all_reduce(Tensor::<B, 1>::ones([3], ctx.device()), ReduceOp::Sum)?;
+        assert_eq!(total.into_data().to_vec::<f32>().unwrap(), vec![2.0; 3]);
+        Ok::<_, CommError>(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_failure_in_one_rank_reaches_the_others_through_the_layer() {
+    let result = launch_with::<B, _, _, _>(
+        2,
+        &[Default::default()],
+        &LaunchOptions::with_timeout(Duration::from_secs(20)),
+        |ctx| {
+            let order = OrderedComm::new(ctx.comm().clone()).unwrap();
+            if ctx.rank() == 1 {
+                return Err(CommError::InvalidGroup("rank 1 gives up".into()));
+            }
+            order.barrier()
+        },
+    );
+    let error = result.unwrap_err().to_string();
+    assert!(error.contains("rank 1 gives up"), "{error}");
+}
