@@ -6,8 +6,10 @@
 //!   runs on every backend. Reductions run in rank order: results are bitwise reproducible.
 //! - [`launch`]: runs a closure once per rank on its own thread with a [`RankContext`], and
 //!   turns a failed rank into an error on every other rank instead of a hang.
-//! - `nccl` (feature `cuda`): `NcclGroup`, the NCCL engine for CubeCL's CUDA backend, within
-//!   one process or across processes started by `zero-run`.
+//! - `nccl` (feature `cuda`): `NcclGroup`, the NCCL engine for Burn's CUDA backend (fused or
+//!   plain), within one process or across processes started by `zero-run`.
+//! - [`libraries`]: the CUDA libraries loaded at run time and a [`MissingLibrary`] error that
+//!   names the one that is missing and how to provide it.
 //!
 //! Every collective carries a fingerprint ([`CollectiveCall`]: sequence number, op, dtype,
 //! size); ranks that disagree get a [`CommError::Mismatch`] naming both sides, and a rank that
@@ -32,6 +34,7 @@ pub mod call;
 pub mod communicator;
 pub mod error;
 pub mod launch;
+pub mod libraries;
 pub mod local;
 #[cfg(feature = "cuda")]
 pub mod nccl;
@@ -40,6 +43,7 @@ pub use call::{CollectiveCall, CollectiveOp, ReduceOp};
 pub use communicator::Communicator;
 pub use error::{CommError, LaunchError, RankFailure};
 pub use launch::{LaunchOptions, RankContext, launch, launch_with};
+pub use libraries::{CudaLibrary, MissingLibrary};
 pub use local::{GroupOptions, LocalGroup};
 #[cfg(feature = "cuda")]
-pub use nccl::{NcclGroup, NcclOptions, launch_nccl};
+pub use nccl::{FusedCudaBackend, NcclGroup, NcclOptions, launch_nccl};
