@@ -99,11 +99,7 @@ pub fn diagnose(
     if candidates.iter().any(|name| loads(name)) {
         return Ok(());
     }
-    let advice = match library
-        .unsearched_names()
-        .iter()
-        .find(|name| loads(name))
-    {
+    let advice = match library.unsearched_names().iter().find(|name| loads(name)) {
         Some(found) => format!(
             "{found} loads, but it is not one of the names tried: create a symlink named {} to \
              it in a folder on LD_LIBRARY_PATH",
@@ -183,8 +179,10 @@ mod tests {
     #[test]
     fn nccl_installed_under_its_soname_only_gets_the_symlink_advice() {
         let candidates = names(&["libnccl.so", "libnccl.so.13", "libnccl.so.12"]);
-        let error = diagnose(CudaLibrary::Nccl, &candidates, |name| name == "libnccl.so.2")
-            .unwrap_err();
+        let error = diagnose(CudaLibrary::Nccl, &candidates, |name| {
+            name == "libnccl.so.2"
+        })
+        .unwrap_err();
         assert!(
             error.advice.starts_with("libnccl.so.2 loads")
                 && error.advice.contains("symlink named libnccl.so"),
@@ -192,14 +190,22 @@ mod tests {
             error.advice
         );
         let absent = diagnose(CudaLibrary::Nccl, &candidates, |_| false).unwrap_err();
-        assert!(absent.advice.contains("nvidia-nccl-cu13"), "{}", absent.advice);
+        assert!(
+            absent.advice.contains("nvidia-nccl-cu13"),
+            "{}",
+            absent.advice
+        );
     }
 
     #[test]
     fn the_driver_advice_points_at_the_driver() {
-        let error = diagnose(CudaLibrary::Driver, &names(&["libcuda.so.1"]), |_| false).unwrap_err();
+        let error =
+            diagnose(CudaLibrary::Driver, &names(&["libcuda.so.1"]), |_| false).unwrap_err();
         let text = error.to_string();
-        assert!(text.contains("libcuda") && text.contains("nvidia-smi"), "{text}");
+        assert!(
+            text.contains("libcuda") && text.contains("nvidia-smi"),
+            "{text}"
+        );
     }
 
     /// The build's CUDA version decides the names: CUDA 13's files must be tried, and CUDA
@@ -229,7 +235,9 @@ mod tests {
             .filter(|&library| !candidates(library).iter().any(|name| loads(name)))
             .collect();
         if absent.is_empty() {
-            println!("SKIPPED: check_names_an_absent_library: every CUDA library is installed here");
+            println!(
+                "SKIPPED: check_names_an_absent_library: every CUDA library is installed here"
+            );
             return;
         }
         for library in absent {

@@ -315,7 +315,9 @@ fn without_cuda_the_engine_reports_what_is_missing() {
     assert!(
         matches!(
             error,
-            CommError::MissingLibrary(_) | CommError::Unavailable(_) | CommError::NoSuchDevice { .. }
+            CommError::MissingLibrary(_)
+                | CommError::Unavailable(_)
+                | CommError::NoSuchDevice { .. }
         ),
         "{error}"
     );

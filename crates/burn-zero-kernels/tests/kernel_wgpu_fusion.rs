@@ -99,7 +99,9 @@ fn check(case: &Case) {
 fn the_fused_backend_takes_the_kernel_path() {
     assert!(kernel_available::<Fused>());
     assert!(kernel_available::<burn::backend::Wgpu>());
-    assert!(kernel_available::<Fusion<CubeBackend<WgpuRuntime, half::f16, i32, u32>>>());
+    assert!(kernel_available::<
+        Fusion<CubeBackend<WgpuRuntime, half::f16, i32, u32>>,
+    >());
     let spec = BucketSpec {
         rows: 1,
         row_len: 4,
