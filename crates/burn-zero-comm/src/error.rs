@@ -125,6 +125,22 @@ pub enum CommError {
     /// A library or device the engine needs is missing on this machine.
     #[error("engine unavailable: {0}")]
     Unavailable(String),
+    /// A CUDA library cannot be loaded under any of the names tried.
+    #[error("engine unavailable: {0}")]
+    MissingLibrary(#[from] crate::libraries::MissingLibrary),
+    /// A device index past the devices this process can see.
+    #[error(
+        "rank {rank}: {device} does not exist: {visible} device(s) visible to this process \
+         (check CUDA_VISIBLE_DEVICES and the rank's LOCAL_RANK)"
+    )]
+    NoSuchDevice {
+        /// The rank that asked for it.
+        rank: usize,
+        /// The device asked for.
+        device: String,
+        /// How many devices are visible.
+        visible: usize,
+    },
     /// The ranks could not meet to set the group up (launcher environment or rendezvous).
     #[error("rendezvous failed: {0}")]
     Rendezvous(String),

@@ -11,8 +11,10 @@
 //!   overlaps backward).
 //! - [`JobControl`]: a rank's side of the job-lifetime control connection (aborts that reach
 //!   every process, schedules compared across processes before data moves).
-//! - `nccl` (feature `cuda`): `NcclGroup`, the NCCL engine for CubeCL's CUDA backend, within
-//!   one process or across processes started by `zero-run`.
+//! - `nccl` (feature `cuda`): `NcclGroup`, the NCCL engine for Burn's CUDA backend (fused or
+//!   plain), within one process or across processes started by `zero-run`.
+//! - [`libraries`]: the CUDA libraries loaded at run time and a [`MissingLibrary`] error that
+//!   names the one that is missing and how to provide it.
 //!
 //! Every collective carries a fingerprint ([`CollectiveCall`]: sequence number, op, dtype,
 //! size); ranks that disagree get a [`CommError::Mismatch`] naming both sides, and a rank that
@@ -38,6 +40,7 @@ pub mod communicator;
 pub mod control;
 pub mod error;
 pub mod launch;
+pub mod libraries;
 pub mod local;
 #[cfg(feature = "cuda")]
 pub mod nccl;
@@ -48,7 +51,8 @@ pub use communicator::Communicator;
 pub use control::JobControl;
 pub use error::{CommError, LaunchError, RankFailure};
 pub use launch::{LaunchOptions, RankContext, launch, launch_with};
+pub use libraries::{CudaLibrary, MissingLibrary};
 pub use local::{GroupOptions, LocalGroup};
 #[cfg(feature = "cuda")]
-pub use nccl::{NcclGroup, NcclOptions, launch_nccl};
+pub use nccl::{FusedCudaBackend, NcclGroup, NcclOptions, launch_nccl};
 pub use ordered::{OrderedComm, Reservation};

@@ -6,8 +6,9 @@
 //! one member's columns of a reduced row back: divide, cast to the parameter dtype.
 //!
 //! On `CubeBackend<WgpuRuntime, ..>` (feature `wgpu`) and `CubeBackend<CudaRuntime, ..>`
-//! (feature `cuda`), each member is one kernel launch and the bucket is allocated once.
-//! Every other backend, Fusion-wrapped ones included, uses Burn tensor ops. Both paths do the
+//! (feature `cuda`), plain or under Burn's fusion layer (`burn::backend::Wgpu`,
+//! `burn::backend::Cuda`), each member is one kernel launch and the bucket is allocated once.
+//! Every other backend uses Burn tensor ops. Both paths do the
 //! same arithmetic in the same order, so they agree bit for bit on the same backend.
 
 mod error;
@@ -21,11 +22,14 @@ mod unpack;
 use burn::tensor::backend::Backend;
 
 pub use error::KernelError;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use kernel::fused;
 pub use pack::Packer;
 pub use spec::{BucketSpec, MemberSpec, PackPath};
 pub use unpack::unpack;
 
-/// Whether `B` gets the kernel path: a `CubeBackend` on a runtime compiled into this build.
+/// Whether `B` gets the kernel path: a `CubeBackend` on a runtime compiled into this build,
+/// plain or fused.
 pub fn kernel_available<B: Backend>() -> bool {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {

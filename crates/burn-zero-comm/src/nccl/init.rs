@@ -16,6 +16,7 @@ use super::group::NcclGroup;
 use super::sys::{self, Progress, RawComm};
 use crate::control::JobControl;
 use crate::error::CommError;
+use crate::libraries::CudaLibrary;
 
 impl NcclGroup {
     /// One group handle per device, in rank order, for ranks that run on threads of this
@@ -236,9 +237,10 @@ pub(crate) fn finish_init(
     Ok(comm)
 }
 
-/// The libraries are there and NCCL is recent enough.
+/// The libraries are there (checked under the names `cudarc` will try, so that it cannot panic
+/// on a missing one) and NCCL is recent enough.
 pub(crate) fn ensure_nccl() -> Result<(), CommError> {
-    sys::libraries_present().map_err(CommError::Unavailable)?;
+    crate::libraries::check(&CudaLibrary::ALL)?;
     let version = sys::version().map_err(|f| setup_error(0, "ncclGetVersion", f))?;
     if version < sys::MIN_VERSION {
         return Err(CommError::Unavailable(format!(
@@ -260,9 +262,10 @@ fn context(rank: usize, device: &CudaDevice) -> Result<Arc<CudaContext>, CommErr
         reason: format!("CUDA: {error}"),
     })?;
     if device.index >= count.max(0) as usize {
-        return Err(CommError::Device {
+        return Err(CommError::NoSuchDevice {
             rank,
-            reason: format!("{device:?} does not exist: {count} CUDA device(s) visible"),
+            device: format!("{device:?}"),
+            visible: count.max(0) as usize,
         });
     }
     CudaContext::new(device.index).map_err(|error| CommError::Device {

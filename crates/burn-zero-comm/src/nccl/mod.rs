@@ -8,13 +8,15 @@
 //!   ([`burn_zero_launch::Rendezvous`]).
 //!
 //! Nothing here needs CUDA at build time: `cudarc` loads `libcuda.so` and `libnccl.so` when
-//! the first group is created, and a missing library is a [`CommError::Unavailable`].
+//! the first group is created, and a missing library is a [`CommError::MissingLibrary`] naming
+//! it and how to provide it ([`crate::libraries`]).
 //! Supported dtypes: f32 (and flex32, stored as f32), f16, bf16; anything else is a
 //! [`CommError::UnsupportedDtype`].
 //!
-//! Burn's `Cuda` backend is `Fusion<CubeBackend<…>>` by default: use [`CudaBackend`] (or
-//! `Zero<CudaBackend>`) with this engine.
+//! Both forms of the CUDA backend work: Burn's default `burn::backend::Cuda`, which is
+//! `Fusion<CubeBackend<…>>` ([`FusedCudaBackend`]), and the plain [`CudaBackend`].
 
+mod fusion;
 mod group;
 mod init;
 mod sys;
@@ -24,6 +26,7 @@ use std::time::Duration;
 use burn_cubecl::{BoolElement, CubeBackend, FloatElement, IntElement};
 pub use cubecl_cuda::{CudaDevice, CudaRuntime};
 
+pub use fusion::FusedCudaBackend;
 pub use group::NcclGroup;
 
 use crate::error::{CommError, LaunchError};
@@ -90,8 +93,8 @@ pub fn cuda_device_count() -> usize {
         .unwrap_or(0)
 }
 
-/// Whether the NCCL engine can run here: the CUDA driver and `libnccl.so` load and NCCL is
-/// 2.14 or newer.
+/// Whether the NCCL engine can run here: the CUDA driver, NVRTC and NCCL load (under the names
+/// [`crate::libraries`] lists) and NCCL is 2.14 or newer.
 pub fn nccl_available() -> Result<(), CommError> {
     init::ensure_nccl()
 }

@@ -100,29 +100,6 @@ impl DevicePtr {
 /// A CUDA stream handle, as `cudarc`'s driver bindings hand it out.
 pub(crate) type Stream = cudarc::driver::sys::CUstream;
 
-/// Checks that the CUDA driver and NCCL libraries can be loaded, with advice when not.
-/// (`cudarc` panics on the first call into a library it cannot find; this turns that into an
-/// error before any call.)
-pub(crate) fn libraries_present() -> Result<(), String> {
-    if !driver_present() {
-        return Err(
-            "the CUDA driver library (libcuda.so) cannot be loaded: is there an NVIDIA \
-                    GPU and driver on this machine?"
-                .into(),
-        );
-    }
-    // SAFETY: as above, for NCCL.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(
-            "libnccl.so cannot be loaded: put a folder that holds `libnccl.so` on \
-                    LD_LIBRARY_PATH (for the pip package nvidia-nccl-cu12, a symlink named \
-                    libnccl.so to its lib/libnccl.so.2)"
-                .into(),
-        );
-    }
-    Ok(())
-}
-
 /// Whether the CUDA driver library can be loaded (`cudarc` panics on the first call into a
 /// library it cannot find).
 pub(crate) fn driver_present() -> bool {

@@ -1,11 +1,14 @@
 //! cubecl kernels and the run-time detection of the backends that can launch them.
 //!
 //! Burn has no specialisation, so a generic `B: Backend` is matched against the runtimes
-//! compiled in by comparing `B::FloatTensorPrimitive` with `CubeTensor<R>`. `CubeTensor<R>`
-//! does not depend on `CubeBackend`'s element parameters, so one comparison covers every
-//! `CubeBackend<R, F, I, BT>`. Fusion-wrapped backends have another primitive and are not
-//! matched.
+//! compiled in by comparing `B::FloatTensorPrimitive` with `CubeTensor<R>` (a `CubeBackend`)
+//! and with `FusionTensor<FusionCubeRuntime<R>>` (a `CubeBackend` under Burn's fusion layer,
+//! which is what `burn::backend::Wgpu` and `burn::backend::Cuda` are with Burn's default
+//! features). Neither type depends on `CubeBackend`'s element parameters, so one comparison
+//! covers every `CubeBackend<R, F, I, BT>`. Under fusion, inputs are resolved to their
+//! `CubeTensor` and results registered back ([`fused`]).
 
+pub mod fused;
 mod pack;
 mod unpack;
 
@@ -37,9 +40,10 @@ pub(crate) trait KernelPacker<B: Backend>: Send {
     fn finish(self: Box<Self>) -> B::FloatTensorPrimitive;
 }
 
-/// Whether `B`'s float tensors are `CubeTensor<R>`.
+/// Whether `B`'s float tensors are `CubeTensor<R>`, directly or under fusion.
 fn is_runtime<B: Backend, R: CubeRuntime>() -> bool {
     TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<CubeTensor<R>>()
+        || fused::is_fused::<B, R>()
 }
 
 /// Whether `B` is a `CubeBackend` on a runtime compiled into this build.
@@ -117,23 +121,33 @@ fn same_type<T: 'static, U: 'static>(value: T) -> Result<U, T> {
     }
 }
 
-/// `B`'s float primitive as the `CubeTensor<R>` it is (checked when the path was chosen).
+/// `B`'s float primitive as the `CubeTensor<R>` it is or, under fusion, stands for (checked
+/// when the path was chosen). A fused tensor's pending operations run first.
 fn into_cube<B: Backend, R: CubeRuntime>(tensor: B::FloatTensorPrimitive) -> CubeTensor<R> {
+    let tensor = match same_type::<_, CubeTensor<R>>(tensor) {
+        Ok(tensor) => return tensor,
+        Err(tensor) => tensor,
+    };
     match same_type(tensor) {
-        Ok(tensor) => tensor,
-        Err(_) => {
-            unreachable!("the kernel path is only taken when B's float tensor is CubeTensor<R>")
-        }
+        Ok(tensor) => fused::resolve::<R>(tensor),
+        Err(_) => unreachable!(
+            "the kernel path is only taken when B's float tensor is CubeTensor<R> or its fused form"
+        ),
     }
 }
 
-/// A `CubeTensor<R>` as `B`'s float primitive (checked when the path was chosen).
+/// A `CubeTensor<R>` as `B`'s float primitive: itself, or under fusion a fused tensor that
+/// holds it (checked when the path was chosen).
 fn from_cube<B: Backend, R: CubeRuntime>(tensor: CubeTensor<R>) -> B::FloatTensorPrimitive {
-    match same_type(tensor) {
+    let tensor = match same_type(tensor) {
+        Ok(tensor) => return tensor,
+        Err(tensor) => tensor,
+    };
+    match same_type(fused::register::<R>(tensor)) {
         Ok(tensor) => tensor,
-        Err(_) => {
-            unreachable!("the kernel path is only taken when B's float tensor is CubeTensor<R>")
-        }
+        Err(_) => unreachable!(
+            "the kernel path is only taken when B's float tensor is CubeTensor<R> or its fused form"
+        ),
     }
 }
 

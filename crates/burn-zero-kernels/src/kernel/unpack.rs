@@ -11,7 +11,7 @@ use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use crate::KernelError;
 
-use super::{address_type, from_cube, same_type_ref, storage_type, vector_size};
+use super::{address_type, from_cube, into_cube, storage_type, vector_size};
 
 /// `output[i] = cast(reduced[offset + i] / divisor)`: divides in `I`, then casts to `O`.
 #[cube(launch, address_type = "dynamic")]
@@ -41,8 +41,8 @@ pub(super) fn unpack<B: Backend, R: CubeRuntime>(
     postdivide: f64,
     dtype: DType,
 ) -> Result<B::FloatTensorPrimitive, KernelError> {
-    let reduced: &CubeTensor<R> = same_type_ref(reduced)
-        .expect("the kernel path is only taken when B's float tensor is CubeTensor<R>");
+    let reduced: CubeTensor<R> = into_cube::<B, R>(reduced.clone());
+    let reduced = &reduced;
     let client = &reduced.client;
     let input = storage_type(client, reduced.dtype)?;
     let out = storage_type(client, dtype)?;

@@ -1,0 +1,109 @@
+//! `NcclGroup` on Burn's default CUDA backend, `burn::backend::Cuda`: a `CubeBackend` under
+//! Burn's fusion layer.
+//!
+//! Each collective resolves its input to the `CubeTensor` it stands for (the fusion server runs
+//! whatever is pending for it), runs the `CubeBackend` collective on the calling thread, and
+//! registers the finished result back into the fusion stream. The blocking NCCL wait therefore
+//! never happens on the device's fusion server thread, which every thread of the process shares:
+//! a rank waiting there for its peers would stall all other work on the device, the
+//! overlapped gradient reduction's included.
+
+use std::sync::Arc;
+
+use burn::tensor::{Tensor, TensorPrimitive};
+use burn_cubecl::{BoolElement, CubeBackend, FloatElement, IntElement};
+use burn_fusion::Fusion;
+use burn_zero_kernels::fused;
+use cubecl_cuda::CudaRuntime;
+
+use super::NcclGroup;
+use crate::call::ReduceOp;
+use crate::communicator::Communicator;
+use crate::error::CommError;
+
+/// Burn's default CUDA backend (`burn::backend::Cuda` with Burn's `fusion` feature, on by
+/// default): `CubeBackend` under the fusion layer. [`NcclGroup`] runs collectives for it.
+pub type FusedCudaBackend<F = f32, I = i32> = Fusion<CubeBackend<CudaRuntime, F, I, u8>>;
+
+type Plain<F, I, BT> = CubeBackend<CudaRuntime, F, I, BT>;
+type Fused<F, I, BT> = Fusion<Plain<F, I, BT>>;
+
+/// The `CubeBackend` tensor a fused tensor stands for.
+fn unfuse<F, I, BT>(tensor: Tensor<Fused<F, I, BT>, 1>) -> Tensor<Plain<F, I, BT>, 1>
+where
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let cube = fused::resolve::<CudaRuntime>(tensor.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(cube))
+}
+
+/// A fused tensor holding a finished `CubeBackend` result.
+fn fuse<F, I, BT>(tensor: Tensor<Plain<F, I, BT>, 1>) -> Tensor<Fused<F, I, BT>, 1>
+where
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let fused = fused::register::<CudaRuntime>(tensor.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(fused))
+}
+
+impl<F, I, BT> Communicator<Fused<F, I, BT>> for NcclGroup
+where
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn rank(&self) -> usize {
+        Communicator::<Plain<F, I, BT>>::rank(self)
+    }
+
+    fn world_size(&self) -> usize {
+        Communicator::<Plain<F, I, BT>>::world_size(self)
+    }
+
+    fn all_gather(
+        &self,
+        block: Tensor<Fused<F, I, BT>, 1>,
+    ) -> Result<Tensor<Fused<F, I, BT>, 1>, CommError> {
+        Communicator::<Plain<F, I, BT>>::all_gather(self, unfuse(block)).map(fuse)
+    }
+
+    fn reduce_scatter(
+        &self,
+        input: Tensor<Fused<F, I, BT>, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<Fused<F, I, BT>, 1>, CommError> {
+        Communicator::<Plain<F, I, BT>>::reduce_scatter(self, unfuse(input), op).map(fuse)
+    }
+
+    fn all_reduce(
+        &self,
+        input: Tensor<Fused<F, I, BT>, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<Fused<F, I, BT>, 1>, CommError> {
+        Communicator::<Plain<F, I, BT>>::all_reduce(self, unfuse(input), op).map(fuse)
+    }
+
+    fn broadcast(
+        &self,
+        buffer: Tensor<Fused<F, I, BT>, 1>,
+        root: usize,
+    ) -> Result<Tensor<Fused<F, I, BT>, 1>, CommError> {
+        Communicator::<Plain<F, I, BT>>::broadcast(self, unfuse(buffer), root).map(fuse)
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        Communicator::<Plain<F, I, BT>>::barrier(self)
+    }
+
+    fn duplicate(&self) -> Result<Arc<dyn Communicator<Fused<F, I, BT>>>, CommError> {
+        Ok(Arc::new(self.duplicate_group()?))
+    }
+
+    fn abort(&self, reason: &str) {
+        Communicator::<Plain<F, I, BT>>::abort(self, reason)
+    }
+}
