@@ -127,11 +127,13 @@ fn main() {
             std::fs::create_dir_all(&dir).expect("bench directory");
             let disk = disk_write_speed(&dir, 512 << 20);
             let ranks = save_and_load(&dir, world);
-            let per_rank_save = ranks.iter().map(|r| r.0 as f64 / r.1 / MB).sum::<f64>() / world as f64;
+            let per_rank_save =
+                ranks.iter().map(|r| r.0 as f64 / r.1 / MB).sum::<f64>() / world as f64;
             let all_save = ranks.iter().map(|r| r.0).sum::<u64>() as f64
                 / ranks.iter().map(|r| r.1).fold(0.0, f64::max)
                 / MB;
-            let per_rank_load = ranks.iter().map(|r| r.2 as f64 / r.3 / MB).sum::<f64>() / world as f64;
+            let per_rank_load =
+                ranks.iter().map(|r| r.2 as f64 / r.3 / MB).sum::<f64>() / world as f64;
             let all_load = ranks.iter().map(|r| r.2).sum::<u64>() as f64
                 / ranks.iter().map(|r| r.3).fold(0.0, f64::max)
                 / MB;

@@ -259,7 +259,10 @@ fn run<B: Backend>(args: &Args, device: B::Device) -> Result<(), String> {
         println!("resumed from the checkpoint of step {step}");
     }
     if first.losses.is_empty() {
-        println!("nothing left to train: the checkpoint is at step {}", config.steps);
+        println!(
+            "nothing left to train: the checkpoint is at step {}",
+            config.steps
+        );
         return Ok(());
     }
     if config.sample_len > 0 {

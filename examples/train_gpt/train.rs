@@ -268,7 +268,13 @@ pub fn train<B: Backend>(
                 let done = step + 1;
                 let due = config.save_every > 0 && done.is_multiple_of(config.save_every);
                 if due || done == config.steps {
-                    save(dir, done as u64, &model, &optimizer, &SaveOptions::default())?;
+                    save(
+                        dir,
+                        done as u64,
+                        &model,
+                        &optimizer,
+                        &SaveOptions::default(),
+                    )?;
                 }
             }
         }

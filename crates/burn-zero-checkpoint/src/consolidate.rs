@@ -12,8 +12,8 @@ use safetensors::Dtype;
 use crate::dir::{read_metadata, resolve};
 use crate::error::CheckpointError;
 use crate::format::{
-    Chunk, FileEntry, METADATA_FILE, Metadata, RankIndex, TensorKind, rank_file_name,
-    tensor_name, to_burn,
+    Chunk, FileEntry, METADATA_FILE, Metadata, RankIndex, TensorKind, rank_file_name, tensor_name,
+    to_burn,
 };
 use crate::read::{RankFiles, element_size};
 use crate::write::{PendingTensor, write_atomically, write_safetensors};

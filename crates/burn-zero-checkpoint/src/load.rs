@@ -184,9 +184,11 @@ fn read_flat<H: Backend>(
     dtype: Option<DType>,
     device: &H::Device,
 ) -> Result<Option<Tensor<H, 1>>, CheckpointError> {
-    Ok(read_padded(meta, files, name, range, len)?.map(|(bytes, stored)| {
-        tensor_from_bytes::<H>(bytes, stored, dtype.unwrap_or(stored), device)
-    }))
+    Ok(
+        read_padded(meta, files, name, range, len)?.map(|(bytes, stored)| {
+            tensor_from_bytes::<H>(bytes, stored, dtype.unwrap_or(stored), device)
+        }),
+    )
 }
 
 /// This rank's new value of every parameter.

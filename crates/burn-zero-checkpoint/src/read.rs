@@ -47,10 +47,14 @@ impl<'m> RankFiles<'m> {
 
     fn opened(&mut self, rank: usize) -> Result<&Opened, CheckpointError> {
         if !self.open.contains_key(&rank) {
-            let entry = self.meta.files.get(rank).ok_or_else(|| CheckpointError::Format {
-                path: self.dir.join(crate::format::METADATA_FILE),
-                reason: format!("no file entry for rank {rank}"),
-            })?;
+            let entry = self
+                .meta
+                .files
+                .get(rank)
+                .ok_or_else(|| CheckpointError::Format {
+                    path: self.dir.join(crate::format::METADATA_FILE),
+                    reason: format!("no file entry for rank {rank}"),
+                })?;
             let path = self.dir.join(&entry.name);
             let (header, data_start, len) = read_header_at(&path)?;
             if len != entry.bytes {
@@ -142,7 +146,9 @@ impl<'m> RankFiles<'m> {
                 opened
                     .file
                     .read_exact_at(&mut self.buffer, file_base + pos as u64)
-                    .map_err(|e| corrupt(format!("cannot read bytes {pos}..{}: {e}", pos + piece)))?;
+                    .map_err(|e| {
+                        corrupt(format!("cannot read bytes {pos}..{}: {e}", pos + piece))
+                    })?;
                 self.bytes_read += piece as u64;
                 for (i, page) in self.buffer.chunks(CHECKSUM_PAGE).enumerate() {
                     let index = pos / CHECKSUM_PAGE + i;

@@ -290,13 +290,12 @@ where
                 Box::new(move || slice_bytes(values.clone(), a, b)),
             ));
             if let Some(state) = state {
-                let mut tree =
-                    to_tree::<P::Host, _>(state.clone()).map_err(|reason| {
-                        CheckpointError::OptimizerState {
-                            param: path.to_string(),
-                            reason,
-                        }
-                    })?;
+                let mut tree = to_tree::<P::Host, _>(state.clone()).map_err(|reason| {
+                    CheckpointError::OptimizerState {
+                        param: path.to_string(),
+                        reason,
+                    }
+                })?;
                 let mut fields = Vec::new();
                 for_each_tensor(&mut tree, &mut |mut leaf| {
                     if leaf.shape == [len]
@@ -307,12 +306,11 @@ where
                     }
                 });
                 if rank == 0 {
-                    let json = tree_to_json(&tree).map_err(|reason| {
-                        CheckpointError::OptimizerState {
+                    let json =
+                        tree_to_json(&tree).map_err(|reason| CheckpointError::OptimizerState {
                             param: path.to_string(),
                             reason,
-                        }
-                    })?;
+                        })?;
                     states.insert(path.to_string(), json);
                 }
                 for (field, dtype) in fields {
@@ -330,9 +328,8 @@ where
                             let mut cache = state_cache.borrow_mut();
                             if cache.as_ref().is_none_or(|(k, _)| *k != key) {
                                 let state = masters[&key].1.clone().expect("state present");
-                                let tree = to_tree::<P::Host, _>(state).unwrap_or(
-                                    ciborium::Value::Null,
-                                );
+                                let tree =
+                                    to_tree::<P::Host, _>(state).unwrap_or(ciborium::Value::Null);
                                 *cache = Some((key, tree));
                             }
                             let tree = &mut cache.as_mut().expect("cached").1;
@@ -458,7 +455,10 @@ fn commit(dir: &Path, mut meta: Metadata) -> Result<(), CheckpointError> {
         if next != entry.numel() {
             return Err(CheckpointError::Format {
                 path: dir.to_path_buf(),
-                reason: format!("tensor `{name}`: {next} of {} elements written", entry.numel()),
+                reason: format!(
+                    "tensor `{name}`: {next} of {} elements written",
+                    entry.numel()
+                ),
             });
         }
     }

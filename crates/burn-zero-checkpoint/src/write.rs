@@ -132,10 +132,9 @@ pub(crate) fn write_safetensors(
         std::fs::remove_file(&temp).ok();
         return Err(match error {
             SafeTensorError::IoError(io) => CheckpointError::io(&temp, io),
-            other => CheckpointError::Unsupported(format!(
-                "could not write {}: {other}",
-                temp.display()
-            )),
+            other => {
+                CheckpointError::Unsupported(format!("could not write {}: {other}", temp.display()))
+            }
         });
     }
     let sink = sink.into_inner();
@@ -149,11 +148,13 @@ pub(crate) fn write_safetensors(
     let (header, bytes) = read_header(path)?;
     let mut written = BTreeMap::new();
     for (name, pages) in sink.pages {
-        let info = header.info(&name).ok_or_else(|| CheckpointError::Corrupted {
-            file: path.to_path_buf(),
-            tensor: name.clone(),
-            reason: "missing from the header just written".into(),
-        })?;
+        let info = header
+            .info(&name)
+            .ok_or_else(|| CheckpointError::Corrupted {
+                file: path.to_path_buf(),
+                tensor: name.clone(),
+                reason: "missing from the header just written".into(),
+            })?;
         written.insert(
             name,
             Written {

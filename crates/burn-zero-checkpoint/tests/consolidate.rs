@@ -92,7 +92,10 @@ fn a_consolidated_checkpoint_loads_in_plain_burn_with_the_trained_values_and_los
         .unwrap()
         .remove(0)
     };
-    assert!(params_bits_equal(&resumed(dir.clone()), &resumed(single.clone())));
+    assert!(params_bits_equal(
+        &resumed(dir.clone()),
+        &resumed(single.clone())
+    ));
     std::fs::remove_dir_all(&dir).ok();
     std::fs::remove_dir_all(&single).ok();
 }

@@ -51,7 +51,11 @@ impl<B: Backend> Wide<B> {
     }
 }
 
-fn step(model: Wide<Train>, optim: &mut impl Optimizer<Wide<Train>, Train>, n: usize) -> Wide<Train> {
+fn step(
+    model: Wide<Train>,
+    optim: &mut impl Optimizer<Wide<Train>, Train>,
+    n: usize,
+) -> Wide<Train> {
     let device = Default::default();
     let grads = GradientsParams::from_grads(model.loss(n, &device).backward(), &model);
     optim.step(LR, model, grads)
@@ -87,10 +91,13 @@ fn a_save_killed_midway_leaves_the_previous_checkpoint_loadable() {
         return;
     }
     let dir = scratch("killed");
-    let mut process = child("a_save_killed_midway_leaves_the_previous_checkpoint_loadable", &dir)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut process = child(
+        "a_save_killed_midway_leaves_the_previous_checkpoint_loadable",
+        &dir,
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
     // Kill it while a rank file is being written after a first checkpoint was committed.
     let started = Instant::now();
     let writing = |dirs: &[burn_zero_checkpoint::CheckpointDir]| {
@@ -119,7 +126,11 @@ fn a_save_killed_midway_leaves_the_previous_checkpoint_loadable() {
     process.wait().unwrap();
 
     let dirs = list(&dir).unwrap();
-    let partial = dirs.iter().rev().find(|d| !d.complete).expect("a partial checkpoint");
+    let partial = dirs
+        .iter()
+        .rev()
+        .find(|d| !d.complete)
+        .expect("a partial checkpoint");
     assert!(matches!(
         resolve(&partial.path),
         Err(CheckpointError::Incomplete(_))
@@ -187,7 +198,10 @@ fn a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays_loadable() {
                 "{error}"
             );
         }
-        assert!(errors.iter().any(|e| e.contains("no space left")), "{errors:?}");
+        assert!(
+            errors.iter().any(|e| e.contains("no space left")),
+            "{errors:?}"
+        );
         let dirs = list(dir).unwrap();
         assert_eq!(latest(dir).unwrap().map(|d| d.step), Some(1), "{dirs:?}");
         assert!(!dir.join("step-00000002").join(METADATA_FILE).exists());
@@ -269,7 +283,9 @@ fn corrupted_and_truncated_files_are_refused_naming_file_and_tensor() {
     std::fs::write(&file, &bytes).unwrap();
     let message = load_block(&dir);
     assert!(
-        message.contains(name) && message.contains(&meta.files[1].name) && message.contains("checksum"),
+        message.contains(name)
+            && message.contains(&meta.files[1].name)
+            && message.contains("checksum"),
         "{message}"
     );
 
@@ -287,7 +303,9 @@ fn corrupted_and_truncated_files_are_refused_naming_file_and_tensor() {
         .unwrap();
     let message = load_block(&dir);
     assert!(
-        message.contains(&meta.files[0].name) && message.contains("tensor `") && message.contains("bytes"),
+        message.contains(&meta.files[0].name)
+            && message.contains("tensor `")
+            && message.contains("bytes"),
         "{message}"
     );
     std::fs::remove_dir_all(&dir).ok();

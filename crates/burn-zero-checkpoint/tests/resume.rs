@@ -58,7 +58,10 @@ fn resume_at_the_same_world_size_is_bitwise_uninterrupted_training_at_every_stag
                 params_bits_equal(&straight[rank].0, &resumed[rank].0),
                 "stage {stage}, rank {rank}: resumed training differs from uninterrupted training"
             );
-            assert_eq!(straight[rank].1, resumed[rank].1, "loss scale, stage {stage}");
+            assert_eq!(
+                straight[rank].1, resumed[rank].1,
+                "loss scale, stage {stage}"
+            );
         }
         std::fs::remove_dir_all(&dir).ok();
     }
