@@ -35,6 +35,10 @@ pub struct Loaded {
     pub bytes_read: u64,
 }
 
+/// What [`load`] returns: the model and optimizer holding the checkpoint's state, and what it
+/// found.
+pub type Resumed<M, O, B, P> = (M, ZeroOptimizer<O, B, P>, Loaded);
+
 /// Loads a checkpoint into `model` (sharded with `shard`, at any world size and stage) and
 /// `optimizer` (built with the same settings as when saving). A collective: call it on every
 /// rank, on the training thread.
@@ -48,7 +52,7 @@ pub fn load<AB, B, M, O, P>(
     path: &Path,
     model: M,
     optimizer: ZeroOptimizer<O, B, P>,
-) -> Result<(M, ZeroOptimizer<O, B, P>, Loaded), CheckpointError>
+) -> Result<Resumed<M, O, B, P>, CheckpointError>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
