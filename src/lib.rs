@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 //!
 //! ## Crates
+//! - [`checkpoint`]: sharded checkpoints: save at N ranks, load at any world size and stage,
+//!   consolidate into one file plain Burn loads.
 //! - [`comm`]: the [`comm::Communicator`] trait, the in-process [`comm::LocalGroup`] engine
 //!   and the [`comm::launch`] rank launcher.
 //! - [`core`]: the [`Zero`] backend decorator, [`shard`] and [`ZeroConfig`].
@@ -8,6 +10,7 @@
 //!   TCP rendezvous and the supervisor behind the `zero-run` binary.
 //! - [`optim`]: [`ZeroOptimizer`], Burn's optimizers on each rank's fp32 master shard.
 
+pub use burn_zero_checkpoint as checkpoint;
 pub use burn_zero_comm as comm;
 pub use burn_zero_core as core;
 pub use burn_zero_core::{MemoryReport, Zero, ZeroConfig, ZeroError, shard, unshard};

@@ -101,3 +101,39 @@ fn a_learning_rate_that_is_not_a_positive_number_is_refused_before_training() {
         assert!(error.contains("--lr"), "{lr}: {error}");
     }
 }
+
+#[test]
+fn a_run_saved_at_two_ranks_resumes_at_one_rank_bitwise() {
+    let dir = std::env::temp_dir().join(format!("burn-zero-train-gpt-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    let run = |world_size, accumulation, resume| {
+        let config = RunConfig {
+            world_size,
+            accumulation,
+            keep_params: true,
+            checkpoint_dir: Some(dir.clone()),
+            save_every: 2,
+            resume,
+            ..short(4)
+        };
+        train::<Flex>(&config, Default::default(), |_| {}).unwrap()
+    };
+    let straight = train::<Flex>(
+        &RunConfig {
+            keep_params: true,
+            ..short(4)
+        },
+        Default::default(),
+        |_| {},
+    )
+    .unwrap();
+    // Two ranks save after steps 2 and 4; the checkpoint of step 4 is removed to resume from 2.
+    run(2, 1, false);
+    std::fs::remove_dir_all(dir.join("step-00000004")).unwrap();
+    // One rank accumulating both micro-batches continues from step 2.
+    let resumed = run(1, 2, true);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(resumed[0].resumed_from, Some(2));
+    assert_eq!(resumed[0].losses, straight[0].losses[2..]);
+    assert_eq!(resumed[0].params, straight[0].params);
+}

@@ -5,6 +5,8 @@
 //! cargo run --example train_gpt                       # 2 ranks, stage 3, Flex, tiny model
 //! cargo run --example train_gpt -- --world-size 4 --stage 2 --model small --precision bf16
 //! cargo run --example train_gpt -- --memory-report memory.json
+//! cargo run --example train_gpt -- --checkpoint-dir ckpt --save-every 50 --steps 100
+//! cargo run --example train_gpt -- --checkpoint-dir ckpt --resume --world-size 3 --steps 200
 //! ```
 //!
 //! Rank 0 shows a progress bar with the loss (the mean over ranks, all-reduced), tokens per
@@ -116,6 +118,15 @@ struct Args {
     /// Write every rank's memory report (JSON array) to this file.
     #[arg(long)]
     memory_report: Option<std::path::PathBuf>,
+    /// Directory of sharded checkpoints (one `step-*` directory per save, the last two kept).
+    #[arg(long)]
+    checkpoint_dir: Option<std::path::PathBuf>,
+    /// Save a checkpoint every this many steps (0: only after the last step).
+    #[arg(long, default_value_t = 0)]
+    save_every: usize,
+    /// Resume from the latest checkpoint in --checkpoint-dir (saved at any world size/stage).
+    #[arg(long)]
+    resume: bool,
 }
 
 impl Args {
@@ -145,6 +156,9 @@ impl Args {
             sample_len: self.sample_len,
             temperature: self.temperature,
             keep_params: true,
+            checkpoint_dir: self.checkpoint_dir.clone(),
+            save_every: self.save_every,
+            resume: self.resume,
         }
     }
 }
@@ -273,6 +287,16 @@ fn run<B: Backend>(
     let wall = started.elapsed().as_secs_f64();
 
     let first = &ranks[0];
+    if let Some(step) = first.resumed_from {
+        println!("resumed from the checkpoint of step {step}");
+    }
+    if first.losses.is_empty() {
+        println!(
+            "nothing left to train: the checkpoint is at step {}",
+            config.steps
+        );
+        return Ok(());
+    }
     if config.sample_len > 0 {
         println!(
             "\nsample (prompt {PROMPT:?}, temperature {}):\n{}\n",

@@ -5,6 +5,7 @@
 //! `launch`, `shard` and `ZeroOptimizer::new`; `current_group` and the communicator are only
 //! used to report memory and the mean loss.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::backend::Autodiff;
@@ -12,6 +13,7 @@ use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn_zero::checkpoint::{SaveOptions, load, save};
 use burn_zero::comm::{RankContext, ReduceOp, launch};
 use burn_zero::core::current_group;
 use burn_zero::optim::LossScalerConfig;
@@ -60,6 +62,14 @@ pub struct RunConfig {
     pub temperature: f32,
     /// Return every rank's final parameters (gathered), for comparisons.
     pub keep_params: bool,
+    /// Where sharded checkpoints are written (and resumed from).
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Save a checkpoint every this many optimizer steps (0: only after the last step);
+    /// needs `checkpoint_dir`.
+    pub save_every: usize,
+    /// Resume from the latest complete checkpoint in `checkpoint_dir` (saved at any world
+    /// size and stage) instead of starting from the seed's model.
+    pub resume: bool,
 }
 
 impl RunConfig {
@@ -82,6 +92,9 @@ impl RunConfig {
             sample_len: 200,
             temperature: 0.8,
             keep_params: false,
+            checkpoint_dir: None,
+            save_every: 0,
+            resume: false,
         }
     }
 
@@ -104,6 +117,9 @@ impl RunConfig {
         }
         if self.stage > 3 {
             return Err(format!("--stage {} does not exist (0 to 3)", self.stage));
+        }
+        if self.checkpoint_dir.is_none() && (self.resume || self.save_every > 0) {
+            return Err("--resume and --save-every need --checkpoint-dir".into());
         }
         if self.seq_len == 0 || self.seq_len + 1 >= Corpus::new(TEXT).len() {
             return Err(format!("--seq-len {} does not fit the text", self.seq_len));
@@ -149,6 +165,8 @@ pub struct RankOutcome {
     pub sample: String,
     /// Final parameters, when asked for.
     pub params: Option<Vec<Vec<f32>>>,
+    /// The step the run resumed from (`resume`), if it did.
+    pub resumed_from: Option<usize>,
 }
 
 /// Why a rank stopped.
@@ -157,6 +175,9 @@ pub enum RankError {
     /// Sharding or a collective failed.
     #[error(transparent)]
     Zero(#[from] ZeroError),
+    /// Saving or loading a checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] burn_zero::checkpoint::CheckpointError),
     /// The loss (mean over ranks) is NaN or infinite: training diverged. Every rank sees the
     /// same all-reduced value, so every rank stops at the same step.
     #[error(
@@ -267,11 +288,21 @@ pub fn train_with<B: Backend>(
         if config.precision == DType::F16 {
             optimizer = optimizer.with_loss_scaler(LossScalerConfig::new());
         }
+        // Resuming: every rank reads its part of the latest checkpoint, whatever world size
+        // and stage saved it; the step count says where the data continues.
+        let mut first_step = 0;
+        let mut resumed_from = None;
+        if let (true, Some(dir)) = (config.resume, &config.checkpoint_dir) {
+            let (loaded_model, loaded_optimizer, loaded) = load(dir, model, optimizer)?;
+            (model, optimizer) = (loaded_model, loaded_optimizer);
+            first_step = loaded.step as usize;
+            resumed_from = Some(first_step);
+        }
 
         let mut losses = Vec::with_capacity(config.steps);
         let mut local_losses = Vec::with_capacity(config.steps);
         let started = Instant::now();
-        for step in 0..config.steps {
+        for step in first_step..config.steps {
             let step_started = Instant::now();
             let mut loss_sum = 0.0;
             for m in 0..config.accumulation {
@@ -311,7 +342,21 @@ pub fn train_with<B: Backend>(
                     memory: current_group::<B>().map(|g| g.memory_report()),
                 });
             }
+            if let Some(dir) = &config.checkpoint_dir {
+                let done = step + 1;
+                let due = config.save_every > 0 && done.is_multiple_of(config.save_every);
+                if due || done == config.steps {
+                    save(
+                        dir,
+                        done as u64,
+                        &model,
+                        &optimizer,
+                        &SaveOptions::default(),
+                    )?;
+                }
+            }
         }
+        let trained_steps = losses.len().max(1);
         let seconds = started.elapsed().as_secs_f64();
         let memory = current_group::<B>().map(|g| g.memory_report());
 
@@ -323,12 +368,13 @@ pub fn train_with<B: Backend>(
             parameters,
             losses,
             local_losses,
-            tokens_per_s: (step_tokens / config.world_size * config.steps) as f64 / seconds,
+            tokens_per_s: (step_tokens / config.world_size * trained_steps) as f64 / seconds,
             seconds,
             memory,
             skipped_steps: optimizer.skipped_steps(),
             sample,
             params,
+            resumed_from,
         })
     };
     ranks(&rank_fn)

@@ -38,6 +38,32 @@ where
     _model: PhantomData<B>,
 }
 
+impl<O, B: Backend, P: Placement<B>> ZeroOptimizerRecord<O, B, P>
+where
+    O: SimpleOptimizer<P::Host>,
+{
+    /// A record from its parts, for state assembled elsewhere (a sharded checkpoint re-chunked
+    /// for another group): `placement` is the rank and world size it is for.
+    pub fn new(
+        placement: Option<(usize, usize)>,
+        masters: Vec<MasterEntry<O, P::Host>>,
+        accumulated: Vec<(usize, Tensor<P::Host, 1>)>,
+        micro_steps: usize,
+        scaler: Option<(f64, usize, usize)>,
+        skipped: usize,
+    ) -> Self {
+        Self {
+            placement,
+            masters,
+            accumulated,
+            micro_steps,
+            scaler,
+            skipped,
+            _model: PhantomData,
+        }
+    }
+}
+
 /// One parameter's entry in a record: its key, fp32 master part and optimizer state.
 pub type MasterEntry<O, H> = (
     usize,

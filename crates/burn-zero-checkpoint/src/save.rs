@@ -1,0 +1,470 @@
+//! `save`: every rank writes what it owns, then rank 0 commits the checkpoint by writing
+//! `metadata.json`.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::optim::SimpleOptimizer;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Tensor};
+use burn_zero_core::{Zero, ZeroGroup};
+use burn_zero_optim::{Placement, ZeroOptimizer};
+use safetensors::Dtype;
+
+use crate::dir::rotate;
+use crate::error::CheckpointError;
+use crate::format::{
+    Chunk, FORMAT, FORMAT_VERSION, METADATA_FILE, Metadata, OptimizerEntry, ParamEntry, RankIndex,
+    TensorEntry, TensorKind, owned_range, rank_file_name, rank_index_name, step_dir_name,
+    tensor_name, to_safetensors,
+};
+use crate::params::{RankParams, agree, collect, flat_bytes, slice_bytes};
+use crate::read::element_size;
+use crate::state::{for_each_tensor, to_tree, tree_to_json};
+use crate::write::{PendingTensor, sync_dir, write_atomically, write_safetensors};
+
+/// How [`save`] writes and rotates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SaveOptions {
+    /// Complete checkpoints kept under the root (older ones are deleted once the new one is
+    /// committed); 0 keeps all of them.
+    pub keep_last: usize,
+    /// Anything the caller wants back on load (data loader position, run name, …).
+    pub extra: serde_json::Value,
+}
+
+impl Default for SaveOptions {
+    fn default() -> Self {
+        Self {
+            keep_last: 2,
+            extra: serde_json::Value::Null,
+        }
+    }
+}
+
+/// Saves `model` and `optimizer` after training step `step` as `root/step-<step>` (a
+/// collective: call it on every rank, on the training thread).
+///
+/// Every rank writes only what it owns — its chunk of every parameter (shards as they are,
+/// replicated parameters split so that each element is written once), of the fp32 masters, of
+/// the optimizer's per-element state and of the gradient accumulators — into its own
+/// safetensors file, keyed by module path, under a temporary name that is fsynced and renamed.
+/// Rank 0 then writes `metadata.json` (the commit marker) and deletes checkpoints beyond
+/// [`SaveOptions::keep_last`]. A save that fails or is killed leaves the previous checkpoints
+/// as they were; every rank returns the error (its own, or [`CheckpointError::OtherRank`]).
+///
+/// Returns the checkpoint's directory.
+pub fn save<AB, B, M, O, P>(
+    root: &Path,
+    step: u64,
+    model: &M,
+    optimizer: &ZeroOptimizer<O, B, P>,
+    options: &SaveOptions,
+) -> Result<PathBuf, CheckpointError>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>>,
+    M: Module<AB>,
+    P: Placement<B>,
+    O: SimpleOptimizer<P::Host>,
+{
+    let params = collect::<AB, B, M>(model)?;
+    let group = params.group.clone();
+    let rank = group.rank();
+    let world = group.world_size();
+    let dir = root.join(step_dir_name(step));
+
+    let prepared = if rank == 0 {
+        prepare_dir(root, &dir)
+    } else {
+        Ok(())
+    };
+    agree(&group, prepared, "save")?;
+
+    let written = write_rank::<B, O, P>(&dir, &params, optimizer);
+    let (optimizer_entry, param_entries) = agree(&group, written, "save")?;
+
+    let committed = if rank == 0 {
+        let meta = Metadata {
+            format: FORMAT.to_string(),
+            version: FORMAT_VERSION,
+            step,
+            world_size: world,
+            shard_group_size: world,
+            stage: group.config().stage,
+            config: serde_json::to_value(group.config()).unwrap_or_default(),
+            files: Vec::new(),
+            params: param_entries,
+            tensors: BTreeMap::new(),
+            optimizer: optimizer_entry,
+            extra: options.extra.clone(),
+        };
+        commit(&dir, meta).and_then(|()| rotate(root, options.keep_last))
+    } else {
+        Ok(())
+    };
+    agree(&group, committed, "save")?;
+    tracing::info!(rank, step, dir = %dir.display(), "checkpoint saved");
+    Ok(dir)
+}
+
+/// Makes an empty directory for the checkpoint (removing what an interrupted save of the same
+/// step left there); refuses to overwrite a committed checkpoint.
+fn prepare_dir(root: &Path, dir: &Path) -> Result<(), CheckpointError> {
+    if dir.join(METADATA_FILE).exists() {
+        return Err(CheckpointError::Exists(dir.to_path_buf()));
+    }
+    if dir.exists() {
+        tracing::warn!(dir = %dir.display(), "removing an incomplete checkpoint of the same step");
+        std::fs::remove_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
+    }
+    std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
+    sync_dir(root)
+}
+
+/// Where a flat tensor of a parameter holds its values: the whole tensor, or this rank's
+/// padded block.
+#[derive(Clone, Copy)]
+enum Layout {
+    Whole,
+    Block,
+}
+
+impl Layout {
+    /// The layout of a flat tensor of `len` elements for a parameter of `numel`.
+    fn of(len: usize, numel: usize, world: usize) -> Option<Self> {
+        if len == numel {
+            Some(Layout::Whole)
+        } else if len == numel.div_ceil(world) {
+            Some(Layout::Block)
+        } else {
+            None
+        }
+    }
+
+    /// Where this rank's owned elements `[start, end)` sit in a tensor of this layout.
+    fn local(self, start: usize, end: usize) -> (usize, usize) {
+        match self {
+            Layout::Whole => (start, end),
+            Layout::Block => (0, end - start),
+        }
+    }
+}
+
+/// A tensor this rank writes: the pending bytes and the metadata entry of its chunk.
+struct Planned<'a> {
+    pending: PendingTensor<'a>,
+    entry: TensorEntry,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan<'a>(
+    kind: TensorKind,
+    param: &str,
+    field: Option<&str>,
+    shape: Vec<usize>,
+    dtype: Dtype,
+    (start, end, padding): (usize, usize, usize),
+    rank: usize,
+    produce: Box<dyn Fn() -> Vec<u8> + 'a>,
+) -> Planned<'a> {
+    let name = tensor_name(kind, param, field);
+    let length = end - start;
+    Planned {
+        pending: PendingTensor {
+            name,
+            dtype,
+            shape: vec![length],
+            byte_len: length * element_size(dtype),
+            produce,
+        },
+        entry: TensorEntry {
+            kind,
+            param: param.to_string(),
+            state_field: field.map(str::to_string),
+            shape,
+            dtype,
+            chunks: vec![Chunk {
+                rank,
+                offset: start,
+                length,
+                padding,
+                data_offsets: (0, 0),
+                page_crc32: Vec::new(),
+            }],
+        },
+    }
+}
+
+fn stored_dtype(dtype: DType, what: &str) -> Result<Dtype, CheckpointError> {
+    to_safetensors(dtype).ok_or_else(|| {
+        CheckpointError::Unsupported(format!("{what} has dtype {dtype:?}, which is not a float"))
+    })
+}
+
+fn state_dtype(name: &str) -> Option<Dtype> {
+    match name {
+        "F64" => Some(Dtype::F64),
+        "F32" | "Flex32" => Some(Dtype::F32),
+        "F16" => Some(Dtype::F16),
+        "BF16" => Some(Dtype::BF16),
+        _ => None,
+    }
+}
+
+/// Writes this rank's file and index; returns (on every rank) the optimizer's scalar state and
+/// the parameter list for the metadata.
+fn write_rank<B, O, P>(
+    dir: &Path,
+    params: &RankParams<B>,
+    optimizer: &ZeroOptimizer<O, B, P>,
+) -> Result<(OptimizerEntry, Vec<ParamEntry>), CheckpointError>
+where
+    B: Backend,
+    P: Placement<B>,
+    O: SimpleOptimizer<P::Host>,
+{
+    let group: &ZeroGroup<B> = &params.group;
+    let (rank, world) = (group.rank(), group.world_size());
+    let record = optimizer.record();
+    let masters: BTreeMap<usize, _> = record
+        .masters
+        .into_iter()
+        .map(|(key, values, state)| (key, (values, state)))
+        .collect();
+    let accumulated: BTreeMap<usize, Tensor<P::Host, 1>> = record.accumulated.into_iter().collect();
+    // The state tree currently being written (its tensors are written one after the other).
+    let state_cache: RefCell<Option<(usize, ciborium::Value)>> = RefCell::new(None);
+    let state_cache = &state_cache;
+    let masters = &masters;
+
+    let mut planned = Vec::new();
+    let mut param_entries = Vec::new();
+    let mut states = BTreeMap::new();
+    for param in &params.params {
+        let info = &param.info;
+        let path = info.path.as_str();
+        let numel = param.numel();
+        let owned = owned_range(numel, rank, world);
+        let dtype = stored_dtype(info.dtype, &format!("parameter `{path}`"))?;
+        param_entries.push(ParamEntry {
+            path: path.to_string(),
+            shape: info.shape.iter().copied().collect(),
+            dtype,
+            frozen: param.frozen,
+            replicated: !param.is_sharded(),
+        });
+        let value = param.value.clone();
+        planned.push(plan(
+            TensorKind::Parameter,
+            path,
+            None,
+            info.shape.iter().copied().collect(),
+            dtype,
+            owned,
+            rank,
+            Box::new(move || flat_bytes(&value, owned.0, owned.1)),
+        ));
+
+        let key = info.key;
+        if let Some((values, state)) = masters.get(&key) {
+            let len = values.dims()[0];
+            let layout = Layout::of(len, numel, world).ok_or_else(|| {
+                CheckpointError::Unsupported(format!(
+                    "the optimizer's master of `{path}` has {len} elements, neither the \
+                     parameter's {numel} nor a block of them over {world} ranks"
+                ))
+            })?;
+            let (a, b) = layout.local(owned.0, owned.1);
+            let values = values.clone();
+            planned.push(plan(
+                TensorKind::Master,
+                path,
+                None,
+                vec![numel],
+                stored_dtype(values.dtype(), "a master copy")?,
+                owned,
+                rank,
+                Box::new(move || slice_bytes(values.clone(), a, b)),
+            ));
+            if let Some(state) = state {
+                let mut tree = to_tree::<P::Host, _>(state.clone()).map_err(|reason| {
+                    CheckpointError::OptimizerState {
+                        param: path.to_string(),
+                        reason,
+                    }
+                })?;
+                let mut fields = Vec::new();
+                for_each_tensor(&mut tree, &mut |mut leaf| {
+                    if leaf.shape == [len]
+                        && let Some(dtype) = state_dtype(&leaf.dtype)
+                    {
+                        leaf.take_bytes();
+                        fields.push((leaf.field.clone(), dtype));
+                    }
+                });
+                if rank == 0 {
+                    let json =
+                        tree_to_json(&tree).map_err(|reason| CheckpointError::OptimizerState {
+                            param: path.to_string(),
+                            reason,
+                        })?;
+                    states.insert(path.to_string(), json);
+                }
+                for (field, dtype) in fields {
+                    let size = element_size(dtype);
+                    let wanted = field.clone();
+                    planned.push(plan(
+                        TensorKind::OptimizerState,
+                        path,
+                        Some(&field),
+                        vec![numel],
+                        dtype,
+                        owned,
+                        rank,
+                        Box::new(move || {
+                            let mut cache = state_cache.borrow_mut();
+                            if cache.as_ref().is_none_or(|(k, _)| *k != key) {
+                                let state = masters[&key].1.clone().expect("state present");
+                                let tree =
+                                    to_tree::<P::Host, _>(state).unwrap_or(ciborium::Value::Null);
+                                *cache = Some((key, tree));
+                            }
+                            let tree = &mut cache.as_mut().expect("cached").1;
+                            let mut bytes = Vec::new();
+                            for_each_tensor(tree, &mut |mut leaf| {
+                                if leaf.field == wanted {
+                                    bytes = leaf.take_bytes();
+                                }
+                            });
+                            bytes
+                                .get(a * size..b * size)
+                                .map(<[u8]>::to_vec)
+                                .unwrap_or_default()
+                        }),
+                    ));
+                }
+            }
+        }
+        if let Some(sum) = accumulated.get(&key) {
+            let len = sum.dims()[0];
+            let layout = Layout::of(len, numel, world).ok_or_else(|| {
+                CheckpointError::Unsupported(format!(
+                    "the gradient accumulator of `{path}` has {len} elements, neither the \
+                     parameter's {numel} nor a block of them over {world} ranks"
+                ))
+            })?;
+            let (a, b) = layout.local(owned.0, owned.1);
+            let sum = sum.clone();
+            planned.push(plan(
+                TensorKind::Accumulator,
+                path,
+                None,
+                vec![numel],
+                stored_dtype(sum.dtype(), "a gradient accumulator")?,
+                owned,
+                rank,
+                Box::new(move || slice_bytes(sum.clone(), a, b)),
+            ));
+        }
+    }
+    // Chunks of no elements (small tensors on high ranks) are not written.
+    planned.retain(|p| p.pending.byte_len > 0);
+
+    let (pending, entries): (Vec<_>, Vec<_>) =
+        planned.into_iter().map(|p| (p.pending, p.entry)).unzip();
+    let file_path = dir.join(rank_file_name(rank, world));
+    let (file, written) = write_safetensors(&file_path, rank, &pending)?;
+    drop(pending);
+    let mut tensors = BTreeMap::new();
+    for mut entry in entries {
+        let name = tensor_name(entry.kind, &entry.param, entry.state_field.as_deref());
+        let spot = written
+            .get(&name)
+            .ok_or_else(|| CheckpointError::Corrupted {
+                file: file_path.clone(),
+                tensor: name.clone(),
+                reason: "was not written".into(),
+            })?;
+        entry.chunks[0].data_offsets = spot.data_offsets;
+        entry.chunks[0].page_crc32 = spot.page_crc32.clone();
+        tensors.insert(name, entry);
+    }
+    let index = RankIndex { file, tensors };
+    let json = serde_json::to_vec(&index).map_err(|e| CheckpointError::Format {
+        path: dir.join(rank_index_name(rank, world)),
+        reason: e.to_string(),
+    })?;
+    write_atomically(&dir.join(rank_index_name(rank, world)), &json)?;
+
+    let optimizer_entry = OptimizerEntry {
+        micro_steps: record.micro_steps,
+        skipped: record.skipped,
+        scaler: record.scaler,
+        states,
+    };
+    Ok((optimizer_entry, param_entries))
+}
+
+/// Rank 0: merges the ranks' indexes into `meta`, checks that every tensor is covered exactly
+/// once, and writes `metadata.json`.
+fn commit(dir: &Path, mut meta: Metadata) -> Result<(), CheckpointError> {
+    for rank in 0..meta.world_size {
+        let path = dir.join(rank_index_name(rank, meta.world_size));
+        let bytes = std::fs::read(&path).map_err(|e| CheckpointError::io(&path, e))?;
+        let index: RankIndex =
+            serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Format {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        meta.files.push(index.file);
+        for (name, entry) in index.tensors {
+            match meta.tensors.get_mut(&name) {
+                Some(merged) => {
+                    if merged.shape != entry.shape || merged.dtype != entry.dtype {
+                        return Err(CheckpointError::Format {
+                            path,
+                            reason: format!("tensor `{name}` differs between ranks"),
+                        });
+                    }
+                    merged.chunks.extend(entry.chunks);
+                }
+                None => {
+                    meta.tensors.insert(name, entry);
+                }
+            }
+        }
+    }
+    for (name, entry) in &mut meta.tensors {
+        entry.chunks.sort_by_key(|c| c.offset);
+        let mut next = 0;
+        for chunk in &entry.chunks {
+            if chunk.offset != next {
+                return Err(CheckpointError::Format {
+                    path: dir.to_path_buf(),
+                    reason: format!(
+                        "tensor `{name}`: no rank wrote elements {next}..{}",
+                        chunk.offset
+                    ),
+                });
+            }
+            next += chunk.length;
+        }
+        if next != entry.numel() {
+            return Err(CheckpointError::Format {
+                path: dir.to_path_buf(),
+                reason: format!(
+                    "tensor `{name}`: {next} of {} elements written",
+                    entry.numel()
+                ),
+            });
+        }
+    }
+    let json = serde_json::to_vec_pretty(&meta).map_err(|e| CheckpointError::Format {
+        path: dir.join(METADATA_FILE),
+        reason: e.to_string(),
+    })?;
+    write_atomically(&dir.join(METADATA_FILE), &json)
+}

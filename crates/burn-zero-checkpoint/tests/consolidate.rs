@@ -1,0 +1,101 @@
+//! Consolidation: the sharded checkpoint of a 2-rank stage-3 run becomes one safetensors file
+//! that plain Burn (burn-store, no burn-zero) loads into the model, giving the trained values
+//! and the same loss; and a world-size-1 checkpoint that loads at another world size.
+
+mod common;
+
+use burn::backend::Flex;
+use burn::tensor::backend::Backend;
+use burn_store::{ModuleSnapshot, SafetensorsStore};
+use burn_zero_checkpoint::{
+    OutputDtype, SaveOptions, consolidate, consolidate_checkpoint, load, save,
+};
+use burn_zero_comm::launch;
+use burn_zero_core::shard;
+use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
+use common::{Failure, adam, config, scratch, train};
+
+const WORLD: usize = 2;
+const PROBE: usize = 99;
+
+fn loss<B: Backend>(model: &Block<B>, device: &B::Device) -> f32 {
+    let (tokens, targets) = micro_batch::<B>(PROBE, device);
+    model
+        .loss(tokens, targets)
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .unwrap()[0]
+}
+
+#[test]
+fn a_consolidated_checkpoint_loads_in_plain_burn_with_the_trained_values_and_loss() {
+    let base = base_model(&Default::default());
+    let dir = scratch("consolidate");
+    let saved = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
+        let model = shard(base.clone(), &ctx, &config(3))?;
+        let mut optim = adam();
+        let model = train(model, &mut optim, ctx.rank(), WORLD, 0..3);
+        save(&dir, 3, &model, &optim, &SaveOptions::default())?;
+        Ok((param_values(&model), loss::<Train>(&model, ctx.device())))
+    })
+    .unwrap()
+    .remove(0);
+
+    let device = Default::default();
+    for dtype in [OutputDtype::F32, OutputDtype::Training] {
+        let out = dir.join(format!("model-{dtype:?}.safetensors"));
+        consolidate(&dir, &out, dtype).unwrap();
+        // Plain Burn: a freshly initialised model of the inner backend, loaded by burn-store.
+        let mut plain = Block::<Flex>::new(&device);
+        let applied = plain
+            .load_from(&mut SafetensorsStore::from_file(&out))
+            .unwrap();
+        assert!(
+            applied.is_success() && applied.missing.is_empty() && applied.unused.is_empty(),
+            "{dtype:?}: {applied:?}"
+        );
+        assert!(
+            params_bits_equal(&param_values(&plain), &saved.0),
+            "{dtype:?}: the consolidated values differ from the trained model's"
+        );
+        assert_eq!(
+            loss::<Flex>(&plain, &device).to_bits(),
+            saved.1.to_bits(),
+            "{dtype:?}: plain Burn's loss differs from the sharded model's"
+        );
+    }
+
+    // The command-line tool writes the same file.
+    let out = dir.join("cli.safetensors");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_zero-consolidate"))
+        .arg(&dir)
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(dir.join("model-F32.safetensors")).unwrap()
+    );
+
+    // A world-size-1 checkpoint with the optimizer state loads at 3 ranks like the original.
+    let single = scratch("consolidate-single");
+    consolidate_checkpoint(&dir, &single).unwrap();
+    let resumed = |from: std::path::PathBuf| {
+        launch::<Flex, _, _, Failure>(3, &[Default::default()], |ctx| {
+            let model = shard(base_model(ctx.device()), &ctx, &config(3))?;
+            let (model, mut optim, _) = load(&from, model, adam())?;
+            let model = train(model, &mut optim, ctx.rank(), 3, 3..5);
+            Ok(param_values(&model))
+        })
+        .unwrap()
+        .remove(0)
+    };
+    assert!(params_bits_equal(
+        &resumed(dir.clone()),
+        &resumed(single.clone())
+    ));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(&single).ok();
+}

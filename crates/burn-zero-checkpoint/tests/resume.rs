@@ -1,0 +1,148 @@
+//! Resuming from a checkpoint: at the same world size training goes on bitwise as if it had
+//! never stopped (every stage, mid accumulation window, with the loss scaler); at another world
+//! size it goes on bitwise like a single-rank run that averaged the old number of micro-batches
+//! per step up to the checkpoint and the new number after it.
+
+mod common;
+
+use burn::backend::Flex;
+use burn_zero_checkpoint::{SaveOptions, load, save};
+use burn_zero_comm::launch;
+use burn_zero_core::shard;
+use burn_zero_optim::LossScalerConfig;
+use burn_zero_testing::{base_model, param_values, params_bits_equal};
+use common::{Failure, adam, config, scratch, train, train_on};
+
+#[test]
+fn resume_at_the_same_world_size_is_bitwise_uninterrupted_training_at_every_stage() {
+    const WORLD: usize = 2;
+    let optimizer = || {
+        adam().with_accumulation(2).with_loss_scaler(
+            LossScalerConfig::new()
+                .with_initial_scale(1024.0)
+                .with_growth_interval(2),
+        )
+    };
+    let base = base_model(&Default::default());
+    let other = base_model(&Default::default());
+    assert!(
+        !params_bits_equal(&param_values(&base), &param_values(&other)),
+        "the resumed model must start from other values than the saved one"
+    );
+    for stage in 0..=3 {
+        let dir = scratch(&format!("same-{stage}"));
+        let straight = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
+            let model = shard(base.clone(), &ctx, &config(stage))?;
+            let mut optim = optimizer();
+            let model = train(model, &mut optim, ctx.rank(), WORLD, 0..7);
+            Ok((param_values(&model), optim.loss_scale()))
+        })
+        .unwrap();
+        let resumed = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
+            let model = shard(base.clone(), &ctx, &config(stage))?;
+            let mut optim = optimizer();
+            // Three micro-steps: one optimizer step done, one micro-step accumulated.
+            let model = train(model, &mut optim, ctx.rank(), WORLD, 0..3);
+            save(&dir, 3, &model, &optim, &SaveOptions::default())?;
+            drop((model, optim));
+
+            let model = shard(other.clone(), &ctx, &config(stage))?;
+            let (model, mut optim, loaded) = load(&dir, model, optimizer())?;
+            assert_eq!(loaded.step, 3);
+            let model = train(model, &mut optim, ctx.rank(), WORLD, 3..7);
+            Ok((param_values(&model), optim.loss_scale()))
+        })
+        .unwrap_or_else(|e| panic!("stage {stage}: {e}"));
+        for rank in 0..WORLD {
+            assert!(
+                params_bits_equal(&straight[rank].0, &resumed[rank].0),
+                "stage {stage}, rank {rank}: resumed training differs from uninterrupted training"
+            );
+            assert_eq!(
+                straight[rank].1, resumed[rank].1,
+                "loss scale, stage {stage}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// Trains `steps_before` steps at `saved` ranks (stage `saved_stage`), saves, resumes at
+/// `resumed` ranks (stage `resumed_stage`) for `steps_after` steps; checks the result against
+/// one rank that averages `saved` micro-batches per step, then `resumed`.
+fn reshard(saved: usize, saved_stage: u8, resumed: usize, resumed_stage: u8) {
+    const BEFORE: usize = 3;
+    const AFTER: usize = 3;
+    let base = base_model(&Default::default());
+    let other = base_model(&Default::default());
+    let dir = scratch(&format!("reshard-{saved}-{resumed}"));
+
+    let at_save = launch::<Flex, _, _, Failure>(saved, &[Default::default()], |ctx| {
+        let model = shard(base.clone(), &ctx, &config(saved_stage))?;
+        let mut optim = adam();
+        let model = train(model, &mut optim, ctx.rank(), saved, 0..BEFORE);
+        save(&dir, BEFORE as u64, &model, &optim, &SaveOptions::default())?;
+        Ok(param_values(&model))
+    })
+    .unwrap();
+
+    let got = launch::<Flex, _, _, Failure>(resumed, &[Default::default()], |ctx| {
+        let model = shard(other.clone(), &ctx, &config(resumed_stage))?;
+        let (model, mut optim, loaded) = load(&dir, model, adam())?;
+        assert_eq!(loaded.saved_world_size, saved);
+        let after_load = param_values(&model);
+        let model = train(
+            model,
+            &mut optim,
+            ctx.rank(),
+            resumed,
+            BEFORE..BEFORE + AFTER,
+        );
+        Ok((after_load, param_values(&model)))
+    })
+    .unwrap();
+
+    // One rank: the same micro-batches, averaged in rank order by gradient accumulation.
+    let want = launch::<Flex, _, _, Failure>(1, &[Default::default()], |ctx| {
+        let model = shard(base.clone(), &ctx, &config(3))?;
+        let mut optim = adam().with_accumulation(saved);
+        let model = train_on(model, &mut optim, 0..BEFORE * saved);
+        let before = param_values(&model);
+        let mut optim = optim.with_accumulation(resumed);
+        let model = train_on(
+            model,
+            &mut optim,
+            BEFORE * resumed..(BEFORE + AFTER) * resumed,
+        );
+        Ok((before, param_values(&model)))
+    })
+    .unwrap()
+    .remove(0);
+    std::fs::remove_dir_all(&dir).ok();
+
+    assert!(
+        params_bits_equal(&at_save[0], &want.0),
+        "the single-rank reference does not reproduce {saved}-rank training"
+    );
+    for (rank, (after_load, end)) in got.iter().enumerate() {
+        assert!(
+            params_bits_equal(after_load, &at_save[0]),
+            "rank {rank} of {resumed}: loaded parameters differ from the saved ones"
+        );
+        assert!(
+            params_bits_equal(end, &want.1),
+            "rank {rank} of {resumed}: training resumed from {saved} ranks differs from the \
+             single-rank reference"
+        );
+    }
+}
+
+#[test]
+fn two_ranks_resume_on_three_bitwise() {
+    reshard(2, 3, 3, 1);
+}
+
+#[test]
+fn four_ranks_resume_on_one_bitwise() {
+    reshard(4, 2, 1, 3);
+}
