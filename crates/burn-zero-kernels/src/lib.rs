@@ -7,11 +7,14 @@
 //!
 //! On `CubeBackend<WgpuRuntime, ..>` (feature `wgpu`) and `CubeBackend<CudaRuntime, ..>`
 //! (feature `cuda`), each member is one kernel launch and the bucket is allocated once.
-//! Every other backend, Fusion-wrapped ones included, uses Burn tensor ops. Both paths do the
-//! same arithmetic in the same order, so they agree bit for bit on the same backend.
+//! On Flex and NdArray (features `flex`, `ndarray`, on by default) each member is one loop
+//! over host memory ([`host`]), and a [`BufferPool`] gives the bucket the previous step's
+//! buffer. Every other backend, Fusion-wrapped ones included, uses Burn tensor ops. All paths
+//! do the same arithmetic in the same order, so they agree bit for bit on the same backend.
 
 mod error;
 mod fallback;
+pub mod host;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod kernel;
 mod pack;
@@ -21,6 +24,7 @@ mod unpack;
 use burn::tensor::backend::Backend;
 
 pub use error::KernelError;
+pub use host::BufferPool;
 pub use pack::Packer;
 pub use spec::{BucketSpec, MemberSpec, PackPath};
 pub use unpack::unpack;
