@@ -171,8 +171,9 @@ impl<O: HostFloat> FloatVisitor for CopyMember<'_, O> {
         for row in 0..spec.rows {
             let start = row * spec.row_len + member.offset;
             let out = &mut dst[start..start + member.len];
-            let first = row * member.len;
-            let take = member.numel.saturating_sub(first).min(member.len);
+            // Rows past the gradient's end are all padding.
+            let first = (row * member.len).min(src.len());
+            let take = (src.len() - first).min(member.len);
             let (values, padding) = out.split_at_mut(take);
             convert(&src[first..first + take], values, divisor);
             padding.fill(O::ZERO);
