@@ -33,7 +33,7 @@ fn pack<B: Backend>(case: &Case, path: PackPath, pool: Option<&BufferPool>) -> T
 
 /// Host pack of `case` against the host reference and the fallback; then host unpack of
 /// every member of every row against the reference and the fallback.
-fn check<B: Backend>(case: &Case) {
+fn check<B: Backend>(case: &Case, dtypes: &[DType]) {
     let spec = case.spec;
     let what = format!(
         "{} rows={} dtype={:?} predivide={}",
@@ -66,7 +66,7 @@ fn check<B: Backend>(case: &Case) {
         }
         .primitive::<B>(&device);
         for (i, (member, grad)) in case.members.iter().enumerate() {
-            let dtype = grad.as_ref().map_or(FLOATS[i % 3], |g| g.dtype);
+            let dtype = grad.as_ref().map_or(dtypes[i % dtypes.len()], |g| g.dtype);
             let postdivide = [1.0, 2.0, 3.0, 0.75][(row + i) % 4];
             let unpacked = |path| {
                 read::<B>(
@@ -103,7 +103,7 @@ fn sweep<B: Backend>(dtypes: &[DType]) {
                     Some(dtype),
                 ];
                 let case = Case::new(rows, dtype, predivide, &numels, &extra, &grads, rows as u64);
-                check::<B>(&case);
+                check::<B>(&case, dtypes);
             }
         }
     }
