@@ -340,8 +340,11 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
         // A tensor of its own, written on this rank's queue: a caller could otherwise hold the
         // root's memory past the point where the root reuses it (see `settled`).
         let numel = sent.dims()[0];
+        // One range for the one dimension (not a vector of one range).
+        #[allow(clippy::single_range_in_vec_init)]
+        let all = [0..numel];
         let copy = Tensor::<B, 1>::empty([numel], (&device, sent.dtype()))
-            .slice_assign([0..numel], sent.to_device(&device));
+            .slice_assign(all, sent.to_device(&device));
         self.settled(copy, buffers)
     }
 
