@@ -85,7 +85,7 @@ fn bench(c: &mut Criterion) {
 
 fn report() {
     let mut out = String::from(
-        "| bucket | reduction | collectives | bytes reduced per rank | reducing (median) | GB/s | not hidden by backward | buckets done before backward ended | backward incl. reduction (median) |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| bucket | reduction | collectives | bytes reduced per rank | reducing (median) | GB/s | not hidden by backward | buckets done before backward ended | backward incl. reduction (median) | reducing / backward |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for ((bits, overlap), mut samples) in STATS.lock().unwrap().clone() {
         let bucket_mb = f64::from_bits(bits);
@@ -100,7 +100,7 @@ fn report() {
             format!("{bucket_mb} MiB")
         };
         out += &format!(
-            "| {label} | {} | {} | {:.1} MB | {:.1} ms | {:.2} | {:.1} ms | {} | {:.1} ms |\n",
+            "| {label} | {} | {} | {:.1} MB | {:.1} ms | {:.2} | {:.1} ms | {} | {:.1} ms | {:.0}% |\n",
             if overlap {
                 "overlapped"
             } else {
@@ -113,6 +113,7 @@ fn report() {
             median.exposed_seconds * 1e3,
             median.overlapped,
             backward.as_secs_f64() * 1e3,
+            100.0 * median.seconds / backward.as_secs_f64(),
         );
     }
     common::publish("buckets", &out);

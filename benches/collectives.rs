@@ -1,17 +1,23 @@
-//! Bandwidth of `LocalGroup` collectives on NdArray (CPU threads), against this machine's
-//! memcpy bandwidth.
+//! Bandwidth of `LocalGroup` collectives on Flex and NdArray (CPU threads, 2 and 4 ranks,
+//! 64 KiB to 64 MiB), against this machine's memcpy bandwidth measured in the same run.
+//! Criterion's filter picks a subset, e.g. `cargo bench --bench collectives --
+//! 'memcpy/(1|16|64)MiB|world2/(1|16|64)MiB'`.
 //!
 //! Sizes follow nccl-tests: `size` is the whole buffer (all-gather output, reduce-scatter
 //! input, all-reduce buffer); algbw = size / time; busbw = algbw · (n−1)/n for all-gather and
-//! reduce-scatter, algbw · 2(n−1)/n for all-reduce. After criterion's own output, a markdown
-//! table of both is printed and written to `target/bench-reports/collectives.md`.
+//! reduce-scatter, algbw · 2(n−1)/n for all-reduce; memcpy GB/s = size / time of one
+//! `copy_from_slice` of `size` bytes. Each rank issues the same collective again and again and
+//! drops each result, as a training loop does, so results land in reused buffers. After
+//! criterion's own output, a markdown table is printed and written to
+//! `target/bench-reports/collectives.md`.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use burn::backend::NdArray;
+use burn::backend::{Flex, NdArray};
+use burn::tensor::backend::Backend;
 use burn_zero::comm::{CommError, launch};
 mod common;
 
@@ -19,34 +25,67 @@ use common::collective::{KIB, Op, label};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 
-type B = NdArray;
-
 const SIZES: [usize; 4] = [64 * KIB, KIB * KIB, 16 * KIB * KIB, 64 * KIB * KIB];
 const WORLDS: [usize; 2] = [2, 4];
 
-/// Per-iteration times seen by every sample, keyed by (op, world, bytes).
-static SAMPLES: Mutex<BTreeMap<(Op, usize, usize), Vec<f64>>> = Mutex::new(BTreeMap::new());
+/// Per-iteration times seen by every sample, keyed by (backend, op, world, bytes).
+type Key = (&'static str, Op, usize, usize);
+static SAMPLES: Mutex<BTreeMap<Key, Vec<f64>>> = Mutex::new(BTreeMap::new());
+/// Minor page faults of the whole process per collective call, by the same key.
+static FAULTS: Mutex<BTreeMap<Key, Vec<f64>>> = Mutex::new(BTreeMap::new());
 static MEMCPY: Mutex<BTreeMap<usize, Vec<f64>>> = Mutex::new(BTreeMap::new());
 
+/// Minor page faults of this process so far (field 10 of `/proc/self/stat`); `None` where
+/// there is no procfs.
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces; the fields after it are plain numbers.
+    let after_name = stat.rsplit_once(')')?.1;
+    after_name.split_whitespace().nth(7)?.parse().ok()
+}
+
 /// Runs `iters` collectives on every rank; returns the slowest rank's time between barriers.
-fn run(op: Op, world: usize, bytes: usize, iters: u64) -> Duration {
-    let times = launch::<B, _, _, CommError>(world, &[Default::default()], |ctx| {
+fn run<B: Backend>(
+    backend: &'static str,
+    op: Op,
+    world: usize,
+    bytes: usize,
+    iters: u64,
+) -> Duration {
+    let per_rank = launch::<B, _, _, CommError>(world, &[Default::default()], |ctx| {
         let input = op.input::<B>(bytes, world, ctx.rank(), ctx.device());
         let comm = ctx.comm();
         comm.barrier()?;
+        let faults = minor_faults();
         let start = Instant::now();
         for _ in 0..iters {
             black_box(op.call(comm.as_ref(), input.clone())?);
         }
         comm.barrier()?;
-        Ok(start.elapsed())
+        let elapsed = start.elapsed();
+        let faults = faults.zip(minor_faults()).map(|(start, end)| end - start);
+        Ok((elapsed, faults))
     })
     .expect("benchmark ranks");
-    let slowest = times.into_iter().max().unwrap_or_default();
+    let key = (backend, op, world, bytes);
+    // Rank 0 counted every rank's faults between the two barriers.
+    if let Some((_, Some(faults))) = per_rank.first() {
+        FAULTS
+            .lock()
+            .unwrap()
+            .entry(key)
+            .or_default()
+            .push(*faults as f64 / iters as f64);
+    }
+    let slowest = per_rank
+        .into_iter()
+        .map(|(elapsed, _)| elapsed)
+        .max()
+        .unwrap_or_default();
     SAMPLES
         .lock()
         .unwrap()
-        .entry((op, world, bytes))
+        .entry(key)
         .or_default()
         .push(slowest.as_secs_f64() / iters as f64);
     slowest
@@ -82,19 +121,19 @@ fn bench_memcpy(c: &mut Criterion) {
     group.finish();
 }
 
-fn bench_collectives(c: &mut Criterion) {
+fn bench_collectives<B: Backend>(c: &mut Criterion, backend: &'static str) {
     for op in [Op::AllGather, Op::ReduceScatter, Op::AllReduce] {
-        let mut group = c.benchmark_group(format!("local_group/{}", op.name()));
+        let mut group = c.benchmark_group(format!("local_group/{backend}/{}", op.name()));
         group
             .sample_size(10)
-            .warm_up_time(Duration::from_millis(500))
-            .measurement_time(Duration::from_secs(2));
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_secs(1));
         for world in WORLDS {
             for bytes in SIZES {
                 group.throughput(Throughput::Bytes(bytes as u64));
                 group.bench_function(
                     BenchmarkId::new(format!("world{world}"), label(bytes)),
-                    |b| b.iter_custom(|iters| run(op, world, bytes, iters)),
+                    |b| b.iter_custom(|iters| run::<B>(backend, op, world, bytes, iters)),
                 );
             }
         }
@@ -120,18 +159,24 @@ fn report() {
         .map(|(bytes, t)| (bytes, gbps(bytes, median(t))))
         .collect();
     let mut out = String::from(
-        "| op | ranks | size | time | algbw GB/s | busbw GB/s | memcpy GB/s |\n|---|---|---|---|---|---|---|\n",
+        "| backend | op | ranks | size | time | algbw GB/s | busbw GB/s | memcpy GB/s | algbw / memcpy | minor faults per call |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for ((op, world, bytes), times) in SAMPLES.lock().unwrap().clone() {
+    let faults = FAULTS.lock().unwrap().clone();
+    for (key, times) in SAMPLES.lock().unwrap().clone() {
+        let (backend, op, world, bytes) = key;
         let t = median(times);
         let algbw = gbps(bytes, t);
+        let copy = memcpy.get(&bytes).copied().unwrap_or(f64::NAN);
+        let faults = faults
+            .get(&key)
+            .map_or("n/a".to_string(), |f| format!("{:.0}", median(f.clone())));
         out += &format!(
-            "| {} | {world} | {} | {:.3} ms | {algbw:.2} | {:.2} | {:.2} |\n",
+            "| {backend} | {} | {world} | {} | {:.3} ms | {algbw:.2} | {:.2} | {copy:.2} | {:.0}% | {faults} |\n",
             op.name(),
             label(bytes),
             t * 1e3,
             algbw * op.bus_factor(world),
-            memcpy.get(&bytes).copied().unwrap_or(f64::NAN),
+            100.0 * algbw / copy,
         );
     }
     common::publish("collectives", &out);
@@ -140,7 +185,8 @@ fn report() {
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     bench_memcpy(&mut criterion);
-    bench_collectives(&mut criterion);
+    bench_collectives::<Flex>(&mut criterion, "flex");
+    bench_collectives::<NdArray>(&mut criterion, "ndarray");
     criterion.final_summary();
     report();
 }

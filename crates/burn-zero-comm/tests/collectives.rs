@@ -132,3 +132,138 @@ fn repeated_runs_are_bitwise_identical() {
     assert!(first.iter().all(|r| r == &first[0]), "ranks disagree");
     assert_eq!(first, run());
 }
+
+/// On CPU backends results are written into buffers reused from call to call: a result still
+/// held keeps its values through later collectives, and a dropped one's memory is written
+/// again by the next collective of the same size.
+fn reuse<B: Backend>() {
+    use burn_zero_kernels::host::HostTensor;
+
+    /// Address of a host tensor's first element.
+    fn address<B: Backend>(tensor: &burn::tensor::Tensor<B, 1>) -> usize {
+        let host = HostTensor::from_primitive::<B>(tensor.clone().into_primitive().tensor())
+            .unwrap_or_else(|_| panic!("a host backend"));
+        host.as_slice::<f32>().expect("contiguous f32").as_ptr() as usize
+    }
+
+    let world = 2;
+    let block = 1001;
+    let rounds = 3;
+    let inputs: Vec<Vec<Vec<f32>>> = (0..rounds)
+        .map(|round| {
+            (0..world)
+                .map(|r| input(50 + round as u64, r, block * world))
+                .collect()
+        })
+        .collect();
+    let per_rank = launch::<B, _, _, CommError>(world, &[Default::default()], |ctx| {
+        let (rank, comm, device) = (ctx.rank(), ctx.comm(), ctx.device());
+        let mut held = Vec::new();
+        for round in &inputs {
+            let x = tensor::<B, f32>(&round[rank], device);
+            held.push((
+                comm.reduce_scatter(x.clone(), ReduceOp::Sum)?,
+                comm.all_reduce(x.clone(), ReduceOp::Max)?,
+                comm.all_gather(x)?,
+            ));
+        }
+        let held: Vec<_> = held
+            .into_iter()
+            .map(|(s, r, g)| (values(s), values(r), values(g)))
+            .collect();
+        // Dropped results: the next call of each size writes into one of their buffers.
+        let x = tensor::<B, f32>(&inputs[0][rank], device);
+        let first = comm.reduce_scatter(x.clone(), ReduceOp::Sum)?;
+        let before = address(&first);
+        drop(first);
+        let again = comm.reduce_scatter(x, ReduceOp::Sum)?;
+        Ok((held, before == address(&again)))
+    })
+    .unwrap();
+    for (rank, (held, reused)) in per_rank.into_iter().enumerate() {
+        assert!(
+            reused,
+            "rank {rank}: a dropped result's buffer was not reused"
+        );
+        for (round, (scattered, reduced, gathered)) in held.into_iter().enumerate() {
+            let sum = widen(&reduce(&inputs[round], ReduceOp::Sum));
+            assert_eq!(
+                scattered,
+                sum[rank * block..(rank + 1) * block],
+                "round {round}"
+            );
+            assert_eq!(
+                reduced,
+                widen(&reduce(&inputs[round], ReduceOp::Max)),
+                "round {round}"
+            );
+            let all: Vec<f32> = inputs[round].iter().flat_map(|v| widen(v)).collect();
+            assert_eq!(gathered, all, "round {round}");
+        }
+    }
+}
+
+#[test]
+fn flex_results_survive_buffer_reuse() {
+    reuse::<Flex>();
+}
+
+#[test]
+fn ndarray_results_survive_buffer_reuse() {
+    reuse::<NdArray>();
+}
+
+/// Ranks that run ahead reuse their memory at once: on wgpu (a queue and a memory pool per
+/// thread) a rank must not let go of another rank's buffer while its own work reading it is
+/// still queued, or the owner's next upload lands in the buffer first. Many small collectives
+/// back to back, each checked, make any such window show.
+#[test]
+fn wgpu_back_to_back_collectives() {
+    type B = burn::backend::Wgpu;
+    let device = burn::backend::wgpu::WgpuDevice::default();
+    let world = 2;
+    let block = 7;
+    let rounds = 150;
+    let per_rank = launch::<B, _, _, CommError>(world, std::slice::from_ref(&device), |ctx| {
+        let (rank, comm, device) = (ctx.rank(), ctx.comm(), ctx.device());
+        let mut seen = Vec::new();
+        for round in 0..rounds {
+            let salt = 7_000 + round as u64;
+            let gathered = comm.all_gather(tensor::<B, f32>(&input(salt, rank, block), device))?;
+            let scattered = comm.reduce_scatter(
+                tensor::<B, f32>(&input(salt + 1, rank, block * world), device),
+                ReduceOp::Max,
+            )?;
+            let reduced = comm.all_reduce(
+                tensor::<B, f32>(&input(salt + 2, rank, block * world + 1), device),
+                ReduceOp::Mean,
+            )?;
+            seen.push((values(gathered), values(scattered), values(reduced)));
+        }
+        Ok(seen)
+    })
+    .unwrap();
+    for (rank, seen) in per_rank.into_iter().enumerate() {
+        for (round, (gathered, scattered, reduced)) in seen.into_iter().enumerate() {
+            let salt = 7_000 + round as u64;
+            let inputs =
+                |salt, len| -> Vec<Vec<f32>> { (0..world).map(|r| input(salt, r, len)).collect() };
+            let all: Vec<f32> = inputs(salt, block).iter().flat_map(|v| widen(v)).collect();
+            assert_eq!(gathered, all, "all_gather, rank {rank}, round {round}");
+            let max = widen(&reduce(&inputs(salt + 1, block * world), ReduceOp::Max));
+            assert_eq!(
+                scattered,
+                max[rank * block..(rank + 1) * block],
+                "reduce_scatter(max), rank {rank}, round {round}"
+            );
+            let mean = widen(&reduce(
+                &inputs(salt + 2, block * world + 1),
+                ReduceOp::Mean,
+            ));
+            assert_eq!(
+                reduced, mean,
+                "all_reduce(mean), rank {rank}, round {round}"
+            );
+        }
+    }
+}

@@ -9,14 +9,18 @@
 //!
 //! Packing casts to the reduce dtype and divides by `gradient_predivide_factor` before the
 //! collective; unpacking divides by the rest of the world size and casts back. Both run in
-//! `burn-zero-kernels` (cubecl kernels on cubecl backends, Burn ops elsewhere).
+//! `burn-zero-kernels` (cubecl kernels on cubecl backends, loops over host memory on CPU
+//! backends, Burn ops elsewhere). Each bucket keeps a buffer pool, so on CPU backends every
+//! step packs into the memory of the step before.
 
 use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
 use burn_zero_comm::{CommError, Communicator, ReduceOp};
-use burn_zero_kernels::{BucketSpec, KernelError, MemberSpec, PackPath, Packer, unpack};
+use burn_zero_kernels::{
+    BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, unpack,
+};
 
 use crate::group::{ParamInfo, ZeroGroup};
 use crate::memory::{MemoryKind, MemoryTracker};
@@ -52,6 +56,9 @@ pub(crate) struct Bucket {
     pub members: Vec<Member>,
     /// Elements per rank row.
     pub len: usize,
+    /// The packed bucket's memory, reused step after step where the pack path can (a clone of
+    /// the bucket starts with an empty pool).
+    pub pool: BufferPool,
 }
 
 impl Bucket {
@@ -120,6 +127,7 @@ pub(crate) fn layout(
                 offset: 0,
             }],
             len,
+            pool: BufferPool::default(),
         };
         if len > capacity {
             // Direct path: too large for any bucket.
@@ -159,7 +167,8 @@ pub(crate) enum ReduceError {
 /// block (reduce-scatter) or the whole mean (all-reduce).
 ///
 /// Packing and unpacking go through `burn-zero-kernels`: one cubecl kernel launch per member
-/// on cubecl backends built in, Burn ops elsewhere, with the same arithmetic either way.
+/// on cubecl backends built in, one loop over host memory per member on CPU backends, Burn ops
+/// elsewhere, with the same arithmetic either way.
 pub(crate) fn reduce<B: Backend>(
     ctx: &Reduction<'_, B>,
     bucket: &Bucket,
@@ -176,7 +185,7 @@ pub(crate) fn reduce<B: Backend>(
         dtype: bucket.reduce_dtype,
         predivide: ctx.predivide,
     };
-    let mut packer = Packer::<B>::new(spec, ctx.device, PackPath::Auto)?;
+    let mut packer = Packer::<B>::with_pool(spec, ctx.device, PackPath::Auto, &bucket.pool)?;
     for (member, grad) in bucket.members.iter().zip(grads) {
         let slot = MemberSpec {
             numel: member.shape.num_elements(),

@@ -3,18 +3,21 @@
 //!
 //! GB/s counts bytes read plus bytes written (1 GB = 1e9 bytes): a pack reads and writes the
 //! 64 MiB bucket once each at best; an unpack of every member of one 16 MiB reduced row reads
-//! and writes 16 MiB. Paths: the Burn-ops fallback on Flex (CPU), and with feature `wgpu` the
-//! kernel and the fallback on `CubeBackend<WgpuRuntime>` (whatever adapter the machine has:
-//! Mesa lavapipe on a machine without a GPU). A markdown table of median GB/s goes to stdout.
+//! and writes 16 MiB. Paths: the host path on Flex and NdArray and the Burn-ops fallback on
+//! Flex (CPU), and with feature `wgpu` the kernel and the fallback on
+//! `CubeBackend<WgpuRuntime>` (whatever adapter the machine has: Mesa lavapipe on a machine
+//! without a GPU). Packing goes through a `BufferPool`, as the gradient buckets do, so every
+//! iteration after the first packs into the same memory where the path reuses it. A markdown
+//! table of median GB/s goes to stdout.
 
 use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use burn::backend::Flex;
+use burn::backend::{Flex, NdArray};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
-use burn_zero_kernels::{BucketSpec, MemberSpec, PackPath, Packer, unpack};
+use burn_zero_kernels::{BucketSpec, BufferPool, MemberSpec, PackPath, Packer, unpack};
 use criterion::Criterion;
 
 const ROWS: usize = 4;
@@ -75,12 +78,13 @@ fn bench_backend<B: Backend>(c: &mut Criterion, name: &str, path: PackPath, devi
 
     let mut group = c.benchmark_group(name);
     let pack_label = format!("{name} pack");
+    let pool = BufferPool::default();
     group.bench_function("pack", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let start = Instant::now();
-                let mut packer = Packer::<B>::new(spec(), device, path).unwrap();
+                let mut packer = Packer::<B>::with_pool(spec(), device, path, &pool).unwrap();
                 for (member, grad) in members().iter().zip(&grads) {
                     packer.push(member, Some(grad.clone())).unwrap();
                 }
@@ -163,6 +167,8 @@ fn main() {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
     bench_memcpy(&mut c);
+    bench_backend::<Flex>(&mut c, "flex host", PackPath::Host, &Default::default());
+    bench_backend::<NdArray>(&mut c, "ndarray host", PackPath::Host, &Default::default());
     bench_backend::<Flex>(
         &mut c,
         "flex fallback",

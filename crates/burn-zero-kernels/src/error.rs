@@ -58,4 +58,10 @@ pub enum KernelError {
         "no pack/unpack kernel for backend {backend} (enable feature `wgpu` or `cuda`, use CubeBackend without Fusion)"
     )]
     KernelUnavailable { backend: String },
+
+    /// `PackPath::Host` was requested for a backend whose tensors are not in host memory.
+    #[error(
+        "no host pack/unpack for backend {backend} (it runs on Flex and NdArray, with features `flex` and `ndarray`)"
+    )]
+    HostUnavailable { backend: String },
 }

@@ -8,11 +8,14 @@
 //! On `CubeBackend<WgpuRuntime, ..>` (feature `wgpu`) and `CubeBackend<CudaRuntime, ..>`
 //! (feature `cuda`), plain or under Burn's fusion layer (`burn::backend::Wgpu`,
 //! `burn::backend::Cuda`), each member is one kernel launch and the bucket is allocated once.
-//! Every other backend uses Burn tensor ops. Both paths do the
-//! same arithmetic in the same order, so they agree bit for bit on the same backend.
+//! On Flex and NdArray (features `flex`, `ndarray`, on by default) each member is one loop
+//! over host memory ([`host`]), and a [`BufferPool`] gives the bucket the previous step's
+//! buffer. Every other backend uses Burn tensor ops. All paths do the same arithmetic in the
+//! same order, so they agree bit for bit on the same backend.
 
 mod error;
 mod fallback;
+pub mod host;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod kernel;
 mod pack;
@@ -24,6 +27,7 @@ use burn::tensor::backend::Backend;
 pub use error::KernelError;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use kernel::fused;
+pub use host::BufferPool;
 pub use pack::Packer;
 pub use spec::{BucketSpec, MemberSpec, PackPath};
 pub use unpack::unpack;

@@ -27,11 +27,14 @@ pub struct MemberSpec {
 /// Which implementation packs and unpacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PackPath {
-    /// The kernel where the backend has one and supports the dtypes, Burn ops otherwise.
+    /// The kernel where the backend has one and supports the dtypes, host memory on CPU
+    /// backends (Flex, NdArray) for the dtypes they store, Burn ops otherwise.
     #[default]
     Auto,
     /// The cubecl kernel; an error on backends without one.
     Kernel,
+    /// Loops over host memory, on Flex and NdArray; an error on other backends.
+    Host,
     /// Burn tensor ops, on every backend.
     Fallback,
 }

@@ -4,13 +4,14 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorMetadata};
 
 use crate::KernelError;
+use crate::host::{self, HostBackend, HostTensor};
 use crate::spec::{PackPath, check_divisor, check_range, is_float};
 
 /// From `reduced` (1-D, one row), elements `[offset, offset + len)` divided by `postdivide`
 /// (no division when it is 1) in the reduced dtype, then cast to `dtype`: 1-D, `len` elements.
 ///
 /// When there is nothing to divide or cast, every path returns a slice of `reduced` without a
-/// launch.
+/// launch or a copy.
 pub fn unpack<B: Backend>(
     reduced: &B::FloatTensorPrimitive,
     offset: usize,
@@ -32,8 +33,15 @@ pub fn unpack<B: Backend>(
             return Err(KernelError::UnsupportedDType { dtype, path: "any" });
         }
     }
+    if matches!(path, PackPath::Auto | PackPath::Host) {
+        match host_unpack::<B>(reduced, offset, len, postdivide, dtype) {
+            Ok(part) => return Ok(part),
+            Err(error) if path == PackPath::Host => return Err(error),
+            Err(_) => {}
+        }
+    }
     let kernel = match path {
-        PackPath::Fallback => None,
+        PackPath::Fallback | PackPath::Host => None,
         PackPath::Auto | PackPath::Kernel => {
             let trivial = len == 0 || (postdivide == 1.0 && reduced.dtype() == dtype);
             match kernel_unpack::<B>(reduced, offset, len, postdivide, dtype, trivial) {
@@ -51,6 +59,40 @@ pub fn unpack<B: Backend>(
             reduced, offset, len, postdivide, dtype,
         )),
     }
+}
+
+/// The host result: an error when `B` keeps no host memory or has no host type for one of
+/// the dtypes. A trivial unpack is the fallback's slice, which shares the reduced row's buffer.
+fn host_unpack<B: Backend>(
+    reduced: &B::FloatTensorPrimitive,
+    offset: usize,
+    len: usize,
+    postdivide: f64,
+    dtype: DType,
+) -> Result<B::FloatTensorPrimitive, KernelError> {
+    let backend = HostBackend::of::<B>().ok_or_else(|| KernelError::HostUnavailable {
+        backend: B::name(&B::float_device(reduced)),
+    })?;
+    if let Some(dtype) = [reduced.dtype(), dtype]
+        .into_iter()
+        .find(|&dtype| !backend.supports(dtype))
+    {
+        return Err(KernelError::UnsupportedDType {
+            dtype,
+            path: "host",
+        });
+    }
+    if len == 0 || (postdivide == 1.0 && reduced.dtype() == dtype) {
+        return Ok(crate::fallback::unpack::<B>(
+            reduced, offset, len, postdivide, dtype,
+        ));
+    }
+    let row = HostTensor::from_primitive::<B>(reduced.clone()).map_err(|_| {
+        KernelError::HostUnavailable {
+            backend: B::name(&B::float_device(reduced)),
+        }
+    })?;
+    Ok(host::unpack(&row, offset, len, postdivide, dtype).into_primitive::<B>())
 }
 
 /// The kernel result: `None` when `B` has no kernels in this build. A `trivial` unpack (a plain

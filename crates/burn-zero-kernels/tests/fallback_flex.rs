@@ -88,8 +88,9 @@ fn fallback_matches_host_reference() {
     }
 }
 
+/// Auto on Flex is the host path (tests/host.rs), with the same results.
 #[test]
-fn auto_on_flex_is_the_fallback() {
+fn auto_on_flex_matches_the_reference() {
     let case = Case::new(
         3,
         DType::F16,

@@ -1,6 +1,9 @@
 //! `LocalGroup`: the in-process engine. One thread per rank, data moved and reduced with Burn
-//! tensor ops, so it runs on every backend (CPU, wgpu, CUDA devices without NCCL).
+//! tensor ops, so it runs on every backend (CPU, wgpu, CUDA devices without NCCL), and with
+//! loops over host memory on CPU backends (Flex, NdArray), whose results go into buffers
+//! reused from call to call.
 
+mod host;
 mod rendezvous;
 
 use std::sync::Arc;
@@ -12,6 +15,7 @@ use burn::tensor::{DType, Tensor, backend::Backend};
 use crate::call::{CollectiveCall, CollectiveOp, ReduceOp, dtype_name};
 use crate::communicator::Communicator;
 use crate::error::CommError;
+use host::HostPlane;
 use rendezvous::Rendezvous;
 
 /// Settings of a [`LocalGroup`].
@@ -37,10 +41,17 @@ impl Default for GroupOptions {
 /// let [`crate::launch`] do it). Reductions add in rank order, so every rank receives bitwise
 /// the same result, run after run. Dropping a handle tells the other ranks that this rank will
 /// issue no more collectives: a rank still waiting for it gets [`CommError::PeerExited`].
+///
+/// On Flex and NdArray, a collective reads the other ranks' buffers in place and writes its
+/// result into memory of the handle's own pool: a result's buffer is written again by a later
+/// collective once every tensor made from it has been dropped (at most 256 MiB of such idle
+/// buffers are kept per handle). Elsewhere results are fresh tensors of Burn ops.
 pub struct LocalGroup<B: Backend> {
     rank: usize,
     rendezvous: Arc<Rendezvous<Option<Tensor<B, 1>>>>,
     issued: AtomicU64,
+    /// The host data plane, on CPU backends.
+    host: Option<HostPlane>,
 }
 
 impl<B: Backend> LocalGroup<B> {
@@ -72,6 +83,7 @@ impl<B: Backend> LocalGroup<B> {
             rank,
             rendezvous,
             issued: AtomicU64::new(0),
+            host: HostPlane::new::<B>(),
         }
     }
 
@@ -163,10 +175,30 @@ impl<B: Backend> LocalGroup<B> {
         })
     }
 
-    /// `result` once this rank has finished reading the other ranks' buffers.
-    fn settled(&self, result: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+    /// `result` once this rank has finished reading `received`, the other ranks' tensors,
+    /// which it lets go of only then.
+    ///
+    /// The order matters on cubecl's wgpu runtime: each thread has its own queue of pending
+    /// work *and its own memory pool*, and a kernel reading another rank's buffer does not keep
+    /// that buffer's memory reserved. Were this rank to drop its handles first (as `cat` does
+    /// with the tensors it consumes) while its copy kernel still waits in its queue, the owner
+    /// could hand the memory to its next tensor and upload into it before the copy runs: the
+    /// copy then reads the wrong values. Holding `received` until this thread's work is
+    /// finished rules that out whatever the timing.
+    fn settled(
+        &self,
+        result: Tensor<B, 1>,
+        received: Vec<Option<Tensor<B, 1>>>,
+    ) -> Result<Tensor<B, 1>, CommError> {
         self.settle(&result.device())?;
+        drop(received);
         Ok(result)
+    }
+
+    /// The host data plane, for a group of more than one rank (one rank's results are its own
+    /// buffers, without a copy).
+    fn host(&self) -> Option<&HostPlane> {
+        self.host.as_ref().filter(|_| self.world() > 1)
     }
 
     /// Reduces `range` of every rank's buffer in rank order, on `device`.
@@ -224,14 +256,18 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
         if call.numel == 0 {
             return Ok(block);
         }
-        let blocks = blocks
-            .into_iter()
+        if let Some(gathered) = self.host().and_then(|host| host.concat(&blocks)) {
+            return Ok(gathered);
+        }
+        let parts = blocks
+            .iter()
             .map(|b| {
-                b.unwrap_or_else(|| unreachable!("every rank deposits a block"))
+                b.clone()
+                    .unwrap_or_else(|| unreachable!("every rank deposits a block"))
                     .to_device(&device)
             })
             .collect();
-        self.settled(Tensor::cat(blocks, 0))
+        self.settled(Tensor::cat(parts, 0), blocks)
     }
 
     fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
@@ -243,7 +279,14 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
         }
         let block = call.numel / self.world();
         let range = self.rank * block..(self.rank + 1) * block;
-        self.settled(Self::reduce_range(&buffers, range, op, &device))
+        if let Some(reduced) = self
+            .host()
+            .and_then(|host| host.reduce(&buffers, range.clone(), op))
+        {
+            return Ok(reduced);
+        }
+        let reduced = Self::reduce_range(&buffers, range, op, &device);
+        self.settled(reduced, buffers)
     }
 
     fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
@@ -256,16 +299,25 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
         // Each rank reduces one block, then the blocks are gathered: every element is still
         // reduced in rank order, and no rank does the whole reduction alone.
         let range = block_bounds(call.numel, self.world(), self.rank);
-        let mine = (!range.is_empty()).then(|| Self::reduce_range(&buffers, range, op, &device));
+        let mine = (!range.is_empty()).then(|| {
+            self.host()
+                .and_then(|host| host.reduce(&buffers, range.clone(), op))
+                .unwrap_or_else(|| Self::reduce_range(&buffers, range, op, &device))
+        });
+        // This rank's block is written, and its reads of the others' buffers are done, before
+        // it deposits the block and lets go of the buffers.
         self.settle(&device)?;
         drop(buffers);
         let blocks = self.exchange(&call, 1, mine)?;
-        let blocks: Vec<Tensor<B, 1>> = blocks
-            .into_iter()
+        if let Some(reduced) = self.host().and_then(|host| host.concat(&blocks)) {
+            return Ok(reduced);
+        }
+        let parts: Vec<Tensor<B, 1>> = blocks
+            .iter()
             .flatten()
-            .map(|b| b.to_device(&device))
+            .map(|b| b.clone().to_device(&device))
             .collect();
-        self.settled(Tensor::cat(blocks, 0))
+        self.settled(Tensor::cat(parts, 0), blocks)
     }
 
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
@@ -277,11 +329,23 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
             return Ok(buffer);
         }
         let sent = buffers
-            .into_iter()
-            .nth(root)
+            .get(root)
+            .cloned()
             .flatten()
             .unwrap_or_else(|| unreachable!("the root deposits its buffer"));
-        self.settled(sent.to_device(&device))
+        if self.host.is_some() || call.numel == 0 {
+            // Host tensors are copy-on-write: sharing the root's buffer is a copy made lazily.
+            return Ok(sent);
+        }
+        // A tensor of its own, written on this rank's queue: a caller could otherwise hold the
+        // root's memory past the point where the root reuses it (see `settled`).
+        let numel = sent.dims()[0];
+        // One range for the one dimension (not a vector of one range).
+        #[allow(clippy::single_range_in_vec_init)]
+        let all = [0..numel];
+        let copy = Tensor::<B, 1>::empty([numel], (&device, sent.dtype()))
+            .slice_assign(all, sent.to_device(&device));
+        self.settled(copy, buffers)
     }
 
     fn barrier(&self) -> Result<(), CommError> {

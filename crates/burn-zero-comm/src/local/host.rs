@@ -1,0 +1,187 @@
+//! `LocalGroup`'s data movement on host memory, for CPU backends (Flex, NdArray).
+//!
+//! On these backends every rank's tensors live in the same process memory, so a collective is
+//! a loop over slices: each rank reads the other ranks' buffers in place and writes its result
+//! into a buffer of its own pool, reused from call to call (see [`BufferPool`]). The
+//! arithmetic is [`HostFloat`]'s, which reproduces the backends' own tensor ops, and the
+//! reduction order is rank order, so results are bitwise those of the Burn-ops path.
+
+use std::ops::Range;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorPrimitive};
+use burn_zero_kernels::host::{
+    BufferPool, FloatVisitor, HostBackend, HostFloat, HostTensor, visit,
+};
+
+use crate::call::ReduceOp;
+
+/// Elements folded per chunk: the partial result stays in L1 cache while each further rank's
+/// values are added to it, so a reduction over `n` ranks still reads each input once and
+/// writes the result once.
+const CHUNK: usize = 4096;
+
+/// One rank's host data plane: which backend, and the pool its results are written into.
+pub(super) struct HostPlane {
+    backend: HostBackend,
+    pool: BufferPool,
+}
+
+impl HostPlane {
+    /// The host data plane for `B`, when `B` is a host backend.
+    pub fn new<B: Backend>() -> Option<Self> {
+        Some(Self {
+            backend: HostBackend::of::<B>()?,
+            pool: BufferPool::default(),
+        })
+    }
+
+    /// The tensors as contiguous host memory; `None` (use the Burn-ops path) when one is not
+    /// a host tensor of a dtype this backend stores.
+    fn views<'a, B: Backend>(
+        &self,
+        tensors: impl Iterator<Item = &'a Tensor<B, 1>>,
+    ) -> Option<Vec<HostTensor>> {
+        tensors
+            .map(|tensor| {
+                let tensor = tensor.clone().into_primitive().tensor();
+                let host = HostTensor::from_primitive::<B>(tensor).ok()?;
+                self.backend
+                    .supports(host.dtype())
+                    .then(|| host.into_contiguous())
+            })
+            .collect()
+    }
+
+    /// A tensor of `B` from a result of this plane.
+    fn tensor<B: Backend>(host: HostTensor) -> Tensor<B, 1> {
+        Tensor::from_primitive(TensorPrimitive::Float(host.into_primitive::<B>()))
+    }
+
+    /// The parts in order, end to end (absent ones are empty): all-gather's result, and
+    /// all-reduce's second phase. `None` when they are not host tensors.
+    pub fn concat<B: Backend>(&self, parts: &[Option<Tensor<B, 1>>]) -> Option<Tensor<B, 1>> {
+        let parts = self.views(parts.iter().flatten())?;
+        let dtype = parts.first()?.dtype();
+        let out = visit(
+            dtype,
+            Concat {
+                backend: self.backend,
+                pool: &self.pool,
+                parts: &parts,
+            },
+        )??;
+        Some(Self::tensor(out))
+    }
+
+    /// `range` of every rank's buffer, reduced element by element in rank order. `None` when
+    /// the buffers are not host tensors.
+    pub fn reduce<B: Backend>(
+        &self,
+        buffers: &[Option<Tensor<B, 1>>],
+        range: Range<usize>,
+        op: ReduceOp,
+    ) -> Option<Tensor<B, 1>> {
+        if buffers.iter().any(Option::is_none) {
+            return None;
+        }
+        let inputs = self.views(buffers.iter().flatten())?;
+        let dtype = inputs.first()?.dtype();
+        let out = visit(
+            dtype,
+            Reduce {
+                backend: self.backend,
+                pool: &self.pool,
+                inputs: &inputs,
+                range,
+                op,
+            },
+        )??;
+        Some(Self::tensor(out))
+    }
+}
+
+/// Writes the parts end to end into a pooled buffer of their element type `E`.
+struct Concat<'a> {
+    backend: HostBackend,
+    pool: &'a BufferPool,
+    parts: &'a [HostTensor],
+}
+
+impl FloatVisitor for Concat<'_> {
+    type Output = Option<HostTensor>;
+
+    fn visit<E: HostFloat>(self) -> Option<HostTensor> {
+        let parts: Vec<&[E]> = self
+            .parts
+            .iter()
+            .map(|part| part.as_slice::<E>())
+            .collect::<Option<_>>()?;
+        let numel = parts.iter().map(|part| part.len()).sum();
+        let mut out = self.pool.take::<E>(self.backend, numel);
+        let dst = out.as_mut_slice::<E>()?;
+        let mut start = 0;
+        for part in parts {
+            dst[start..start + part.len()].copy_from_slice(part);
+            start += part.len();
+        }
+        self.pool.keep(&out);
+        Some(out)
+    }
+}
+
+/// Reduces a range of the inputs into a pooled buffer of their element type `E`.
+struct Reduce<'a> {
+    backend: HostBackend,
+    pool: &'a BufferPool,
+    inputs: &'a [HostTensor],
+    range: Range<usize>,
+    op: ReduceOp,
+}
+
+impl FloatVisitor for Reduce<'_> {
+    type Output = Option<HostTensor>;
+
+    fn visit<E: HostFloat>(self) -> Option<HostTensor> {
+        let inputs: Vec<&[E]> = self
+            .inputs
+            .iter()
+            .map(|input| input.as_slice::<E>().map(|all| &all[self.range.clone()]))
+            .collect::<Option<_>>()?;
+        let mut out = self.pool.take::<E>(self.backend, self.range.len());
+        reduce_into(out.as_mut_slice::<E>()?, &inputs, self.op);
+        self.pool.keep(&out);
+        Some(out)
+    }
+}
+
+/// `out[i] = inputs[0][i] op inputs[1][i] op …`, left to right (rank order), then divided by
+/// the number of inputs for a mean of more than one: the Burn-ops path's fold, element for
+/// element.
+fn reduce_into<E: HostFloat>(out: &mut [E], inputs: &[&[E]], op: ReduceOp) {
+    let mean = (op == ReduceOp::Mean && inputs.len() > 1).then(|| E::divisor(inputs.len() as f64));
+    for (index, out) in out.chunks_mut(CHUNK).enumerate() {
+        let chunk = index * CHUNK..index * CHUNK + out.len();
+        let (first, rest) = inputs.split_first().expect("a group has a rank");
+        out.copy_from_slice(&first[chunk.clone()]);
+        for input in rest {
+            fold(out, &input[chunk.clone()], op);
+        }
+        if let Some(divisor) = mean {
+            for value in out.iter_mut() {
+                *value = value.div(divisor);
+            }
+        }
+    }
+}
+
+/// `acc[i] = acc[i] op values[i]`.
+#[inline]
+fn fold<E: HostFloat>(acc: &mut [E], values: &[E], op: ReduceOp) {
+    let pairs = acc.iter_mut().zip(values);
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => pairs.for_each(|(acc, &value)| *acc = acc.add(value)),
+        ReduceOp::Max => pairs.for_each(|(acc, &value)| *acc = acc.max_pair(value)),
+        ReduceOp::Min => pairs.for_each(|(acc, &value)| *acc = acc.min_pair(value)),
+    }
+}
