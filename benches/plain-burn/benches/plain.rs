@@ -1,7 +1,7 @@
 //! The plain-Burn baseline of the scaling suite: one GPT `small` training step (forward,
 //! backward, Adam) on `Autodiff<NdArray>` with Burn's own optimizer, on one thread, with the
 //! whole global batch. Criterion times it; the median seconds per step go to
-//! `target/bench-reports/plain.json` for `examples/scaling_report.rs` (`PLAIN_REPORT=name`
+//! `target/bench-reports/plain.json` for `tools/scaling-report` (`PLAIN_REPORT=name`
 //! writes `name.json` instead).
 
 #[path = "../../common/workload.rs"]
