@@ -10,8 +10,8 @@ use std::time::Instant;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 
-use burn_zero_gpt::{Corpus, Gpt};
 use crate::workload;
+use burn_zero_gpt::{Corpus, Gpt};
 
 /// The command line both sides share.
 #[derive(clap::Args, Debug, Clone)]

@@ -25,9 +25,9 @@ mod unpack;
 use burn::tensor::backend::Backend;
 
 pub use error::KernelError;
+pub use host::BufferPool;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use kernel::fused;
-pub use host::BufferPool;
 pub use pack::Packer;
 pub use spec::{BucketSpec, MemberSpec, PackPath};
 pub use unpack::unpack;

@@ -584,35 +584,38 @@ mod tests {
         Rendezvous::new(&env).with_timeout(Duration::from_millis(timeout_ms))
     }
 
-    /// Runs every `(rank, world_size)` on its own thread; rank 0 shares `blob`.
+    /// Runs every `(rank, world_size)` on its own thread; rank 0 shares `blob`. Rank 0 binds a
+    /// port the system picks before the others start (no port is assumed free between asking
+    /// and binding), and the others connect to it.
     fn run(
-        port: u16,
         ranks: &[(usize, usize)],
         timeout_ms: u64,
         blob: &[u8],
     ) -> Vec<Result<Vec<u8>, RendezvousError>> {
+        let (master, master_size) = ranks[0];
+        assert_eq!(master, 0, "the first entry is the master");
+        let server = rendezvous(0, 0, master_size, timeout_ms);
+        let listener = server.bind().unwrap();
+        let port = listener.port().unwrap();
         thread::scope(|scope| {
-            let handles: Vec<_> = ranks
+            let master = scope.spawn(|| server.serve_on(listener, blob).map(|()| blob.to_vec()));
+            let peers: Vec<_> = ranks[1..]
                 .iter()
                 .map(|&(rank, world_size)| {
-                    scope.spawn(move || {
-                        rendezvous(port, rank, world_size, timeout_ms).share(|| blob.to_vec())
-                    })
+                    scope.spawn(move || rendezvous(port, rank, world_size, timeout_ms).fetch())
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+            std::iter::once(master)
+                .chain(peers)
+                .map(|h| h.join().unwrap())
+                .collect()
         })
     }
 
     #[test]
     fn every_rank_receives_the_blob() {
         let blob: Vec<u8> = (0..128).map(|i| (i * 7 + 3) as u8).collect();
-        let results = run(
-            free_port(),
-            &[(0, 4), (1, 4), (2, 4), (3, 4)],
-            10_000,
-            &blob,
-        );
+        let results = run(&[(0, 4), (1, 4), (2, 4), (3, 4)], 10_000, &blob);
         for result in results {
             assert_eq!(result.unwrap(), blob);
         }
@@ -627,7 +630,7 @@ mod tests {
 
     #[test]
     fn world_size_mismatch_fails_both_sides() {
-        let results = run(free_port(), &[(0, 2), (1, 3)], 10_000, b"id");
+        let results = run(&[(0, 2), (1, 3)], 10_000, b"id");
         assert_eq!(
             results[0],
             Err(RendezvousError::WorldSizeMismatch {
@@ -646,7 +649,7 @@ mod tests {
 
     #[test]
     fn duplicate_rank_is_rejected() {
-        let results = run(free_port(), &[(0, 3), (1, 3), (1, 3)], 10_000, b"id");
+        let results = run(&[(0, 3), (1, 3), (1, 3)], 10_000, b"id");
         assert_eq!(results[0], Err(RendezvousError::DuplicateRank { rank: 1 }));
         for result in &results[1..] {
             match result {
@@ -675,7 +678,7 @@ mod tests {
     #[test]
     fn missing_ranks_are_named() {
         let started = Instant::now();
-        let results = run(free_port(), &[(0, 4), (2, 4)], 400, b"id");
+        let results = run(&[(0, 4), (2, 4)], 400, b"id");
         match &results[0] {
             Err(RendezvousError::Timeout { missing, .. }) => assert_eq!(missing, &[1, 3]),
             other => panic!("{other:?}"),
@@ -709,10 +712,12 @@ mod tests {
 
     #[test]
     fn a_stray_client_is_ignored() {
-        let port = free_port();
         let blob = b"unique id".to_vec();
+        let server = rendezvous(0, 0, 2, 10_000);
+        let listener = server.bind().unwrap();
+        let port = listener.port().unwrap();
         let results = thread::scope(|scope| {
-            let master = scope.spawn(|| rendezvous(port, 0, 2, 10_000).share(|| blob.clone()));
+            let master = scope.spawn(|| server.serve_on(listener, &blob).map(|()| blob.clone()));
             // Something that is not a rank connects first and sends garbage.
             let mut stray = loop {
                 match TcpStream::connect(("127.0.0.1", port)) {

@@ -6,7 +6,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{PROBE, ZERO_RUN, free_port, probe_rank, texts};
+use common::{PROBE, ZERO_RUN, free_port, probe_rank, texts, with_port};
 
 /// 128 bytes, the size of an NCCL unique id.
 fn blob_hex() -> String {
@@ -17,19 +17,20 @@ fn blob_hex() -> String {
 
 #[test]
 fn ids_are_exchanged_between_processes() {
-    let port = free_port();
     let blob = blob_hex();
-    let output = Command::new(ZERO_RUN)
-        .args([
-            "--nproc-per-node",
-            "4",
-            "--master-port",
-            &port.to_string(),
-            "--",
-        ])
-        .args([PROBE, "rendezvous", "10000", &blob])
-        .output()
-        .unwrap();
+    let (_, [output]) = with_port(|port| {
+        [Command::new(ZERO_RUN)
+            .args([
+                "--nproc-per-node",
+                "4",
+                "--master-port",
+                &port.to_string(),
+                "--",
+            ])
+            .args([PROBE, "rendezvous", "10000", &blob])
+            .output()
+            .unwrap()]
+    });
     let (stdout, stderr) = texts(&output);
     assert!(
         output.status.success(),
@@ -46,14 +47,15 @@ fn ids_are_exchanged_between_processes() {
 
 #[test]
 fn wrong_world_size_is_rejected() {
-    let port = free_port();
-    let master = probe_rank(0, 2, port, &["rendezvous", "10000", "abcd"])
-        .spawn()
-        .unwrap();
-    let peer = probe_rank(1, 3, port, &["rendezvous", "10000"])
-        .output()
-        .unwrap();
-    let master = master.wait_with_output().unwrap();
+    let (_, [master, peer]) = with_port(|port| {
+        let master = probe_rank(0, 2, port, &["rendezvous", "10000", "abcd"])
+            .spawn()
+            .unwrap();
+        let peer = probe_rank(1, 3, port, &["rendezvous", "10000"])
+            .output()
+            .unwrap();
+        [master.wait_with_output().unwrap(), peer]
+    });
 
     let (_, master_err) = texts(&master);
     assert_eq!(master.status.code(), Some(3), "{master_err}");
@@ -73,17 +75,18 @@ fn wrong_world_size_is_rejected() {
 
 #[test]
 fn duplicate_rank_is_rejected() {
-    let port = free_port();
-    let master = probe_rank(0, 3, port, &["rendezvous", "10000", "abcd"])
-        .spawn()
-        .unwrap();
-    let first = probe_rank(1, 3, port, &["rendezvous", "10000"])
-        .spawn()
-        .unwrap();
-    let second = probe_rank(1, 3, port, &["rendezvous", "10000"])
-        .spawn()
-        .unwrap();
-    let outputs = [master, first, second].map(|child| child.wait_with_output().unwrap());
+    let (_, outputs) = with_port(|port| {
+        let master = probe_rank(0, 3, port, &["rendezvous", "10000", "abcd"])
+            .spawn()
+            .unwrap();
+        let first = probe_rank(1, 3, port, &["rendezvous", "10000"])
+            .spawn()
+            .unwrap();
+        let second = probe_rank(1, 3, port, &["rendezvous", "10000"])
+            .spawn()
+            .unwrap();
+        [master, first, second].map(|child| child.wait_with_output().unwrap())
+    });
     for output in &outputs {
         let (_, stderr) = texts(output);
         assert_eq!(output.status.code(), Some(3), "{stderr}");

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{PROBE, ZERO_RUN, free_port, texts};
+use common::{PROBE, ZERO_RUN, texts, with_port};
 
 fn zero_run(options: &[&str], probe_args: &[&str]) -> Command {
     let mut command = Command::new(ZERO_RUN);
@@ -17,10 +17,14 @@ fn zero_run(options: &[&str], probe_args: &[&str]) -> Command {
 
 #[test]
 fn ranks_get_the_environment_and_prefixed_output() {
-    let port = free_port().to_string();
-    let output = zero_run(&["--nproc-per-node", "3", "--master-port", &port], &["env"])
-        .output()
-        .unwrap();
+    let (port, [output]) = with_port(|port| {
+        let port = port.to_string();
+        [
+            zero_run(&["--nproc-per-node", "3", "--master-port", &port], &["env"])
+                .output()
+                .unwrap(),
+        ]
+    });
     let (stdout, stderr) = texts(&output);
     assert!(
         output.status.success(),

@@ -10,13 +10,34 @@ pub const PROBE: &str = env!("CARGO_BIN_EXE_zero-launch-probe");
 /// The launcher under test.
 pub const ZERO_RUN: &str = env!("CARGO_BIN_EXE_zero-run");
 
-/// A port nobody listens on right now (bound to port 0, then released).
+/// A port nobody listens on right now (bound to port 0, then released). Another process may
+/// take it before a test's master binds it: run tests that bind it through [`with_port`].
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// Runs `attempt` with a free port and returns the port and the processes' outputs, trying again with
+/// another port when a master could not bind its port because something took it between
+/// [`free_port`] and the bind ("Address already in use"), at most five times.
+pub fn with_port<const N: usize>(
+    mut attempt: impl FnMut(u16) -> [Output; N],
+) -> (u16, [Output; N]) {
+    for _ in 0..4 {
+        let port = free_port();
+        let outputs = attempt(port);
+        let taken = outputs
+            .iter()
+            .any(|output| texts(output).1.contains("Address already in use"));
+        if !taken {
+            return (port, outputs);
+        }
+    }
+    let port = free_port();
+    (port, attempt(port))
 }
 
 /// The probe as rank `rank` of `world_size`, with the launcher environment set by hand.
