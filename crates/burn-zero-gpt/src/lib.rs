@@ -179,6 +179,11 @@ impl Corpus {
         self.ids.len()
     }
 
+    /// Whether the text is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
     /// The ids of `text`'s characters; characters outside the vocabulary are skipped.
     pub fn encode(&self, text: &str) -> Vec<usize> {
         text.chars()
