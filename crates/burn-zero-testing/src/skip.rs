@@ -28,11 +28,13 @@ pub fn skip(test: &str, reason: impl Display) {
 }
 
 /// Whether `variable` asks for the hardware to be present (set to anything but "", "0").
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn required(variable: &str) -> bool {
     std::env::var(variable).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// Skips `test` for `reason`, or fails it when `variable` says the hardware is required.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn absent(test: &str, reason: &str, variable: &str) {
     if required(variable) {
         panic!("{test}: {reason}, and {variable} is set: this machine must have it");
