@@ -129,59 +129,40 @@ impl HostFloat for f32 {
     }
 }
 
-impl HostFloat for f16 {
-    const DTYPE: DType = DType::F16;
-    const ZERO: Self = f16::ZERO;
-    type Divisor = f32;
+/// The half-precision types: Burn's CPU backends widen to f32 for every op and round back.
+macro_rules! half_float {
+    ($ty:ident, $dtype:ident) => {
+        impl HostFloat for $ty {
+            const DTYPE: DType = DType::$dtype;
+            const ZERO: Self = $ty::ZERO;
+            type Divisor = f32;
 
-    #[inline]
-    fn widen(self) -> f64 {
-        self.to_f32() as f64
-    }
-    #[inline]
-    fn narrow(value: f64) -> Self {
-        f16::from_f64(value)
-    }
-    #[inline]
-    fn divisor(divisor: f64) -> f32 {
-        f16::from_f32(divisor as f32).to_f32()
-    }
-    #[inline]
-    fn div(self, divisor: f32) -> Self {
-        f16::from_f32(self.to_f32() / divisor)
-    }
-    #[inline]
-    fn add(self, other: Self) -> Self {
-        f16::from_f32(self.to_f32() + other.to_f32())
-    }
+            #[inline]
+            fn widen(self) -> f64 {
+                self.to_f32() as f64
+            }
+            #[inline]
+            fn narrow(value: f64) -> Self {
+                $ty::from_f64(value)
+            }
+            #[inline]
+            fn divisor(divisor: f64) -> f32 {
+                $ty::from_f32(divisor as f32).to_f32()
+            }
+            #[inline]
+            fn div(self, divisor: f32) -> Self {
+                $ty::from_f32(self.to_f32() / divisor)
+            }
+            #[inline]
+            fn add(self, other: Self) -> Self {
+                $ty::from_f32(self.to_f32() + other.to_f32())
+            }
+        }
+    };
 }
 
-impl HostFloat for bf16 {
-    const DTYPE: DType = DType::BF16;
-    const ZERO: Self = bf16::ZERO;
-    type Divisor = f32;
-
-    #[inline]
-    fn widen(self) -> f64 {
-        self.to_f32() as f64
-    }
-    #[inline]
-    fn narrow(value: f64) -> Self {
-        bf16::from_f64(value)
-    }
-    #[inline]
-    fn divisor(divisor: f64) -> f32 {
-        bf16::from_f32(divisor as f32).to_f32()
-    }
-    #[inline]
-    fn div(self, divisor: f32) -> Self {
-        bf16::from_f32(self.to_f32() / divisor)
-    }
-    #[inline]
-    fn add(self, other: Self) -> Self {
-        bf16::from_f32(self.to_f32() + other.to_f32())
-    }
-}
+half_float!(f16, F16);
+half_float!(bf16, BF16);
 
 /// A computation generic over the element type, run by [`visit`] for a dtype known at run time.
 pub trait FloatVisitor {
