@@ -60,6 +60,24 @@ where
     P: Placement<B>,
     O: SimpleOptimizer<P::Host>,
 {
+    let (model, record, loaded) = load_record::<AB, B, M, O, P>(path, model)?;
+    Ok((model, optimizer.restore(record), loaded))
+}
+
+/// [`load`] that returns the optimizer's state as a record, to be restored into an optimizer
+/// built with the same settings as when saving (`ZeroOptimizer::restore`, or burn-train's
+/// `Learner::load_optim`, which only takes records).
+pub fn load_record<AB, B, M, O, P>(
+    path: &Path,
+    model: M,
+) -> Result<(M, ZeroOptimizerRecord<O, B, P>, Loaded), CheckpointError>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>>,
+    M: Module<AB>,
+    P: Placement<B>,
+    O: SimpleOptimizer<P::Host>,
+{
     let params = collect::<AB, B, M>(&model)?;
     let group = params.group.clone();
     let read = resolve(path)
@@ -82,14 +100,13 @@ where
     let model = model.map(&mut Replace {
         values: &mut values,
     });
-    let optimizer = optimizer.restore(record);
     tracing::info!(
         rank = group.rank(),
         step = loaded.step,
         saved_world_size = loaded.saved_world_size,
         "checkpoint loaded"
     );
-    Ok((model, optimizer, loaded))
+    Ok((model, record, loaded))
 }
 
 /// Names every difference between the saved parameters and the model's.

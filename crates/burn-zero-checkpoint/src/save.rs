@@ -10,7 +10,7 @@ use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 use burn_zero_core::{Zero, ZeroGroup};
-use burn_zero_optim::{Placement, ZeroOptimizer};
+use burn_zero_optim::{Placement, ZeroOptimizer, ZeroOptimizerRecord};
 use safetensors::Dtype;
 
 use crate::dir::rotate;
@@ -61,6 +61,26 @@ pub fn save<AB, B, M, O, P>(
     step: u64,
     model: &M,
     optimizer: &ZeroOptimizer<O, B, P>,
+    options: &SaveOptions,
+) -> Result<PathBuf, CheckpointError>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>>,
+    M: Module<AB>,
+    P: Placement<B>,
+    O: SimpleOptimizer<P::Host>,
+{
+    save_record::<AB, B, M, O, P>(root, step, model, optimizer.record(), options)
+}
+
+/// [`save`] with the optimizer's state given as its record ([`ZeroOptimizer::record`]), for
+/// callers that hold the record but not the optimizer (burn-train's `Learner` keeps its
+/// optimizer private and hands out records only).
+pub fn save_record<AB, B, M, O, P>(
+    root: &Path,
+    step: u64,
+    model: &M,
+    optimizer: ZeroOptimizerRecord<O, B, P>,
     options: &SaveOptions,
 ) -> Result<PathBuf, CheckpointError>
 where
@@ -219,7 +239,7 @@ fn state_dtype(name: &str) -> Option<Dtype> {
 fn write_rank<B, O, P>(
     dir: &Path,
     params: &RankParams<B>,
-    optimizer: &ZeroOptimizer<O, B, P>,
+    record: ZeroOptimizerRecord<O, B, P>,
 ) -> Result<(OptimizerEntry, Vec<ParamEntry>), CheckpointError>
 where
     B: Backend,
@@ -228,7 +248,6 @@ where
 {
     let group: &ZeroGroup<B> = &params.group;
     let (rank, world) = (group.rank(), group.world_size());
-    let record = optimizer.record();
     let masters: BTreeMap<usize, _> = record
         .masters
         .into_iter()

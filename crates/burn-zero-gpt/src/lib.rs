@@ -5,6 +5,10 @@
 
 use std::ops::Range;
 
+/// The GPT, its text windows and their batcher as burn-train's `Learner` takes them.
+#[cfg(feature = "learner")]
+pub mod learner;
+
 use burn::config::Config;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::attention::generate_autoregressive_mask;
@@ -177,6 +181,11 @@ impl Corpus {
     /// Length of the text in symbols.
     pub fn len(&self) -> usize {
         self.ids.len()
+    }
+
+    /// The text as symbol ids.
+    pub fn ids(&self) -> &[usize] {
+        &self.ids
     }
 
     /// Whether the text is empty.

@@ -1,0 +1,359 @@
+//! One rank's training: its copy of the learner, sharded; its blocks of each epoch; the
+//! agreement before every step; validation, checkpoints and early stopping at each epoch's end.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use burn::data::dataloader::Progress;
+use burn::module::AutodiffModule;
+use burn::optim::SimpleOptimizer;
+use burn::optim::lr_scheduler::LrScheduler;
+use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
+use burn_train::metric::store::EventStoreClient;
+use burn_train::{
+    CloneEarlyStoppingStrategy, InferenceStep, Interrupter, Learner, LearningComponentsMarker,
+    LearningComponentsTypes, SupervisedTrainingEventProcessor, TrainLoader, TrainStep,
+    TrainingItem, ValidLoader,
+};
+use burn_zero_checkpoint::{SaveOptions, list, load_record, read_metadata, save_record};
+use burn_zero_comm::RankContext;
+use burn_zero_core::{Zero, ZeroConfig, shard, unshard};
+use burn_zero_optim::{Placement, ZeroOptimizer};
+
+use crate::error::TrainError;
+use crate::events::{Funnel, Split};
+use crate::state;
+
+/// Output of a training step of `LC`'s model.
+type TrainOutput<LC> = <<LC as LearningComponentsTypes>::TrainingModel as TrainStep>::Output;
+/// Output of a validation step of `LC`'s model.
+type ValidOutput<LC> = <<LC as LearningComponentsTypes>::InferenceModel as InferenceStep>::Output;
+/// The funnel of `LC`'s events.
+pub(crate) type EventFunnel<LC> =
+    Funnel<SupervisedTrainingEventProcessor<LC>, TrainOutput<LC>, ValidOutput<LC>>;
+
+/// What every rank of this process reads.
+pub(crate) struct Shared<'a, LC: LearningComponentsTypes> {
+    /// One learner per rank of this process, taken by its rank.
+    pub learners: Mutex<Vec<Option<Learner<LC>>>>,
+    /// Every rank's training block of every epoch: `train[epoch - starting_epoch][rank]`.
+    pub train: Vec<Vec<TrainLoader<LC>>>,
+    /// Every rank's validation block of every epoch.
+    pub valid: Vec<Vec<ValidLoader<LC>>>,
+    /// Where items go; `None` in a process whose rank does not render.
+    pub funnel: Option<&'a EventFunnel<LC>>,
+    pub config: &'a ZeroConfig,
+    pub checkpoints: Option<&'a Path>,
+    pub keep_last: usize,
+    pub interrupter: &'a Interrupter,
+    /// Consulted on rank 0 only; its decision is shared.
+    pub early_stopping: Mutex<Option<Box<dyn CloneEarlyStoppingStrategy>>>,
+    pub event_store: &'a Arc<EventStoreClient>,
+    pub starting_epoch: usize,
+    pub num_epochs: usize,
+}
+
+/// What the ranks agreed before a step.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// Every rank has a batch: step.
+    Step,
+    /// A rank has no batch left: the epoch (or validation) ends here for every rank.
+    EndOfData,
+    /// A rank was asked to stop (its interrupter, or early stopping on rank 0).
+    Stop,
+}
+
+/// Every rank says whether it has a batch and whether it must stop; all decide alike, so no
+/// rank enters a collective the others skip.
+fn agree<B: Backend>(
+    ctx: &RankContext<B>,
+    has_batch: bool,
+    stop: bool,
+) -> Result<Next, TrainError> {
+    let flag = |b: bool| if b { 1.0f32 } else { 0.0 };
+    let mine = Tensor::<B, 1>::from_floats([flag(has_batch), flag(stop)], ctx.device());
+    let all = ctx
+        .comm()
+        .all_gather(mine)?
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .map_err(|e| TrainError::State(format!("reading the ranks' agreement: {e:?}")))?;
+    let ranks: Vec<(bool, bool)> = all.chunks(2).map(|c| (c[0] > 0.5, c[1] > 0.5)).collect();
+    if ranks.iter().any(|&(_, stop)| stop) {
+        return Ok(Next::Stop);
+    }
+    if ranks.iter().all(|&(has, _)| has) {
+        return Ok(Next::Step);
+    }
+    if has_batch {
+        let without: Vec<usize> = (0..ranks.len()).filter(|&r| !ranks[r].0).collect();
+        tracing::warn!(
+            rank = ctx.rank(),
+            ?without,
+            "this rank has batches left but other ranks have none: the epoch ends for all"
+        );
+    }
+    Ok(Next::EndOfData)
+}
+
+/// The components of a learner that trains through burn-zero.
+type ZeroComponents<AB, LR, M, O, B, P> =
+    LearningComponentsMarker<AB, LR, M, ZeroOptimizer<O, B, P>>;
+
+/// Trains rank `ctx.rank()` (learner and event slot `slot` of this process) and returns the
+/// trained model, gathered (every rank gathers; a collective).
+pub(crate) fn run<AB, B, LR, M, O, P>(
+    ctx: RankContext<B>,
+    slot: usize,
+    shared: &Shared<'_, ZeroComponents<AB, LR, M, O, B, P>>,
+) -> Result<M, TrainError>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = B::Device>,
+    LR: LrScheduler + 'static,
+    M: TrainStep + AutodiffModule<AB> + std::fmt::Display + 'static,
+    M::InnerModule: InferenceStep,
+    P: Placement<B> + 'static,
+    O: SimpleOptimizer<P::Host> + 'static,
+{
+    let (rank, world_size) = (ctx.rank(), ctx.world_size());
+    let mut learner = shared
+        .learners
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_mut(slot)
+        .and_then(Option::take)
+        .ok_or_else(|| TrainError::Invalid(format!("no learner for rank {rank}")))?;
+
+    // The rank's copy, on its device, sharded. `load_model` rebuilds the parameters and drops
+    // their gradient-hook marks: `grad_sharded` puts them back (the same mark `shard` sets).
+    learner.fork(ctx.device());
+    let model = shard::<AB, B, M>(learner.model(), &ctx, shared.config)?;
+    learner.load_model(model.into_record());
+    learner.grad_sharded();
+
+    let mut iteration = 0;
+    if shared.starting_epoch > 1 {
+        let root = shared.checkpoints.ok_or_else(|| {
+            TrainError::Invalid(format!(
+                "resuming after epoch {} needs the sharded checkpoints: \
+                 `ZeroStrategy::with_checkpoints(dir)`",
+                shared.starting_epoch - 1
+            ))
+        })?;
+        iteration = resume::<AB, B, LR, M, O, P>(
+            &mut learner,
+            root,
+            shared.starting_epoch - 1,
+            ctx.device(),
+        )?;
+    }
+
+    let has_early_stopping = shared
+        .early_stopping
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_some();
+    for epoch in shared.starting_epoch..=shared.num_epochs {
+        let index = epoch - shared.starting_epoch;
+        let global = Progress::new(epoch, shared.num_epochs);
+
+        // Training: one step per batch, as long as every rank has one.
+        let loader = &shared.train[index][rank];
+        let mut batches = loader.iter();
+        let mut stopped = false;
+        loop {
+            let batch = batches.next();
+            match agree(&ctx, batch.is_some(), shared.interrupter.should_stop())? {
+                Next::Step => {}
+                Next::EndOfData => break,
+                Next::Stop => {
+                    stopped = true;
+                    break;
+                }
+            }
+            let Some(batch) = batch else { break };
+            iteration += 1;
+            learner.lr_step();
+            let output = learner.train_step(batch);
+            learner.optimizer_step(output.grads);
+            if let Some(funnel) = shared.funnel {
+                let mut progress = batches.progress();
+                progress.items_processed *= world_size;
+                progress.items_total *= world_size;
+                let item = TrainingItem::new(
+                    output.item,
+                    progress,
+                    global.clone(),
+                    Some(iteration),
+                    Some(learner.lr_current()),
+                );
+                funnel.train_item(slot, epoch, iteration, item);
+            }
+        }
+        if let Some(funnel) = shared.funnel {
+            funnel.end_epoch(Split::Train, epoch);
+        }
+        if stopped {
+            tracing::info!(rank, epoch, "training stopped");
+            break;
+        }
+
+        // Validation on every rank: at stage 3 each forward gathers parameters.
+        let model = learner.model().valid();
+        let loader = &shared.valid[index][rank];
+        let mut batches = loader.iter();
+        let mut step = 0;
+        loop {
+            let batch = batches.next();
+            match agree(&ctx, batch.is_some(), shared.interrupter.should_stop())? {
+                Next::Step => {}
+                Next::EndOfData => break,
+                Next::Stop => {
+                    stopped = true;
+                    break;
+                }
+            }
+            let Some(batch) = batch else { break };
+            step += 1;
+            let output = model.step(batch);
+            if let Some(funnel) = shared.funnel {
+                let mut progress = batches.progress();
+                progress.items_processed *= world_size;
+                progress.items_total *= world_size;
+                let item = TrainingItem::new(output, progress, global.clone(), Some(step), None);
+                funnel.valid_item(slot, epoch, step, item);
+            }
+        }
+        drop(model);
+        if let Some(funnel) = shared.funnel {
+            funnel.end_epoch(Split::Valid, epoch);
+        }
+        if stopped {
+            tracing::info!(rank, epoch, "training stopped during validation");
+            break;
+        }
+
+        if let Some(root) = shared.checkpoints {
+            save_epoch::<AB, B, LR, M, O, P>(
+                &learner,
+                root,
+                epoch,
+                iteration,
+                shared.keep_last,
+                shared.event_store,
+            )?;
+        }
+
+        if has_early_stopping {
+            // Every rank has handed over its validation items (the last one ended the epoch
+            // for the metrics); rank 0 decides for all.
+            ctx.comm().barrier()?;
+            let stop = rank == 0
+                && shared
+                    .early_stopping
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_mut()
+                    .is_some_and(|strategy| strategy.should_stop(epoch, shared.event_store));
+            if agree(&ctx, true, stop)? == Next::Stop {
+                tracing::info!(rank, epoch, "early stopping");
+                break;
+            }
+        }
+    }
+
+    Ok(unshard::<AB, B, M>(learner.model()))
+}
+
+/// Saves the sharded checkpoint of the end of `epoch` (a collective).
+fn save_epoch<AB, B, LR, M, O, P>(
+    learner: &Learner<ZeroComponents<AB, LR, M, O, B, P>>,
+    root: &Path,
+    epoch: usize,
+    iteration: usize,
+    keep_last: usize,
+    store: &EventStoreClient,
+) -> Result<(), TrainError>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = B::Device>,
+    LR: LrScheduler + 'static,
+    M: TrainStep + AutodiffModule<AB> + std::fmt::Display + 'static,
+    M::InnerModule: InferenceStep,
+    P: Placement<B> + 'static,
+    O: SimpleOptimizer<P::Host> + 'static,
+{
+    let (optimizer, scheduler) = state::take(learner, epoch, store)?;
+    let extra = serde_json::json!({
+        "epoch": epoch,
+        "iteration": iteration,
+        "scheduler": state::scheduler_to_json::<ZeroComponents<AB, LR, M, O, B, P>>(scheduler)?,
+    });
+    let options = SaveOptions { keep_last, extra };
+    save_record::<AB, B, M, O, P>(
+        root,
+        iteration as u64,
+        &learner.model(),
+        optimizer,
+        &options,
+    )?;
+    Ok(())
+}
+
+/// Loads the checkpoint saved after `epoch` into the learner; returns the iterations done.
+fn resume<AB, B, LR, M, O, P>(
+    learner: &mut Learner<ZeroComponents<AB, LR, M, O, B, P>>,
+    root: &Path,
+    epoch: usize,
+    device: &B::Device,
+) -> Result<usize, TrainError>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = B::Device>,
+    LR: LrScheduler + 'static,
+    M: TrainStep + AutodiffModule<AB> + std::fmt::Display + 'static,
+    M::InnerModule: InferenceStep,
+    P: Placement<B> + 'static,
+    O: SimpleOptimizer<P::Host> + 'static,
+{
+    let found = list(root)?
+        .into_iter()
+        .rev()
+        .filter(|d| d.complete)
+        .find_map(|dir| {
+            let meta = read_metadata(&dir.path).ok()?;
+            let saved = meta.extra.get("epoch")?.as_u64()?;
+            (saved == epoch as u64).then_some((dir.path, meta))
+        });
+    let Some((dir, meta)) = found else {
+        return Err(TrainError::Invalid(format!(
+            "no complete checkpoint of epoch {epoch} under {}",
+            root.display()
+        )));
+    };
+    let iteration = meta
+        .extra
+        .get("iteration")
+        .and_then(|v| v.as_u64())
+        .ok_or_else(|| TrainError::State(format!("{} does not say its iteration", dir.display())))?
+        as usize;
+    let scheduler = meta.extra.get("scheduler").cloned().ok_or_else(|| {
+        TrainError::State(format!(
+            "{} holds no scheduler state: it was not saved by ZeroStrategy",
+            dir.display()
+        ))
+    })?;
+    let scheduler =
+        state::scheduler_from_json::<ZeroComponents<AB, LR, M, O, B, P>>(scheduler, device)?;
+    let (model, optimizer, _) = load_record::<AB, B, M, O, P>(&dir, learner.model())?;
+    learner.load_model(model.into_record());
+    learner.grad_sharded();
+    learner.load_optim(optimizer);
+    learner.load_scheduler(scheduler);
+    tracing::info!(epoch, iteration, dir = %dir.display(), "resumed");
+    Ok(iteration)
+}

@@ -1,0 +1,439 @@
+//! burn-train's Learner under `ZeroStrategy`, against the hand-written ZeRO loop on the same
+//! batches: 2 ranks, stage 3, on Flex (bitwise reproducible on the CPU).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use burn::backend::{Autodiff, Flex};
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
+use burn::module::Module;
+use burn::optim::lr_scheduler::LrScheduler;
+use burn::optim::lr_scheduler::linear::{LinearLrScheduler, LinearLrSchedulerConfig};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::tensor::backend::Backend;
+use burn_train::logger::MetricLogger;
+use burn_train::metric::store::{EpochSummary, MetricsUpdate, Split};
+use burn_train::metric::{LossMetric, MetricDefinition, NumericEntry};
+use burn_train::{Learner, SupervisedTraining, TrainingStrategy};
+use burn_zero_comm::launch;
+use burn_zero_core::{Zero, ZeroConfig, ZeroError, shard};
+use burn_zero_gpt::learner::{TextBatch, TextGpt, WindowBatcher, windows};
+use burn_zero_gpt::{Corpus, GptConfig, Materialise, TEXT, param_values};
+use burn_zero_optim::ZeroOptimizer;
+use burn_zero_train::ZeroStrategy;
+
+type Train = Autodiff<Zero<Flex>>;
+type Valid = Zero<Flex>;
+
+const WORLD: usize = 2;
+const SEQ: usize = 16;
+const BATCH: usize = 4;
+/// 25 training windows: 3 batches of 4 per rank and epoch, one window left over.
+const TRAIN_WINDOWS: usize = WORLD * 3 * BATCH + 1;
+/// 9 validation windows: 2 batches (of 2) per rank, one left over.
+const VALID_WINDOWS: usize = 9;
+
+/// Burn's seeded generator is process-wide: one model initialisation at a time.
+static SEEDED: Mutex<()> = Mutex::new(());
+
+fn zero_config() -> ZeroConfig {
+    ZeroConfig::new().with_stage(3).with_persist_below_numel(0)
+}
+
+fn base_model(corpus: &Corpus) -> TextGpt<Train> {
+    let _seeded = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let device = Default::default();
+    Train::seed(&device, 7);
+    let gpt = GptConfig::new(corpus.vocab(), SEQ, 32, 2, 1, 64).init::<Train>(&device);
+    gpt.visit(&mut Materialise);
+    TextGpt { gpt }
+}
+
+fn scheduler() -> LinearLrScheduler {
+    LinearLrSchedulerConfig::new(1e-2, 2e-3, 8)
+        .init()
+        .expect("a valid schedule")
+}
+
+/// The batches each rank drew, in order, as window starts (ranks are threads named `rank-N`).
+#[derive(Clone, Default)]
+struct Drawn(Arc<Mutex<Vec<(String, Vec<usize>)>>>);
+
+impl Drawn {
+    fn of_rank(&self, rank: usize) -> Vec<Vec<usize>> {
+        let name = format!("rank-{rank}");
+        let drawn = self.0.lock().unwrap();
+        drawn
+            .iter()
+            .filter(|(thread, _)| *thread == name)
+            .map(|(_, starts)| starts.clone())
+            .collect()
+    }
+}
+
+/// A batcher that notes every batch it makes, and can fail on one.
+#[derive(Clone)]
+struct Recording {
+    inner: WindowBatcher,
+    drawn: Drawn,
+    /// Panic at this (rank thread, batch number on that rank) instead of batching.
+    fail_at: Option<(String, usize)>,
+}
+
+impl<B: Backend> Batcher<B, usize, TextBatch<B>> for Recording {
+    fn batch(&self, starts: Vec<usize>, device: &B::Device) -> TextBatch<B> {
+        let thread = std::thread::current().name().unwrap_or("").to_string();
+        let mut drawn = self.drawn.0.lock().unwrap();
+        let before = drawn.iter().filter(|(t, _)| *t == thread).count();
+        if self.fail_at == Some((thread.clone(), before)) {
+            drop(drawn);
+            panic!("injected failure: the data source of {thread} broke");
+        }
+        drawn.push((thread, starts.clone()));
+        drop(drawn);
+        self.inner.tensors(&starts, device)
+    }
+}
+
+/// Every numeric metric entry burn-train logs: (split, epoch, value, running value).
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<(String, usize, f64, f64)>>>);
+
+fn value(entry: &NumericEntry) -> f64 {
+    match entry {
+        NumericEntry::Value(v) => *v,
+        NumericEntry::Aggregated {
+            aggregated_value, ..
+        } => *aggregated_value,
+    }
+}
+
+impl MetricLogger for Logged {
+    fn log(&mut self, update: MetricsUpdate, epoch: usize, split: &Split) {
+        let split = match split {
+            Split::Train => "train",
+            Split::Valid => "valid",
+            Split::Test(_) => "test",
+        };
+        let mut logged = self.0.lock().unwrap();
+        for numeric in update.entries_numeric {
+            logged.push((
+                split.to_string(),
+                epoch,
+                value(&numeric.numeric_entry),
+                value(&numeric.running_entry),
+            ));
+        }
+    }
+
+    fn read_numeric(&mut self, _: &str, _: usize, _: &Split) -> Result<Vec<NumericEntry>, String> {
+        Err("not kept".into())
+    }
+
+    fn log_metric_definition(&mut self, _: MetricDefinition) {}
+
+    fn log_epoch_summary(&mut self, _: EpochSummary) {}
+}
+
+impl Logged {
+    fn values(&self, split: &str, epoch: usize) -> Vec<(f64, f64)> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(s, e, _, _)| s == split && *e == epoch)
+            .map(|&(_, _, v, r)| (v, r))
+            .collect()
+    }
+}
+
+/// One Learner run and what it saw.
+struct Run {
+    params: Vec<Vec<f32>>,
+    drawn: Drawn,
+    logged: Logged,
+}
+
+struct Setup {
+    epochs: usize,
+    resume_after: Option<usize>,
+    checkpoints: Option<std::path::PathBuf>,
+    fail_at: Option<(String, usize)>,
+}
+
+fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
+    let device = Default::default();
+    let drawn = Drawn::default();
+    let logged = Logged::default();
+    let batcher = Recording {
+        inner: WindowBatcher::new(corpus, SEQ),
+        drawn: drawn.clone(),
+        fail_at: setup.fail_at,
+    };
+    let train: Arc<dyn DataLoader<Train, TextBatch<Train>>> = DataLoaderBuilder::new(batcher)
+        .batch_size(BATCH)
+        .build(windows(corpus, 0..(TRAIN_WINDOWS + 1) * SEQ, SEQ));
+    assert_eq!(train.num_items(), TRAIN_WINDOWS);
+    let valid_batcher = Recording {
+        inner: WindowBatcher::new(corpus, SEQ),
+        drawn: Drawn::default(),
+        fail_at: None,
+    };
+    let start = 2000;
+    let valid: Arc<dyn DataLoader<Valid, TextBatch<Valid>>> = DataLoaderBuilder::new(valid_batcher)
+        .batch_size(2)
+        .build(windows(
+            corpus,
+            start..start + (VALID_WINDOWS + 1) * SEQ,
+            SEQ,
+        ));
+    assert_eq!(valid.num_items(), VALID_WINDOWS);
+
+    let mut strategy = ZeroStrategy::<Flex>::new(WORLD, device, zero_config())
+        .with_seed(3)
+        .with_timeout(Duration::from_secs(60));
+    if let Some(root) = &setup.checkpoints {
+        strategy = strategy.with_checkpoints(root);
+    }
+    let learner = Learner::new(
+        base_model(corpus),
+        ZeroOptimizer::new(AdamConfig::new().build()),
+        scheduler(),
+    );
+    let mut training = SupervisedTraining::new(dir, train, valid)
+        .metric_train_numeric(LossMetric::<Flex>::new())
+        .metric_valid_numeric(LossMetric::<Flex>::new())
+        .with_metric_logger(logged.clone())
+        .with_application_logger(None)
+        .num_epochs(setup.epochs)
+        .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)));
+    if let Some(epoch) = setup.resume_after {
+        training = training.checkpoint(epoch);
+    }
+    let result = training.launch(learner);
+    Run {
+        params: param_values(&result.model),
+        drawn,
+        logged,
+    }
+}
+
+/// The hand-written ZeRO loop: each rank steps through `batches[rank]` (window starts) with
+/// the same model, optimizer and schedule. Returns each rank's losses and the final parameters.
+fn hand_written(corpus: &Corpus, batches: &[Vec<Vec<usize>>]) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let base = base_model(corpus);
+    let batcher = WindowBatcher::new(corpus, SEQ);
+    let outcomes = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let mut model = shard(base.clone(), &ctx, &zero_config())?;
+        let mut optimizer = ZeroOptimizer::new(AdamConfig::new().build());
+        let mut schedule = scheduler();
+        let mut losses = Vec::new();
+        for starts in &batches[ctx.rank()] {
+            let lr = LrScheduler::step(&mut schedule);
+            let batch = batcher.tensors::<Train>(starts, ctx.device());
+            let loss = model.gpt.loss(batch.inputs, batch.targets);
+            losses.push(loss.clone().into_scalar());
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optimizer.step(lr, model, grads);
+        }
+        Ok((losses, param_values(&model)))
+    })
+    .expect("the hand-written loop runs");
+    let params = outcomes[0].1.clone();
+    (outcomes.into_iter().map(|(l, _)| l).collect(), params)
+}
+
+fn bits(values: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    values
+        .iter()
+        .map(|v| v.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-zero-train-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Which items each rank saw in each epoch: disjoint blocks of equal size, every item but the
+/// one left over, dealt differently across epochs.
+fn check_deal(drawn: &Drawn, epochs: usize) {
+    let batches_per_epoch = 3;
+    let mut deals = Vec::new();
+    for epoch in 0..epochs {
+        let mut seen: Vec<usize> = Vec::new();
+        let mut per_rank = Vec::new();
+        for rank in 0..WORLD {
+            let batches = drawn.of_rank(rank);
+            assert_eq!(
+                batches.len(),
+                epochs * batches_per_epoch,
+                "rank {rank}'s batches"
+            );
+            let mine: Vec<usize> = batches
+                [epoch * batches_per_epoch..(epoch + 1) * batches_per_epoch]
+                .iter()
+                .flatten()
+                .copied()
+                .collect();
+            assert_eq!(mine.len(), batches_per_epoch * BATCH);
+            per_rank.push(mine[0]);
+            seen.extend(mine);
+        }
+        let count = seen.len();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), count, "epoch {}: ranks share items", epoch + 1);
+        assert_eq!(count, TRAIN_WINDOWS - 1);
+        deals.push(per_rank);
+    }
+    assert!(
+        deals.windows(2).any(|w| w[0] != w[1]),
+        "the deal never changes: {deals:?}"
+    );
+}
+
+#[test]
+fn learner_matches_the_hand_written_loop_bitwise() {
+    let corpus = Corpus::new(TEXT);
+    let dir = temp_dir("parity");
+    let epochs = 3;
+    let run = learner_run(
+        &corpus,
+        &dir,
+        Setup {
+            epochs,
+            resume_after: None,
+            checkpoints: None,
+            fail_at: None,
+        },
+    );
+    check_deal(&run.drawn, epochs);
+
+    let batches: Vec<_> = (0..WORLD).map(|r| run.drawn.of_rank(r)).collect();
+    let (losses, params) = hand_written(&corpus, &batches);
+    assert_eq!(
+        bits(&run.params),
+        bits(&params),
+        "the Learner's model differs from the hand-written loop's"
+    );
+
+    // Metrics: every rank's loss of every step, in rank order, and the epoch's mean over all
+    // of them (a sum and a count over ranks, not a mean of per-rank means).
+    for epoch in 1..=epochs {
+        let logged = run.logged.values("train", epoch);
+        let steps = 3;
+        let mut expected = Vec::new();
+        let (mut sum, mut count) = (0.0f64, 0usize);
+        for step in (epoch - 1) * steps..epoch * steps {
+            for rank_losses in &losses {
+                let loss = rank_losses[step] as f64;
+                sum += loss;
+                count += 1;
+                expected.push((loss, sum / count as f64));
+            }
+        }
+        assert_eq!(logged, expected, "train loss of epoch {epoch}");
+        // Validation: 2 batches per rank and epoch, every rank's counted.
+        assert_eq!(run.logged.values("valid", epoch).len(), 2 * WORLD);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn resume_continues_where_it_stopped() {
+    let corpus = Corpus::new(TEXT);
+    let (whole_dir, first_dir, second_dir) =
+        (temp_dir("whole"), temp_dir("first"), temp_dir("second"));
+    let checkpoints = temp_dir("checkpoints");
+    let whole = learner_run(
+        &corpus,
+        &whole_dir,
+        Setup {
+            epochs: 2,
+            resume_after: None,
+            checkpoints: None,
+            fail_at: None,
+        },
+    );
+    // The same run, stopped after epoch 1 and resumed from its sharded checkpoint.
+    learner_run(
+        &corpus,
+        &first_dir,
+        Setup {
+            epochs: 1,
+            resume_after: None,
+            checkpoints: Some(checkpoints.clone()),
+            fail_at: None,
+        },
+    );
+    let resumed = learner_run(
+        &corpus,
+        &second_dir,
+        Setup {
+            epochs: 2,
+            resume_after: Some(1),
+            checkpoints: Some(checkpoints.clone()),
+            fail_at: None,
+        },
+    );
+    assert_eq!(
+        bits(&resumed.params),
+        bits(&whole.params),
+        "the resumed run ends elsewhere than the uninterrupted one"
+    );
+    // The resumed run trained epoch 2 only, on the same batches, with the same losses.
+    for rank in 0..WORLD {
+        assert_eq!(resumed.drawn.of_rank(rank), whole.drawn.of_rank(rank)[3..]);
+    }
+    // burn-train's metric store numbers a run's epochs from 1 until the first one ends, so
+    // the resumed epoch 2 is logged under 1.
+    assert_eq!(
+        resumed.logged.values("train", 1),
+        whole.logged.values("train", 2),
+        "the resumed epoch's losses differ"
+    );
+    assert_eq!(
+        resumed.logged.values("valid", 1),
+        whole.logged.values("valid", 2)
+    );
+    for dir in [whole_dir, first_dir, second_dir, checkpoints] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn a_failing_rank_stops_every_rank_and_names_itself() {
+    let corpus = Corpus::new(TEXT);
+    let dir = temp_dir("failure");
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        learner_run(
+            &corpus,
+            &dir,
+            Setup {
+                epochs: 2,
+                resume_after: None,
+                checkpoints: None,
+                // Rank 1's second batch of the first epoch.
+                fail_at: Some(("rank-1".into(), 1)),
+            },
+        )
+    }));
+    let payload = outcome.err().expect("the run must fail");
+    let message = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(message.contains("rank 1"), "{message}");
+    assert!(
+        message.contains("injected failure: the data source of rank-1 broke"),
+        "{message}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
