@@ -18,7 +18,7 @@ use burn_train::logger::MetricLogger;
 use burn_train::metric::store::{EpochSummary, MetricsUpdate, Split};
 use burn_train::metric::{LossMetric, MetricDefinition, NumericEntry};
 use burn_train::{Learner, SupervisedTraining, TrainingStrategy};
-use burn_zero_comm::launch;
+use burn_zero_comm::{Communicator, LocalGroup, RankContext, launch};
 use burn_zero_core::{Zero, ZeroConfig, ZeroError, shard};
 use burn_zero_gpt::learner::{TextBatch, TextGpt, WindowBatcher, windows};
 use burn_zero_gpt::{Corpus, GptConfig, Materialise, TEXT, param_values};
@@ -158,6 +158,8 @@ struct Run {
 }
 
 struct Setup {
+    /// `None`: two in-process ranks (`ZeroStrategy::new`).
+    strategy: Option<ZeroStrategy<Flex>>,
     epochs: usize,
     resume_after: Option<usize>,
     checkpoints: Option<std::path::PathBuf>,
@@ -192,9 +194,11 @@ fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
         ));
     assert_eq!(valid.num_items(), VALID_WINDOWS);
 
-    let mut strategy = ZeroStrategy::<Flex>::new(WORLD, device, zero_config())
-        .with_seed(3)
-        .with_timeout(Duration::from_secs(60));
+    let mut strategy = setup.strategy.unwrap_or_else(|| {
+        ZeroStrategy::<Flex>::new(WORLD, device, zero_config())
+            .with_seed(3)
+            .with_timeout(Duration::from_secs(60))
+    });
     if let Some(root) = &setup.checkpoints {
         strategy = strategy.with_checkpoints(root);
     }
@@ -307,6 +311,7 @@ fn learner_matches_the_hand_written_loop_bitwise() {
         &corpus,
         &dir,
         Setup {
+            strategy: None,
             epochs,
             resume_after: None,
             checkpoints: None,
@@ -355,6 +360,7 @@ fn resume_continues_where_it_stopped() {
         &corpus,
         &whole_dir,
         Setup {
+            strategy: None,
             epochs: 2,
             resume_after: None,
             checkpoints: None,
@@ -366,6 +372,7 @@ fn resume_continues_where_it_stopped() {
         &corpus,
         &first_dir,
         Setup {
+            strategy: None,
             epochs: 1,
             resume_after: None,
             checkpoints: Some(checkpoints.clone()),
@@ -376,6 +383,7 @@ fn resume_continues_where_it_stopped() {
         &corpus,
         &second_dir,
         Setup {
+            strategy: None,
             epochs: 2,
             resume_after: Some(1),
             checkpoints: Some(checkpoints.clone()),
@@ -416,6 +424,7 @@ fn a_failing_rank_stops_every_rank_and_names_itself() {
             &corpus,
             &dir,
             Setup {
+                strategy: None,
                 epochs: 2,
                 resume_after: None,
                 checkpoints: None,
@@ -436,4 +445,90 @@ fn a_failing_rank_stops_every_rank_and_names_itself() {
         "{message}"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Each rank as its own "process" (`ZeroStrategy::this_process`, here threads that share
+/// nothing but their communicators): every rank ends with the model the in-process ranks end
+/// with, and only rank 0's items reach rank 0's metrics.
+#[test]
+fn ranks_as_processes_train_like_ranks_as_threads() {
+    let corpus = Corpus::new(TEXT);
+    let threads_dir = temp_dir("threads");
+    let threads = learner_run(
+        &corpus,
+        &threads_dir,
+        Setup {
+            strategy: None,
+            epochs: 2,
+            resume_after: None,
+            checkpoints: None,
+            fail_at: None,
+        },
+    );
+    let groups = LocalGroup::<Flex>::new(WORLD).expect("a group");
+    let runs: Vec<Run> = std::thread::scope(|scope| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .enumerate()
+            .map(|(rank, group)| {
+                let corpus = &corpus;
+                std::thread::Builder::new()
+                    .name(format!("rank-{rank}"))
+                    .spawn_scoped(scope, move || {
+                        let comm: Arc<dyn Communicator<Flex>> = Arc::new(group);
+                        let strategy = ZeroStrategy::this_process(
+                            move || {
+                                Ok::<_, String>(RankContext::new(Default::default(), comm.clone()))
+                            },
+                            zero_config(),
+                        )
+                        .with_seed(3);
+                        let dir = temp_dir(&format!("process-{rank}"));
+                        let run = learner_run(
+                            corpus,
+                            &dir,
+                            Setup {
+                                strategy: Some(strategy),
+                                epochs: 2,
+                                resume_after: None,
+                                checkpoints: None,
+                                fail_at: None,
+                            },
+                        );
+                        let _ = std::fs::remove_dir_all(dir);
+                        run
+                    })
+                    .expect("a rank thread")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("the rank trains"))
+            .collect()
+    });
+    for (rank, run) in runs.iter().enumerate() {
+        assert_eq!(
+            bits(&run.params),
+            bits(&threads.params),
+            "rank {rank} as a process ends elsewhere than the in-process ranks"
+        );
+        assert_eq!(run.drawn.of_rank(rank), threads.drawn.of_rank(rank));
+    }
+    // Rank 0 renders and logs its own items; rank 1 logs nothing.
+    assert_eq!(runs[0].logged.values("train", 1).len(), 3);
+    assert!(runs[1].logged.values("train", 1).is_empty());
+    let own: Vec<f64> = runs[0]
+        .logged
+        .values("train", 1)
+        .iter()
+        .map(|v| v.0)
+        .collect();
+    let all: Vec<f64> = threads
+        .logged
+        .values("train", 1)
+        .iter()
+        .map(|v| v.0)
+        .collect();
+    assert_eq!(own, all.iter().step_by(WORLD).copied().collect::<Vec<_>>());
+    let _ = std::fs::remove_dir_all(threads_dir);
 }

@@ -1,0 +1,191 @@
+//! The character-level GPT trained through burn-train's `Learner` under ZeRO: Burn's metrics,
+//! renderer, scheduler and metric logs, with every rank holding 1/N of the model state.
+//!
+//! ```sh
+//! cargo run --example learner_gpt                    # 2 CPU ranks, stage 3, 2 epochs
+//! cargo run --example learner_gpt -- --checkpoint-dir /tmp/ckpt --epochs 1
+//! cargo run --example learner_gpt -- --checkpoint-dir /tmp/ckpt --epochs 2 --resume-after 1
+//! ```
+//!
+//! Against an ordinary Learner setup, the ZeRO lines are the backend type (`Autodiff<Zero<B>>`),
+//! the optimizer (`ZeroOptimizer`) and the training strategy (`ZeroStrategy`). The bundled text
+//! is the data: its first 90% trains, the rest validates. Burn's terminal dashboard shows up
+//! on a terminal when burn-train's `tui` feature is on; otherwise (pipes, CI, `zero-run`) its
+//! plain renderer prints progress, and the metrics go to `<dir>/train` and `<dir>/valid`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use burn::backend::{Autodiff, Flex};
+use burn::data::dataloader::DataLoaderBuilder;
+use burn::module::Module;
+use burn::optim::AdamConfig;
+use burn::optim::lr_scheduler::cosine::CosineAnnealingLrSchedulerConfig;
+use burn::tensor::backend::Backend;
+use burn_train::metric::{AccuracyMetric, LearningRateMetric, LossMetric};
+use burn_train::{Learner, SupervisedTraining, TrainingStrategy};
+use burn_zero::{Zero, ZeroConfig, ZeroOptimizer};
+use burn_zero_gpt::learner::{TextGpt, WindowBatcher, windows};
+use burn_zero_gpt::{Corpus, Materialise, Preset, TEXT};
+use burn_zero_train::ZeroStrategy;
+use clap::Parser;
+
+/// Train the GPT with burn-train's Learner under ZeRO.
+#[derive(Parser, Debug)]
+#[command(name = "learner_gpt")]
+struct Args {
+    /// Ranks (threads of this process).
+    #[arg(long, default_value_t = 2)]
+    world_size: usize,
+    /// ZeRO stage, 0 to 3.
+    #[arg(long, default_value_t = 3)]
+    stage: u8,
+    /// Model size: tiny, small or base.
+    #[arg(long, default_value = "tiny")]
+    preset: String,
+    /// Epochs to train.
+    #[arg(long, default_value_t = 2)]
+    epochs: usize,
+    /// Windows per batch on each rank.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// Symbols per window.
+    #[arg(long, default_value_t = 64)]
+    seq_len: usize,
+    /// Training windows per epoch (at most what 90% of the text holds).
+    #[arg(long, default_value_t = 1024)]
+    train_windows: usize,
+    /// Micro-batches per optimizer step (`ZeroOptimizer::with_accumulation`).
+    #[arg(long, default_value_t = 1)]
+    accumulation: usize,
+    /// Peak learning rate (cosine decay to a tenth of it over the run).
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f64,
+    /// Seed of the model and of each epoch's deal of the data to the ranks.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Where burn-train writes its logs and metrics.
+    #[arg(long, default_value = "target/learner_gpt")]
+    dir: PathBuf,
+    /// Save a sharded checkpoint here after every epoch.
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Resume from the checkpoint saved after this epoch (needs --checkpoint-dir).
+    #[arg(long)]
+    resume_after: Option<usize>,
+}
+
+type Train = Autodiff<Zero<Flex>>;
+type Valid = Zero<Flex>;
+
+fn main() {
+    let args = Args::parse();
+    if let Err(error) = run(&args) {
+        eprintln!("learner_gpt: {error}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let preset = match args.preset.as_str() {
+        "tiny" => Preset::Tiny,
+        "small" => Preset::Small,
+        "base" => Preset::Base,
+        other => return Err(format!("--preset {other}: tiny, small or base")),
+    };
+    if args.stage > 3 {
+        return Err(format!("--stage {} does not exist (0 to 3)", args.stage));
+    }
+    if args.world_size == 0 || args.batch_size == 0 || args.seq_len == 0 {
+        return Err("--world-size, --batch-size and --seq-len must be at least 1".into());
+    }
+    if args.resume_after.is_some() && args.checkpoint_dir.is_none() {
+        return Err("--resume-after needs --checkpoint-dir".into());
+    }
+    let corpus = Corpus::new(TEXT);
+    let split = corpus.len() * 9 / 10;
+    if args.seq_len + 1 >= corpus.len() - split {
+        return Err(format!("--seq-len {} does not fit the text", args.seq_len));
+    }
+    let device = Default::default();
+
+    // Data: windows of the text, batched by burn-train's ordinary data loaders.
+    let mut train_windows = windows(&corpus, 0..split, args.seq_len);
+    let available = burn::data::dataset::Dataset::len(&train_windows);
+    let take = args.train_windows.min(available);
+    train_windows = burn::data::dataset::InMemDataset::new(
+        (0..take)
+            .filter_map(|i| burn::data::dataset::Dataset::get(&train_windows, i))
+            .collect(),
+    );
+    let batcher = WindowBatcher::new(&corpus, args.seq_len);
+    let train = DataLoaderBuilder::<Train, _, _>::new(batcher.clone())
+        .batch_size(args.batch_size)
+        .build(train_windows);
+    let valid = DataLoaderBuilder::<Valid, _, _>::new(batcher)
+        .batch_size(args.batch_size)
+        .build(windows(&corpus, split..corpus.len(), args.seq_len));
+
+    // The model and the learner: an ordinary Learner, with ZeroOptimizer as its optimizer.
+    Train::seed(&device, args.seed);
+    let gpt = preset
+        .config(corpus.vocab(), args.seq_len)
+        .init::<Train>(&device);
+    gpt.visit(&mut Materialise);
+    let model = TextGpt { gpt };
+    let parameters = model.num_params();
+    let steps_per_epoch = (take / args.world_size).div_ceil(args.batch_size);
+    let total = (steps_per_epoch * args.epochs).max(1);
+    let scheduler = CosineAnnealingLrSchedulerConfig::new(args.lr, total)
+        .with_min_lr(args.lr / 10.0)
+        .init()
+        .map_err(|e| format!("the learning-rate schedule: {e}"))?;
+    let optimizer =
+        ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(args.accumulation);
+    let learner = Learner::new(model, optimizer, scheduler);
+
+    // The strategy: ranks, ZeRO settings, data deal, sharded checkpoints.
+    let config = ZeroConfig::new()
+        .with_stage(args.stage)
+        .with_persist_below_numel(1024);
+    let mut strategy =
+        ZeroStrategy::<Flex>::new(args.world_size, device, config).with_seed(args.seed);
+    if let Some(dir) = &args.checkpoint_dir {
+        strategy = strategy.with_checkpoints(dir);
+    }
+    println!(
+        "learner_gpt: {} ({parameters} parameters), {} rank(s), ZeRO stage {}, {} epoch(s) of \
+         {steps_per_epoch} steps",
+        preset.name(),
+        args.world_size,
+        args.stage,
+        args.epochs
+    );
+
+    let mut training = SupervisedTraining::new(&args.dir, train, valid)
+        .metric_train_numeric(LossMetric::<Flex>::new())
+        .metric_valid_numeric(LossMetric::<Flex>::new())
+        .metric_train_numeric(AccuracyMetric::<Flex>::new())
+        .metric_valid_numeric(AccuracyMetric::<Flex>::new())
+        .metric_train_numeric(LearningRateMetric::new())
+        .num_epochs(args.epochs)
+        .summary()
+        .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)));
+    if let Some(epoch) = args.resume_after {
+        training = training.checkpoint(epoch);
+    }
+    let result = training.launch(learner);
+
+    // The returned model is gathered: an ordinary model on this thread.
+    let probe = WindowBatcher::new(&corpus, args.seq_len).tensors::<Valid>(
+        &(0..4).map(|i| split + i * args.seq_len).collect::<Vec<_>>(),
+        &device,
+    );
+    let loss = result.model.classify(probe).loss.into_scalar();
+    println!("learner_gpt: the trained model's loss on 4 validation windows: {loss:.4}");
+    println!(
+        "learner_gpt: metrics under {}",
+        args.dir.join("train").display()
+    );
+    Ok(())
+}
