@@ -28,5 +28,5 @@ pub use consolidate::{Consolidated, OutputDtype, consolidate, consolidate_checkp
 pub use dir::{CheckpointDir, latest, list, read_metadata, resolve};
 pub use error::CheckpointError;
 pub use format::Metadata;
-pub use load::{Loaded, Resumed, load, load_record};
+pub use load::{Loaded, Resumed, ResumedRecord, load, load_record};
 pub use save::{SaveOptions, save, save_record};

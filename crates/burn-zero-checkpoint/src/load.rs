@@ -39,6 +39,10 @@ pub struct Loaded {
 /// found.
 pub type Resumed<M, O, B, P> = (M, ZeroOptimizer<O, B, P>, Loaded);
 
+/// What [`load_record`] returns: the model holding the checkpoint's parameters, the optimizer's
+/// state as a record, and what it found.
+pub type ResumedRecord<M, O, B, P> = (M, ZeroOptimizerRecord<O, B, P>, Loaded);
+
 /// Loads a checkpoint into `model` (sharded with `shard`, at any world size and stage) and
 /// `optimizer` (built with the same settings as when saving). A collective: call it on every
 /// rank, on the training thread.
@@ -70,7 +74,7 @@ where
 pub fn load_record<AB, B, M, O, P>(
     path: &Path,
     model: M,
-) -> Result<(M, ZeroOptimizerRecord<O, B, P>, Loaded), CheckpointError>
+) -> Result<ResumedRecord<M, O, B, P>, CheckpointError>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,

@@ -51,6 +51,9 @@ pub(crate) fn block(
     start..start + size
 }
 
+/// Data loaders by epoch, then by rank.
+pub(crate) type Shares<B, O> = Vec<Vec<Arc<dyn DataLoader<B, O>>>>;
+
 /// Every rank's share of every epoch `first_epoch..=last_epoch`, as `shares[epoch -
 /// first_epoch][rank]`, each moved to that rank's device.
 ///
@@ -64,7 +67,7 @@ pub(crate) fn shares<B: Backend, O>(
     epochs: std::ops::RangeInclusive<usize>,
     deal: Deal,
     split: &str,
-) -> Result<Vec<Vec<Arc<dyn DataLoader<B, O>>>>, TrainError> {
+) -> Result<Shares<B, O>, TrainError> {
     let items = loader.num_items();
     if items < world_size {
         return Err(TrainError::Invalid(format!(

@@ -60,7 +60,10 @@ fn scheduler() -> LinearLrScheduler {
 
 /// The batches each rank drew, in order, as window starts (ranks are threads named `rank-N`).
 #[derive(Clone, Default)]
-struct Drawn(Arc<Mutex<Vec<(String, Vec<usize>)>>>);
+struct Drawn(Arc<Mutex<Vec<Batch>>>);
+
+/// A batch as the thread that drew it and its window starts.
+type Batch = (String, Vec<usize>);
 
 impl Drawn {
     fn of_rank(&self, rank: usize) -> Vec<Vec<usize>> {
@@ -100,7 +103,10 @@ impl<B: Backend> Batcher<B, usize, TextBatch<B>> for Recording {
 
 /// Every numeric metric entry burn-train logs: (split, epoch, value, running value).
 #[derive(Clone, Default)]
-struct Logged(Arc<Mutex<Vec<(String, usize, f64, f64)>>>);
+struct Logged(Arc<Mutex<Vec<Entry>>>);
+
+/// A logged entry: split, epoch, value, running value.
+type Entry = (String, usize, f64, f64);
 
 fn value(entry: &NumericEntry) -> f64 {
     match entry {
