@@ -17,7 +17,7 @@ use burn::tensor::backend::Backend;
 use burn_train::logger::MetricLogger;
 use burn_train::metric::store::{EpochSummary, MetricsUpdate, Split};
 use burn_train::metric::{LossMetric, MetricDefinition, NumericEntry};
-use burn_train::{Learner, SupervisedTraining, TrainingStrategy};
+use burn_train::{Interrupter, Learner, SupervisedTraining, TrainingStrategy};
 use burn_zero_comm::{Communicator, LocalGroup, RankContext, launch};
 use burn_zero_core::{Zero, ZeroConfig, ZeroError, shard};
 use burn_zero_gpt::learner::{TextBatch, TextGpt, WindowBatcher, windows};
@@ -84,6 +84,8 @@ struct Recording {
     drawn: Drawn,
     /// Panic at this (rank thread, batch number on that rank) instead of batching.
     fail_at: Option<(String, usize)>,
+    /// Ask the run to stop while making this (rank thread, batch number).
+    interrupt_at: Option<(String, usize, Interrupter)>,
 }
 
 impl<B: Backend> Batcher<B, usize, TextBatch<B>> for Recording {
@@ -94,6 +96,11 @@ impl<B: Backend> Batcher<B, usize, TextBatch<B>> for Recording {
         if self.fail_at == Some((thread.clone(), before)) {
             drop(drawn);
             panic!("injected failure: the data source of {thread} broke");
+        }
+        if let Some((at, batch, interrupter)) = &self.interrupt_at
+            && (at.as_str(), *batch) == (thread.as_str(), before)
+        {
+            interrupter.stop(Some("asked by the test"));
         }
         drawn.push((thread, starts.clone()));
         drop(drawn);
@@ -163,6 +170,7 @@ struct Run {
     logged: Logged,
 }
 
+#[derive(Default)]
 struct Setup {
     /// `None`: two in-process ranks (`ZeroStrategy::new`).
     strategy: Option<ZeroStrategy<Flex>>,
@@ -170,16 +178,26 @@ struct Setup {
     resume_after: Option<usize>,
     checkpoints: Option<std::path::PathBuf>,
     fail_at: Option<(String, usize)>,
+    /// Trigger the interrupter while this (rank thread, batch) is drawn.
+    interrupt_at: Option<(String, usize)>,
+    /// `ZeroOptimizer::with_accumulation` (1 when 0).
+    accumulation: usize,
+    /// burn-train's own `grads_accumulation`, which the strategy refuses.
+    burn_accumulation: Option<usize>,
 }
 
 fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
     let device = Default::default();
     let drawn = Drawn::default();
     let logged = Logged::default();
+    let interrupter = Interrupter::new();
     let batcher = Recording {
         inner: WindowBatcher::new(corpus, SEQ),
         drawn: drawn.clone(),
         fail_at: setup.fail_at,
+        interrupt_at: setup
+            .interrupt_at
+            .map(|(thread, batch)| (thread, batch, interrupter.clone())),
     };
     let train: Arc<dyn DataLoader<Train, TextBatch<Train>>> = DataLoaderBuilder::new(batcher)
         .batch_size(BATCH)
@@ -189,6 +207,7 @@ fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
         inner: WindowBatcher::new(corpus, SEQ),
         drawn: Drawn::default(),
         fail_at: None,
+        interrupt_at: None,
     };
     let start = 2000;
     let valid: Arc<dyn DataLoader<Valid, TextBatch<Valid>>> = DataLoaderBuilder::new(valid_batcher)
@@ -210,7 +229,7 @@ fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
     }
     let learner = Learner::new(
         base_model(corpus),
-        ZeroOptimizer::new(AdamConfig::new().build()),
+        ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(setup.accumulation),
         scheduler(),
     );
     let mut training = SupervisedTraining::new(dir, train, valid)
@@ -219,9 +238,13 @@ fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
         .with_metric_logger(logged.clone())
         .with_application_logger(None)
         .num_epochs(setup.epochs)
+        .with_interrupter(interrupter)
         .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)));
     if let Some(epoch) = setup.resume_after {
         training = training.checkpoint(epoch);
+    }
+    if let Some(steps) = setup.burn_accumulation {
+        training = training.grads_accumulation(steps);
     }
     let result = training.launch(learner);
     Run {
@@ -233,12 +256,17 @@ fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
 
 /// The hand-written ZeRO loop: each rank steps through `batches[rank]` (window starts) with
 /// the same model, optimizer and schedule. Returns each rank's losses and the final parameters.
-fn hand_written(corpus: &Corpus, batches: &[Vec<Vec<usize>>]) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+fn hand_written(
+    corpus: &Corpus,
+    batches: &[Vec<Vec<usize>>],
+    accumulation: usize,
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let base = base_model(corpus);
     let batcher = WindowBatcher::new(corpus, SEQ);
     let outcomes = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
         let mut model = shard(base.clone(), &ctx, &zero_config())?;
-        let mut optimizer = ZeroOptimizer::new(AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(accumulation);
         let mut schedule = scheduler();
         let mut losses = Vec::new();
         for starts in &batches[ctx.rank()] {
@@ -317,17 +345,14 @@ fn learner_matches_the_hand_written_loop_bitwise() {
         &corpus,
         &dir,
         Setup {
-            strategy: None,
             epochs,
-            resume_after: None,
-            checkpoints: None,
-            fail_at: None,
+            ..Default::default()
         },
     );
     check_deal(&run.drawn, epochs);
 
     let batches: Vec<_> = (0..WORLD).map(|r| run.drawn.of_rank(r)).collect();
-    let (losses, params) = hand_written(&corpus, &batches);
+    let (losses, params) = hand_written(&corpus, &batches, 1);
     assert_eq!(
         bits(&run.params),
         bits(&params),
@@ -366,11 +391,8 @@ fn resume_continues_where_it_stopped() {
         &corpus,
         &whole_dir,
         Setup {
-            strategy: None,
             epochs: 2,
-            resume_after: None,
-            checkpoints: None,
-            fail_at: None,
+            ..Default::default()
         },
     );
     // The same run, stopped after epoch 1 and resumed from its sharded checkpoint.
@@ -378,22 +400,19 @@ fn resume_continues_where_it_stopped() {
         &corpus,
         &first_dir,
         Setup {
-            strategy: None,
             epochs: 1,
-            resume_after: None,
             checkpoints: Some(checkpoints.clone()),
-            fail_at: None,
+            ..Default::default()
         },
     );
     let resumed = learner_run(
         &corpus,
         &second_dir,
         Setup {
-            strategy: None,
             epochs: 2,
             resume_after: Some(1),
             checkpoints: Some(checkpoints.clone()),
-            fail_at: None,
+            ..Default::default()
         },
     );
     assert_eq!(
@@ -430,12 +449,10 @@ fn a_failing_rank_stops_every_rank_and_names_itself() {
             &corpus,
             &dir,
             Setup {
-                strategy: None,
                 epochs: 2,
-                resume_after: None,
-                checkpoints: None,
                 // Rank 1's second batch of the first epoch.
                 fail_at: Some(("rank-1".into(), 1)),
+                ..Default::default()
             },
         )
     }));
@@ -464,11 +481,8 @@ fn ranks_as_processes_train_like_ranks_as_threads() {
         &corpus,
         &threads_dir,
         Setup {
-            strategy: None,
             epochs: 2,
-            resume_after: None,
-            checkpoints: None,
-            fail_at: None,
+            ..Default::default()
         },
     );
     let groups = LocalGroup::<Flex>::new(WORLD).expect("a group");
@@ -496,9 +510,7 @@ fn ranks_as_processes_train_like_ranks_as_threads() {
                             Setup {
                                 strategy: Some(strategy),
                                 epochs: 2,
-                                resume_after: None,
-                                checkpoints: None,
-                                fail_at: None,
+                                ..Default::default()
                             },
                         );
                         let _ = std::fs::remove_dir_all(dir);
@@ -537,4 +549,90 @@ fn ranks_as_processes_train_like_ranks_as_threads() {
         .collect();
     assert_eq!(own, all.iter().step_by(WORLD).copied().collect::<Vec<_>>());
     let _ = std::fs::remove_dir_all(threads_dir);
+}
+
+/// Accumulation is the optimizer's: two micro-batches per step under the Learner equal the
+/// hand-written loop's, bit for bit (windows run across epoch ends).
+#[test]
+fn accumulation_in_the_optimizer_matches_the_hand_written_loop() {
+    let corpus = Corpus::new(TEXT);
+    let dir = temp_dir("accumulation");
+    let run = learner_run(
+        &corpus,
+        &dir,
+        Setup {
+            epochs: 3,
+            accumulation: 2,
+            ..Default::default()
+        },
+    );
+    let batches: Vec<_> = (0..WORLD).map(|r| run.drawn.of_rank(r)).collect();
+    let (_, params) = hand_written(&corpus, &batches, 2);
+    assert_eq!(bits(&run.params), bits(&params));
+    let (_, unaccumulated) = hand_written(&corpus, &batches, 1);
+    assert_ne!(
+        bits(&params),
+        bits(&unaccumulated),
+        "accumulation changed nothing"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The message of a run that must fail.
+fn failure(run: impl FnOnce() -> Run) -> String {
+    let payload = catch_unwind(AssertUnwindSafe(run))
+        .err()
+        .expect("the run must fail");
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+#[test]
+fn burn_trains_own_accumulation_is_refused_with_what_to_use() {
+    let corpus = Corpus::new(TEXT);
+    let dir = temp_dir("refused");
+    let message = failure(|| {
+        learner_run(
+            &corpus,
+            &dir,
+            Setup {
+                epochs: 1,
+                burn_accumulation: Some(2),
+                ..Default::default()
+            },
+        )
+    });
+    assert!(
+        message.contains("ZeroOptimizer::with_accumulation(2)"),
+        "{message}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The interrupter triggered on rank 0 while it draws its fourth batch: both ranks stop
+/// before that step, after exactly the three steps of epoch 1.
+#[test]
+fn an_interrupt_on_one_rank_stops_every_rank_at_the_same_step() {
+    let corpus = Corpus::new(TEXT);
+    let dir = temp_dir("interrupt");
+    let run = learner_run(
+        &corpus,
+        &dir,
+        Setup {
+            epochs: 3,
+            interrupt_at: Some(("rank-0".into(), 3)),
+            ..Default::default()
+        },
+    );
+    assert_eq!(run.logged.values("train", 1).len(), 3 * WORLD);
+    assert!(run.logged.values("train", 2).is_empty());
+    let batches: Vec<Vec<Vec<usize>>> = (0..WORLD)
+        .map(|r| run.drawn.of_rank(r)[..3].to_vec())
+        .collect();
+    let (_, params) = hand_written(&corpus, &batches, 1);
+    assert_eq!(bits(&run.params), bits(&params));
+    let _ = std::fs::remove_dir_all(dir);
 }
