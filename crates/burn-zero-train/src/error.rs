@@ -28,4 +28,12 @@ pub enum TrainError {
     /// Starting the ranks failed, or a rank failed (the message names it and why).
     #[error(transparent)]
     Launch(#[from] LaunchError),
+    /// This process's rank of a multi-process job failed.
+    #[error("rank {rank} stopped: {source}")]
+    Rank {
+        /// The rank.
+        rank: usize,
+        /// Why it stopped.
+        source: Box<TrainError>,
+    },
 }

@@ -337,7 +337,10 @@ where
                 drop(shared);
                 let processor = funnel.into_processor();
                 result
-                    .map_err(|error| TrainError::Invalid(format!("rank {rank} stopped: {error}")))
+                    .map_err(|error| TrainError::Rank {
+                        rank,
+                        source: Box::new(error),
+                    })
                     .map(|model| (Some(model), processor))
             }
         };
