@@ -5,6 +5,9 @@
 //! cargo run --example learner_gpt                    # 2 CPU ranks, stage 3, 2 epochs
 //! cargo run --example learner_gpt -- --checkpoint-dir /tmp/ckpt --epochs 1
 //! cargo run --example learner_gpt -- --checkpoint-dir /tmp/ckpt --epochs 2 --resume-after 1
+//! # CUDA: one process per GPU under zero-run (NCCL), or --world-size GPUs of this process
+//! cargo build --release --features cuda --example learner_gpt
+//! zero-run --nproc-per-node 2 -- target/release/examples/learner_gpt --backend cuda
 //! ```
 //!
 //! Against an ordinary Learner setup, the ZeRO lines are the backend type (`Autodiff<Zero<B>>`),
@@ -34,7 +37,11 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(name = "learner_gpt")]
 struct Args {
-    /// Ranks (threads of this process).
+    /// Where the ranks compute: flex (CPU threads), or cuda (a build with `--features cuda`:
+    /// one process per GPU under zero-run, else --world-size GPUs of this process).
+    #[arg(long, value_enum, default_value_t = BackendArg::Flex)]
+    backend: BackendArg,
+    /// Ranks (threads of this process; under zero-run the job's size is used).
     #[arg(long, default_value_t = 2)]
     world_size: usize,
     /// ZeRO stage, 0 to 3.
@@ -75,18 +82,95 @@ struct Args {
     resume_after: Option<usize>,
 }
 
-type Train = Autodiff<Zero<Flex>>;
-type Valid = Zero<Flex>;
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum BackendArg {
+    Flex,
+    Cuda,
+}
 
 fn main() {
     let args = Args::parse();
-    if let Err(error) = run(&args) {
+    let config = ZeroConfig::new()
+        .with_stage(args.stage)
+        .with_persist_below_numel(1024);
+    let result = match args.backend {
+        BackendArg::Flex => {
+            let strategy = ZeroStrategy::<Flex>::new(args.world_size, Default::default(), config);
+            run::<Flex>(&args, args.world_size, Default::default(), strategy)
+        }
+        #[cfg(feature = "cuda")]
+        BackendArg::Cuda => cuda_strategy(&args, config)
+            .and_then(|(world, device, strategy)| run(&args, world, device, strategy)),
+        #[cfg(not(feature = "cuda"))]
+        BackendArg::Cuda => Err(
+            "--backend cuda: this build has no CUDA backend; rebuild with --features cuda".into(),
+        ),
+    };
+    if let Err(error) = result {
         eprintln!("learner_gpt: {error}");
         std::process::exit(1);
     }
 }
 
-fn run(args: &Args) -> Result<(), String> {
+/// The CUDA ranks: this process's one rank of a zero-run job (NCCL), or one thread per GPU of
+/// this process (`LocalGroup`).
+#[cfg(feature = "cuda")]
+fn cuda_strategy(
+    args: &Args,
+    config: ZeroConfig,
+) -> Result<
+    (
+        usize,
+        burn_zero::comm::nccl::CudaDevice,
+        ZeroStrategy<burn_zero::comm::nccl::CudaBackend>,
+    ),
+    String,
+> {
+    use burn_zero::comm::nccl::{CudaBackend, CudaDevice, NcclGroup, NcclOptions};
+    use burn_zero::comm::{Communicator, RankContext};
+    use burn_zero::launcher::DistEnv;
+
+    let visible = burn_zero::comm::nccl::cuda_device_count();
+    if visible == 0 {
+        return Err("--backend cuda: no CUDA device is visible".into());
+    }
+    if DistEnv::is_launched() {
+        let env = DistEnv::from_env().map_err(|e| e.to_string())?;
+        let device = CudaDevice::new(env.local_rank);
+        let strategy = ZeroStrategy::<CudaBackend>::this_process(
+            || {
+                let group = NcclGroup::from_env(&NcclOptions::default())?;
+                let device = group.device().clone();
+                let comm: Arc<dyn Communicator<CudaBackend>> = Arc::new(group);
+                Ok::<_, burn_zero::comm::CommError>(RankContext::new(device, comm))
+            },
+            config,
+        );
+        return Ok((env.world_size, device, strategy));
+    }
+    if args.world_size > visible {
+        return Err(format!(
+            "--backend cuda --world-size {}: {visible} CUDA device(s) visible",
+            args.world_size
+        ));
+    }
+    let devices: Vec<CudaDevice> = (0..args.world_size).map(CudaDevice::new).collect();
+    let device = devices[0].clone();
+    Ok((
+        args.world_size,
+        device,
+        ZeroStrategy::on_devices(devices, config),
+    ))
+}
+
+/// Trains on `world_size` ranks computing on `B` (the model initialised on `device`), as
+/// `strategy` starts them.
+fn run<B: Backend>(
+    args: &Args,
+    world_size: usize,
+    device: B::Device,
+    strategy: ZeroStrategy<B>,
+) -> Result<(), String> {
     let preset = match args.preset.as_str() {
         "tiny" => Preset::Tiny,
         "small" => Preset::Small,
@@ -107,7 +191,6 @@ fn run(args: &Args) -> Result<(), String> {
     if args.seq_len + 1 >= corpus.len() - split {
         return Err(format!("--seq-len {} does not fit the text", args.seq_len));
     }
-    let device = Default::default();
 
     // Data: windows of the text, batched by burn-train's ordinary data loaders.
     let mut train_windows = windows(&corpus, 0..split, args.seq_len);
@@ -119,22 +202,22 @@ fn run(args: &Args) -> Result<(), String> {
             .collect(),
     );
     let batcher = WindowBatcher::new(&corpus, args.seq_len);
-    let train = DataLoaderBuilder::<Train, _, _>::new(batcher.clone())
+    let train = DataLoaderBuilder::<Autodiff<Zero<B>>, _, _>::new(batcher.clone())
         .batch_size(args.batch_size)
         .build(train_windows);
-    let valid = DataLoaderBuilder::<Valid, _, _>::new(batcher)
+    let valid = DataLoaderBuilder::<Zero<B>, _, _>::new(batcher)
         .batch_size(args.batch_size)
         .build(windows(&corpus, split..corpus.len(), args.seq_len));
 
     // The model and the learner: an ordinary Learner, with ZeroOptimizer as its optimizer.
-    Train::seed(&device, args.seed);
+    <Autodiff<Zero<B>> as Backend>::seed(&device, args.seed);
     let gpt = preset
         .config(corpus.vocab(), args.seq_len)
-        .init::<Train>(&device);
+        .init::<Autodiff<Zero<B>>>(&device);
     gpt.visit(&mut Materialise);
     let model = TextGpt { gpt };
     let parameters = model.num_params();
-    let steps_per_epoch = (take / args.world_size).div_ceil(args.batch_size);
+    let steps_per_epoch = (take / world_size).div_ceil(args.batch_size);
     let total = (steps_per_epoch * args.epochs).max(1);
     let scheduler = CosineAnnealingLrSchedulerConfig::new(args.lr, total)
         .with_min_lr(args.lr / 10.0)
@@ -144,12 +227,8 @@ fn run(args: &Args) -> Result<(), String> {
         ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(args.accumulation);
     let learner = Learner::new(model, optimizer, scheduler);
 
-    // The strategy: ranks, ZeRO settings, data deal, sharded checkpoints.
-    let config = ZeroConfig::new()
-        .with_stage(args.stage)
-        .with_persist_below_numel(1024);
-    let mut strategy =
-        ZeroStrategy::<Flex>::new(args.world_size, device, config).with_seed(args.seed);
+    // The strategy: ranks and ZeRO settings (from `main`), data deal, sharded checkpoints.
+    let mut strategy = strategy.with_seed(args.seed);
     if let Some(dir) = &args.checkpoint_dir {
         strategy = strategy.with_checkpoints(dir);
     }
@@ -157,7 +236,7 @@ fn run(args: &Args) -> Result<(), String> {
         "learner_gpt: {} ({parameters} parameters), {} rank(s), ZeRO stage {}, {} epoch(s) of \
          {steps_per_epoch} steps",
         preset.name(),
-        args.world_size,
+        world_size,
         args.stage,
         args.epochs
     );
@@ -177,7 +256,7 @@ fn run(args: &Args) -> Result<(), String> {
     let result = training.launch(learner);
 
     // The returned model is gathered: an ordinary model on this thread.
-    let probe = WindowBatcher::new(&corpus, args.seq_len).tensors::<Valid>(
+    let probe = WindowBatcher::new(&corpus, args.seq_len).tensors::<Zero<B>>(
         &(0..4).map(|i| split + i * args.seq_len).collect::<Vec<_>>(),
         &device,
     );
