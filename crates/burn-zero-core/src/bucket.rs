@@ -19,7 +19,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
 use burn_zero_comm::{CommError, Communicator, ReduceOp};
 use burn_zero_kernels::{
-    BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, unpack,
+    BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, RowPart, unpack_row,
 };
 
 use crate::group::{ParamInfo, ZeroGroup};
@@ -207,21 +207,22 @@ pub(crate) fn reduce<B: Backend>(
 
     // The rest of the mean: sum / world_size = (sum of grad / predivide) / (world_size / predivide).
     let postdivide = world_size as f64 / ctx.predivide;
-    bucket
+    let parts: Vec<RowPart> = bucket
         .members
         .iter()
-        .map(|member| {
-            let values = unpack::<B>(
-                &reduced,
-                member.offset,
-                member.len,
-                postdivide,
-                member.dtype,
-                PackPath::Auto,
-            )?;
-            Ok(values)
+        .map(|member| RowPart {
+            offset: member.offset,
+            len: member.len,
+            dtype: member.dtype,
         })
-        .collect()
+        .collect();
+    Ok(unpack_row::<B>(
+        reduced,
+        &parts,
+        postdivide,
+        PackPath::Auto,
+        Some(&bucket.pool),
+    )?)
 }
 
 /// Turns a member's reduced flat gradient into the tensor autodiff receives: the mean

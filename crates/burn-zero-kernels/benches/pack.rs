@@ -3,7 +3,8 @@
 //!
 //! GB/s counts bytes read plus bytes written (1 GB = 1e9 bytes): a pack reads and writes the
 //! 64 MiB bucket once each at best; an unpack of every member of one 16 MiB reduced row reads
-//! and writes 16 MiB. Paths: the host path on Flex and NdArray and the Burn-ops fallback on
+//! and writes 16 MiB, as does `unpack_row`, which unpacks every member of the row in one call
+//! (what the gradient buckets run). Paths: the host path on Flex and NdArray and the Burn-ops fallback on
 //! Flex (CPU), and with feature `wgpu` the kernel and the fallback on
 //! `CubeBackend<WgpuRuntime>` (whatever adapter the machine has: Mesa lavapipe on a machine
 //! without a GPU). Packing goes through a `BufferPool`, as the gradient buckets do, so every
@@ -17,7 +18,9 @@ use std::time::{Duration, Instant};
 use burn::backend::{Flex, NdArray};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
-use burn_zero_kernels::{BucketSpec, BufferPool, MemberSpec, PackPath, Packer, unpack};
+use burn_zero_kernels::{
+    BucketSpec, BufferPool, MemberSpec, PackPath, Packer, RowPart, unpack, unpack_row,
+};
 use criterion::Criterion;
 
 const ROWS: usize = 4;
@@ -116,6 +119,34 @@ fn bench_backend<B: Backend>(c: &mut Criterion, name: &str, path: PackPath, devi
                     2 * BUCKET_BYTES / ROWS,
                     elapsed.as_secs_f64(),
                 );
+                total += elapsed;
+            }
+            total
+        })
+    });
+    // What the gradient buckets run: every member of the row at once (`unpack_row`) into the
+    // bucket's pool, from a row another tensor still holds, as a pooled collective result is.
+    let row_label = format!("{name} unpack_row");
+    let row_pool = BufferPool::default();
+    let parts: Vec<RowPart> = members()
+        .iter()
+        .map(|m| RowPart {
+            offset: m.offset,
+            len: m.len,
+            dtype: DType::F32,
+        })
+        .collect();
+    group.bench_function("unpack_row", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let owned = row.clone();
+                let start = Instant::now();
+                let parts = unpack_row::<B>(owned, &parts, DIVISOR, path, Some(&row_pool)).unwrap();
+                B::sync(device).unwrap();
+                let elapsed = start.elapsed();
+                drop(black_box(parts));
+                record(&row_label, 2 * BUCKET_BYTES / ROWS, elapsed.as_secs_f64());
                 total += elapsed;
             }
             total

@@ -30,7 +30,7 @@ pub use host::BufferPool;
 pub use kernel::fused;
 pub use pack::Packer;
 pub use spec::{BucketSpec, MemberSpec, PackPath};
-pub use unpack::unpack;
+pub use unpack::{RowPart, unpack, unpack_row};
 
 /// Whether `B` gets the kernel path: a `CubeBackend` on a runtime compiled into this build,
 /// plain or fused.

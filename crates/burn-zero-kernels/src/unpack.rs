@@ -3,9 +3,9 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorMetadata};
 
-use crate::KernelError;
 use crate::host::{self, HostBackend, HostTensor};
 use crate::spec::{PackPath, check_divisor, check_range, is_float};
+use crate::{BufferPool, KernelError};
 
 /// From `reduced` (1-D, one row), elements `[offset, offset + len)` divided by `postdivide`
 /// (no division when it is 1) in the reduced dtype, then cast to `dtype`: 1-D, `len` elements.
@@ -59,6 +59,78 @@ pub fn unpack<B: Backend>(
             reduced, offset, len, postdivide, dtype,
         )),
     }
+}
+
+/// One member's part of a reduced row: where it lies and the dtype it goes back to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowPart {
+    /// First element of the part in the row.
+    pub offset: usize,
+    /// Elements of the part.
+    pub len: usize,
+    /// The dtype the part is cast back to.
+    pub dtype: DType,
+}
+
+/// Every part of `reduced`, as [`unpack`] returns each of them, with the same values bit for
+/// bit.
+///
+/// On the host path, when no part changes dtype, the row is divided once (in place when
+/// nothing else holds it, else into a buffer of `pool` when one is given) and the parts are
+/// slices of it: one pass and at most one
+/// allocation per row instead of one of each per part. The parts then share the row's buffer
+/// until the last of them is dropped. Elsewhere each part is unpacked on its own.
+pub fn unpack_row<B: Backend>(
+    reduced: B::FloatTensorPrimitive,
+    parts: &[RowPart],
+    postdivide: f64,
+    path: PackPath,
+    pool: Option<&BufferPool>,
+) -> Result<Vec<B::FloatTensorPrimitive>, KernelError> {
+    let shape = reduced.shape();
+    if shape.num_dims() != 1 {
+        return Err(KernelError::NotFlat {
+            rank: shape.num_dims(),
+        });
+    }
+    for part in parts {
+        check_range(part.offset, part.len, shape[0])?;
+    }
+    check_divisor(postdivide)?;
+    let same_dtype = parts.iter().all(|part| part.dtype == reduced.dtype());
+    let host_row = HostBackend::of::<B>().is_some_and(|backend| backend.supports(reduced.dtype()));
+    let reduced = if host_row
+        && same_dtype
+        && postdivide != 1.0
+        && matches!(path, PackPath::Auto | PackPath::Host)
+    {
+        match HostTensor::from_primitive::<B>(reduced) {
+            Ok(row) => {
+                let divided = host::divide_row(row, postdivide, pool).into_primitive::<B>();
+                // Nothing left to divide or cast: each part is a slice of the divided row.
+                return parts
+                    .iter()
+                    .map(|part| unpack::<B>(&divided, part.offset, part.len, 1.0, part.dtype, path))
+                    .collect();
+            }
+            Err(reduced) => reduced,
+        }
+    } else {
+        reduced
+    };
+    parts
+        .iter()
+        .map(|part| {
+            unpack::<B>(
+                &reduced,
+                part.offset,
+                part.len,
+                postdivide,
+                part.dtype,
+                path,
+            )
+        })
+        .collect()
 }
 
 /// The host result: an error when `B` keeps no host memory or has no host type for one of

@@ -9,7 +9,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_zero_kernels::host::{HostBackend, HostTensor};
 use burn_zero_kernels::{
-    BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, unpack,
+    BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, RowPart, unpack, unpack_row,
 };
 use common::{Case, Grad, assert_bitwise, read, reference_unpack};
 
@@ -82,6 +82,77 @@ fn check<B: Backend>(case: &Case, dtypes: &[DType]) {
                 &what,
             );
             assert_bitwise(&host, &unpacked(PackPath::Fallback), &what);
+        }
+        check_row::<B>(
+            &reduced,
+            &row_data,
+            case,
+            dtypes,
+            &format!("{what}: row {row}"),
+        );
+    }
+}
+
+/// `unpack_row` of every member of one reduced row, against the host reference: with every
+/// part in the row's dtype (the row divided once, then sliced) and with mixed dtypes, from a
+/// row nothing else holds (divided in place) and from one that another tensor still reads
+/// (which must keep its values).
+fn check_row<B: Backend>(
+    reduced: &B::FloatTensorPrimitive,
+    row_data: &TensorData,
+    case: &Case,
+    dtypes: &[DType],
+    what: &str,
+) {
+    let row_dtype = row_data.dtype;
+    for postdivide in [1.0, 2.0, 3.0, 0.75] {
+        for mixed in [false, true] {
+            let parts: Vec<RowPart> = case
+                .members
+                .iter()
+                .enumerate()
+                .map(|(i, (member, _))| RowPart {
+                    offset: member.offset,
+                    len: member.len,
+                    dtype: if mixed {
+                        dtypes[i % dtypes.len()]
+                    } else {
+                        row_dtype
+                    },
+                })
+                .collect();
+            // Unique; shared without a pool; shared with a pool, twice (the second call
+            // reuses the buffer the first one's parts gave back).
+            let pool = BufferPool::default();
+            for (shared, pool) in [
+                (false, None),
+                (true, None),
+                (true, Some(&pool)),
+                (true, Some(&pool)),
+            ] {
+                // A fresh copy of the row: only `kept` (when shared) holds it besides the call.
+                let row = B::float_from_data(read::<B>(reduced.clone()), &Default::default());
+                let kept = shared.then(|| row.clone());
+                let out = unpack_row::<B>(row, &parts, postdivide, PackPath::Auto, pool).unwrap();
+                let what = format!(
+                    "{what}: unpack_row / {postdivide}, mixed {mixed}, shared {shared}, pool {}",
+                    pool.is_some()
+                );
+                for (i, (part, values)) in parts.iter().zip(out).enumerate() {
+                    assert_bitwise(
+                        &read::<B>(values),
+                        &reference_unpack(row_data, part.offset, part.len, postdivide, part.dtype),
+                        &format!("{what}, part {i}"),
+                    );
+                }
+                if let Some(kept) = kept {
+                    assert_bitwise(
+                        &read::<B>(kept),
+                        row_data,
+                        &format!("{what}: the shared row changed"),
+                    );
+                }
+            }
         }
     }
 }

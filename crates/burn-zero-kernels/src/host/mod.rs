@@ -24,7 +24,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};
 
 pub use element::{FloatVisitor, HostFloat, visit};
-pub(crate) use pack::{HostPacker, unpack};
+pub(crate) use pack::{HostPacker, divide_row, unpack};
 pub use pool::BufferPool;
 
 #[cfg(feature = "flex")]

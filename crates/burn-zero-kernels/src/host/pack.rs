@@ -278,3 +278,45 @@ impl<R: HostFloat> FloatVisitor for WritePart<'_, R> {
         HostTensor::from_vec(self.backend, values)
     }
 }
+
+/// `row` divided by `divisor` element by element in its own dtype, as [`unpack`] divides each
+/// part of it: in place when `row` alone holds its buffer, else into one buffer for the whole
+/// row, taken from `pool` when one is given. The members' parts are then slices of the result,
+/// so a bucket costs at most one buffer instead of one per member (each a fresh, page-faulting
+/// allocation once glibc's allocator has trimmed its heap), and none from a warm pool.
+pub(crate) fn divide_row(row: HostTensor, divisor: f64, pool: Option<&BufferPool>) -> HostTensor {
+    struct Divide<'a> {
+        row: HostTensor,
+        divisor: f64,
+        pool: Option<&'a BufferPool>,
+    }
+    impl FloatVisitor for Divide<'_> {
+        type Output = Option<HostTensor>;
+        fn visit<R: HostFloat>(mut self) -> Option<HostTensor> {
+            let divisor = R::divisor(self.divisor);
+            if let Some(values) = self.row.as_mut_slice::<R>() {
+                for value in values.iter_mut() {
+                    *value = value.div(divisor);
+                }
+                return Some(self.row);
+            }
+            let values = self.row.as_slice::<R>()?;
+            let backend = self.row.backend();
+            let Some(pool) = self.pool else {
+                let divided = values.iter().map(|&v| v.div(divisor)).collect();
+                return Some(HostTensor::from_vec(backend, divided));
+            };
+            let mut out = pool.take::<R>(backend, values.len());
+            let dst = out.as_mut_slice::<R>()?;
+            for (dst, &v) in dst.iter_mut().zip(values) {
+                *dst = v.div(divisor);
+            }
+            pool.keep(&out);
+            Some(out)
+        }
+    }
+    let row = row.into_contiguous();
+    visit(row.dtype(), Divide { row, divisor, pool })
+        .and_then(|divided| divided)
+        .expect("the caller checked that the backend stores the row's dtype")
+}
