@@ -40,7 +40,13 @@ const VALID_WINDOWS: usize = 9;
 static SEEDED: Mutex<()> = Mutex::new(());
 
 fn zero_config() -> ZeroConfig {
-    ZeroConfig::new().with_stage(3).with_persist_below_numel(0)
+    stage_config(3)
+}
+
+fn stage_config(stage: u8) -> ZeroConfig {
+    ZeroConfig::new()
+        .with_stage(stage)
+        .with_persist_below_numel(0)
 }
 
 fn base_model(corpus: &Corpus) -> TextGpt<Train> {
@@ -184,6 +190,8 @@ struct Setup {
     accumulation: usize,
     /// burn-train's own `grads_accumulation`, which the strategy refuses.
     burn_accumulation: Option<usize>,
+    /// ZeRO stage of the in-process ranks (3 when `None`).
+    stage: Option<u8>,
 }
 
 fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
@@ -220,7 +228,7 @@ fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
     assert_eq!(valid.num_items(), VALID_WINDOWS);
 
     let mut strategy = setup.strategy.unwrap_or_else(|| {
-        ZeroStrategy::<Flex>::new(WORLD, device, zero_config())
+        ZeroStrategy::<Flex>::new(WORLD, device, stage_config(setup.stage.unwrap_or(3)))
             .with_seed(3)
             .with_timeout(Duration::from_secs(60))
     });
@@ -261,10 +269,19 @@ fn hand_written(
     batches: &[Vec<Vec<usize>>],
     accumulation: usize,
 ) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    hand_written_at(corpus, batches, accumulation, 3)
+}
+
+fn hand_written_at(
+    corpus: &Corpus,
+    batches: &[Vec<Vec<usize>>],
+    accumulation: usize,
+    stage: u8,
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let base = base_model(corpus);
     let batcher = WindowBatcher::new(corpus, SEQ);
     let outcomes = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
-        let mut model = shard(base.clone(), &ctx, &zero_config())?;
+        let mut model = shard(base.clone(), &ctx, &stage_config(stage))?;
         let mut optimizer =
             ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(accumulation);
         let mut schedule = scheduler();
@@ -635,4 +652,27 @@ fn an_interrupt_on_one_rank_stops_every_rank_at_the_same_step() {
     let (_, params) = hand_written(&corpus, &batches, 1);
     assert_eq!(bits(&run.params), bits(&params));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Stages 0 to 2 (replicated parameters; all-reduced, or reduce-scattered gradients) under the
+/// Learner equal the hand-written loop too.
+#[test]
+fn every_lower_stage_matches_the_hand_written_loop() {
+    let corpus = Corpus::new(TEXT);
+    for stage in 0..=2 {
+        let dir = temp_dir(&format!("stage-{stage}"));
+        let run = learner_run(
+            &corpus,
+            &dir,
+            Setup {
+                epochs: 2,
+                stage: Some(stage),
+                ..Default::default()
+            },
+        );
+        let batches: Vec<_> = (0..WORLD).map(|r| run.drawn.of_rank(r)).collect();
+        let (_, params) = hand_written_at(&corpus, &batches, 1, stage);
+        assert_eq!(bits(&run.params), bits(&params), "stage {stage}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
