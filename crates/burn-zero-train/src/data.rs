@@ -11,7 +11,8 @@
 //! keeps its own order: a loader built with `shuffle` reshuffles its block every epoch.
 //!
 //! Validation takes the blocks in rank order from the first item: its order does not matter,
-//! and every epoch then measures the same items.
+//! and every epoch then measures the same items. With fewer validation items than ranks,
+//! validation is skipped (with a warning); fewer training items than ranks is an error.
 
 use std::sync::Arc;
 
@@ -70,6 +71,22 @@ pub(crate) fn shares<B: Backend, O>(
 ) -> Result<Shares<B, O>, TrainError> {
     let items = loader.num_items();
     if items < world_size {
+        if deal == Deal::Fixed {
+            // Validation is optional: with fewer items than ranks, none validates.
+            tracing::warn!(
+                split,
+                items,
+                world_size,
+                "fewer items than ranks: skipped on every rank"
+            );
+            return Ok(epochs
+                .map(|_| {
+                    (0..world_size)
+                        .map(|rank| loader.slice(0, 0).to_device(&devices[rank % devices.len()]))
+                        .collect()
+                })
+                .collect());
+        }
         return Err(TrainError::Invalid(format!(
             "the {split} data loader has {items} items for {world_size} ranks: every rank needs \
              at least one"

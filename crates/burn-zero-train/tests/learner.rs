@@ -15,9 +15,12 @@ use burn::optim::lr_scheduler::linear::{LinearLrScheduler, LinearLrSchedulerConf
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::Backend;
 use burn_train::logger::MetricLogger;
+use burn_train::metric::store::EventStoreClient;
 use burn_train::metric::store::{EpochSummary, MetricsUpdate, Split};
 use burn_train::metric::{LossMetric, MetricDefinition, NumericEntry};
-use burn_train::{Interrupter, Learner, SupervisedTraining, TrainingStrategy};
+use burn_train::{
+    EarlyStoppingStrategy, Interrupter, Learner, SupervisedTraining, TrainingStrategy,
+};
 use burn_zero_comm::{Communicator, LocalGroup, RankContext, launch};
 use burn_zero_core::{Zero, ZeroConfig, ZeroError, shard};
 use burn_zero_gpt::learner::{TextBatch, TextGpt, WindowBatcher, windows};
@@ -192,6 +195,20 @@ struct Setup {
     burn_accumulation: Option<usize>,
     /// ZeRO stage of the in-process ranks (3 when `None`).
     stage: Option<u8>,
+    /// Stop after this epoch through burn-train's early stopping.
+    stop_after: Option<usize>,
+    /// Training windows (`TRAIN_WINDOWS` when `None`).
+    train_windows: Option<usize>,
+}
+
+/// Early stopping that stops after a given epoch.
+#[derive(Clone)]
+struct StopAfter(usize);
+
+impl EarlyStoppingStrategy for StopAfter {
+    fn should_stop(&mut self, epoch: usize, _: &EventStoreClient) -> bool {
+        epoch >= self.0
+    }
 }
 
 fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
@@ -199,6 +216,7 @@ fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
     let drawn = Drawn::default();
     let logged = Logged::default();
     let interrupter = Interrupter::new();
+    let train_windows = setup.train_windows.unwrap_or(TRAIN_WINDOWS);
     let batcher = Recording {
         inner: WindowBatcher::new(corpus, SEQ),
         drawn: drawn.clone(),
@@ -209,8 +227,8 @@ fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
     };
     let train: Arc<dyn DataLoader<Train, TextBatch<Train>>> = DataLoaderBuilder::new(batcher)
         .batch_size(BATCH)
-        .build(windows(corpus, 0..(TRAIN_WINDOWS + 1) * SEQ, SEQ));
-    assert_eq!(train.num_items(), TRAIN_WINDOWS);
+        .build(windows(corpus, 0..(train_windows + 1) * SEQ, SEQ));
+    assert_eq!(train.num_items(), train_windows);
     let valid_batcher = Recording {
         inner: WindowBatcher::new(corpus, SEQ),
         drawn: Drawn::default(),
@@ -253,6 +271,9 @@ fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
     }
     if let Some(steps) = setup.burn_accumulation {
         training = training.grads_accumulation(steps);
+    }
+    if let Some(epoch) = setup.stop_after {
+        training = training.early_stopping(StopAfter(epoch));
     }
     let result = training.launch(learner);
     Run {
@@ -675,4 +696,49 @@ fn every_lower_stage_matches_the_hand_written_loop() {
         assert_eq!(bits(&run.params), bits(&params), "stage {stage}");
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// burn-train's early stopping, decided on rank 0 and followed by every rank: a run of 3 epochs
+/// told to stop after the first trains exactly one, and ends with the model of one epoch.
+#[test]
+fn early_stopping_stops_every_rank_after_the_same_epoch() {
+    let corpus = Corpus::new(TEXT);
+    let dir = temp_dir("early");
+    let run = learner_run(
+        &corpus,
+        &dir,
+        Setup {
+            epochs: 3,
+            stop_after: Some(1),
+            ..Default::default()
+        },
+    );
+    assert!(run.logged.values("train", 2).is_empty());
+    let batches: Vec<_> = (0..WORLD).map(|r| run.drawn.of_rank(r)).collect();
+    assert!(batches.iter().all(|b| b.len() == 3), "{batches:?}");
+    let (_, params) = hand_written(&corpus, &batches, 1);
+    assert_eq!(bits(&run.params), bits(&params));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn fewer_training_items_than_ranks_is_refused_by_name() {
+    let corpus = Corpus::new(TEXT);
+    let dir = temp_dir("few");
+    let message = failure(|| {
+        learner_run(
+            &corpus,
+            &dir,
+            Setup {
+                epochs: 1,
+                train_windows: Some(1),
+                ..Default::default()
+            },
+        )
+    });
+    assert!(
+        message.contains("the training data loader has 1 items for 2 ranks"),
+        "{message}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
