@@ -45,7 +45,8 @@ enum Ranks<B: Backend> {
 /// 1/N of the parameters, gradients and optimizer state.
 ///
 /// Give it to `SupervisedTraining::with_training_strategy(TrainingStrategy::Custom(..))`, with
-/// a `Learner` whose backend is `Autodiff<Zero<B>>` and whose optimizer is a [`ZeroOptimizer`].
+/// a `Learner` made by `Learner::new` whose backend is `Autodiff<Zero<B>>` and whose optimizer
+/// is a [`ZeroOptimizer`].
 /// Each rank then
 /// - takes a copy of the learner on its device and shards its model ([`ZeroConfig`]);
 /// - trains on its own block of every epoch: the blocks are disjoint and equal (the items an
