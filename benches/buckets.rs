@@ -46,7 +46,10 @@ fn run(bucket_mb: f64, overlap: bool, iters: u64) -> Duration {
         // with fresh (page-faulting) memory; a training job pays that once, in its first step.
         // The steady state is what is timed.
         let x = Tensor::<Train, 2>::ones([1, WIDTH], ctx.device());
-        drop(GradientsParams::from_grads(model.forward(x).mean().backward(), &model));
+        drop(GradientsParams::from_grads(
+            model.forward(x).mean().backward(),
+            &model,
+        ));
         for _ in 0..iters {
             let x = Tensor::<Train, 2>::ones([1, WIDTH], ctx.device());
             let loss = model.forward(x).mean();
