@@ -60,8 +60,8 @@ where
     P: Placement<B>,
     O: SimpleOptimizer<P::Host>,
 {
-    let params = collect::<AB, B, M>(&model)?;
-    let group = params.group.clone();
+    let params = collect::<AB, B, M>(&model, optimizer.zero_state())?;
+    let zero = params.zero.clone();
     let read = resolve(path)
         .and_then(|dir| read_metadata(&dir).map(|meta| (dir, meta)))
         .and_then(|(dir, meta)| {
@@ -78,13 +78,13 @@ where
             };
             Ok((values, record, loaded))
         });
-    let (mut values, record, loaded) = agree(&group, read, "load")?;
+    let (mut values, record, loaded) = agree(&zero, read, "load")?;
     let model = model.map(&mut Replace {
         values: &mut values,
     });
     let optimizer = optimizer.restore(record);
     tracing::info!(
-        rank = group.rank(),
+        rank = zero.rank(),
         step = loaded.step,
         saved_world_size = loaded.saved_world_size,
         "checkpoint loaded"
@@ -201,8 +201,8 @@ fn read_values<B: Backend>(
     params: &RankParams<B>,
     files: &mut RankFiles<'_>,
 ) -> Result<NewValues<B>, CheckpointError> {
-    let group = &params.group;
-    let (rank, world) = (group.rank(), group.world_size());
+    let zero = &params.zero;
+    let (rank, world) = (zero.rank(), zero.world_size());
     let mut values = HashMap::new();
     for param in &params.params {
         let path = &param.info.path;
@@ -221,7 +221,7 @@ fn read_values<B: Backend>(
             range,
             len,
             Some(param.info.dtype),
-            group.device(),
+            zero.device(),
         )?
         .ok_or_else(|| {
             CheckpointError::ModelMismatch(format!("the checkpoint has no values for `{path}`"))
@@ -253,9 +253,9 @@ where
     P: Placement<B>,
     O: SimpleOptimizer<P::Host>,
 {
-    let group = &params.group;
-    let (rank, world) = (group.rank(), group.world_size());
-    let host = P::host_device(group.device());
+    let zero = &params.zero;
+    let (rank, world) = (zero.rank(), zero.world_size());
+    let host = P::host_device(zero.device());
     let mut masters: Vec<MasterEntry<O, P::Host>> = Vec::new();
     let mut accumulated = Vec::new();
     for param in &params.params {
@@ -264,7 +264,7 @@ where
         let numel = param.numel();
         // The optimizer steps this rank's block when gradients are reduce-scattered, the
         // whole parameter when they are all-reduced.
-        let (range, len) = if group.gradient_is_sharded(key) {
+        let (range, len) = if zero.gradient_is_sharded(key) {
             let (start, end, padding) = owned_range(numel, rank, world);
             ((start, end), end - start + padding)
         } else {

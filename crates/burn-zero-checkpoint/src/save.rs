@@ -9,7 +9,7 @@ use burn::module::Module;
 use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
-use burn_zero_core::{Zero, ZeroGroup};
+use burn_zero_core::{Zero, ZeroState};
 use burn_zero_optim::{Placement, ZeroOptimizer};
 use safetensors::Dtype;
 
@@ -70,10 +70,10 @@ where
     P: Placement<B>,
     O: SimpleOptimizer<P::Host>,
 {
-    let params = collect::<AB, B, M>(model)?;
-    let group = params.group.clone();
-    let rank = group.rank();
-    let world = group.world_size();
+    let params = collect::<AB, B, M>(model, optimizer.zero_state())?;
+    let zero = params.zero.clone();
+    let rank = zero.rank();
+    let world = zero.world_size();
     let dir = root.join(step_dir_name(step));
 
     let prepared = if rank == 0 {
@@ -81,10 +81,10 @@ where
     } else {
         Ok(())
     };
-    agree(&group, prepared, "save")?;
+    agree(&zero, prepared, "save")?;
 
     let written = write_rank::<B, O, P>(&dir, &params, optimizer);
-    let (optimizer_entry, param_entries) = agree(&group, written, "save")?;
+    let (optimizer_entry, param_entries) = agree(&zero, written, "save")?;
 
     let committed = if rank == 0 {
         let meta = Metadata {
@@ -93,8 +93,8 @@ where
             step,
             world_size: world,
             shard_group_size: world,
-            stage: group.config().stage,
-            config: serde_json::to_value(group.config()).unwrap_or_default(),
+            stage: zero.config().stage,
+            config: serde_json::to_value(zero.config()).unwrap_or_default(),
             files: Vec::new(),
             params: param_entries,
             tensors: BTreeMap::new(),
@@ -105,7 +105,7 @@ where
     } else {
         Ok(())
     };
-    agree(&group, committed, "save")?;
+    agree(&zero, committed, "save")?;
     tracing::info!(rank, step, dir = %dir.display(), "checkpoint saved");
     Ok(dir)
 }
@@ -226,8 +226,8 @@ where
     P: Placement<B>,
     O: SimpleOptimizer<P::Host>,
 {
-    let group: &ZeroGroup<B> = &params.group;
-    let (rank, world) = (group.rank(), group.world_size());
+    let zero: &ZeroState<B> = &params.zero;
+    let (rank, world) = (zero.rank(), zero.world_size());
     let record = optimizer.record();
     let masters: BTreeMap<usize, _> = record
         .masters
