@@ -79,11 +79,6 @@ impl<B: Backend> ZeroState<B> {
         &self.reducer
     }
 
-    /// Whether two handles share one state.
-    pub fn same_state(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.store, &other.store)
-    }
-
     /// This rank.
     pub fn rank(&self) -> usize {
         self.store.rank()
