@@ -2,7 +2,7 @@
 //! (`LocalGroup`, NdArray), stage 3, buckets of 0.5, 5, 25 and 100 MiB (and one collective per
 //! parameter), with the reduction overlapped with backward on a communication thread and
 //! without. Criterion times rank 0's backward pass (which ends when every gradient is reduced);
-//! the table adds the group's own figures — time spent reducing, the part of it backward did
+//! the table adds the module state's own figures — time spent reducing, the part of it backward did
 //! not hide, buckets reduced before backward ended — and goes to stdout and
 //! `target/bench-reports/buckets.md`.
 
@@ -14,7 +14,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use burn_zero::comm::launch;
-use burn_zero::core::{ReductionStats, current_group};
+use burn_zero::core::ReductionStats;
 use burn_zero::{Zero, ZeroConfig, ZeroError, shard};
 mod common;
 
@@ -39,8 +39,7 @@ fn run(bucket_mb: f64, overlap: bool, iters: u64) -> Duration {
         .with_overlap_comm(overlap)
         .with_persist_below_numel(0);
     let per_rank = launch::<NdArray, _, _, ZeroError>(RANKS, &[Default::default()], |ctx| {
-        let model = shard(Deep::<Train>::new(ctx.device()), &ctx, &config)?;
-        let group = current_group::<NdArray>().expect("sharded");
+        let (model, zero) = shard(Deep::<Train>::new(ctx.device()), &ctx, &config)?;
         let mut stats = Vec::new();
         // Each sample shards a new model, whose first backward fills the buckets' buffer pools
         // with fresh (page-faulting) memory; a training job pays that once, in its first step.
@@ -57,7 +56,7 @@ fn run(bucket_mb: f64, overlap: bool, iters: u64) -> Duration {
             let grads = loss.backward();
             let backward = started.elapsed();
             let grads = GradientsParams::from_grads(grads, &model);
-            stats.push((group.last_reduction(), backward));
+            stats.push((zero.last_reduction(), backward));
             drop(grads);
         }
         Ok(stats)

@@ -79,8 +79,8 @@ fn disk_write_speed(dir: &Path, bytes: usize) -> f64 {
 fn save_and_load(dir: &Path, world: usize) -> Vec<(u64, f64, u64, f64)> {
     let config = ZeroConfig::new().with_persist_below_numel(0);
     launch::<Flex, _, _, Failure>(world, &[Default::default()], |ctx| {
-        let model = shard(Deep::<Train>::new(ctx.device()), &ctx, &config)?;
-        let mut optim = ZeroOptimizer::new(AdamConfig::new().build());
+        let (model, zero) = shard(Deep::<Train>::new(ctx.device()), &ctx, &config)?;
+        let mut optim = ZeroOptimizer::new(&zero, AdamConfig::new().build());
         let x = Tensor::<Train, 2>::ones([1, WIDTH], ctx.device());
         let grads = GradientsParams::from_grads(model.forward(x).mean().backward(), &model);
         let model = optim.step(1e-3, model, grads);
@@ -92,8 +92,8 @@ fn save_and_load(dir: &Path, world: usize) -> Vec<(u64, f64, u64, f64)> {
         let written = std::fs::metadata(file)?.len();
         drop((model, optim));
 
-        let model = shard(Deep::<Train>::new(ctx.device()), &ctx, &config)?;
-        let optim = ZeroOptimizer::new(AdamConfig::new().build());
+        let (model, zero) = shard(Deep::<Train>::new(ctx.device()), &ctx, &config)?;
+        let optim = ZeroOptimizer::new(&zero, AdamConfig::new().build());
         ctx.comm().barrier()?;
         let started = Instant::now();
         let (_model, _optim, loaded) = load(dir, model, optim)?;

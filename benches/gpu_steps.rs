@@ -18,7 +18,6 @@ use burn::backend::Autodiff;
 use burn::optim::AdamConfig;
 use burn_zero::comm::nccl::{CudaBackend, CudaDevice, NcclGroup, NcclOptions, cuda_device_count};
 use burn_zero::comm::{Communicator, RankContext};
-use burn_zero::core::current_group;
 use burn_zero::{Zero, ZeroConfig, ZeroOptimizer, shard};
 use clap::Parser;
 
@@ -51,11 +50,11 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
     let config = ZeroConfig::new()
         .with_stage(args.stage)
         .with_persist_below_numel(0);
-    let model = shard(model, &ctx, &config).map_err(|e| format!("shard: {e}"))?;
-    let mut optimizer = ZeroOptimizer::new(AdamConfig::new().build());
+    let (model, zero) = shard(model, &ctx, &config).map_err(|e| format!("shard: {e}"))?;
+    let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
     let (_model, seconds) =
         gpu_steps::time_steps(model, &mut optimizer, &corpus, &args.steps, &device)?;
-    let memory = current_group::<Inner>().map(|g| g.memory_report());
+    let memory = Some(zero.memory_report());
     let mut result = gpu_steps::result(
         "burn-zero",
         "Autodiff<Zero<CubeBackend<CudaRuntime>>> + NcclGroup",

@@ -10,7 +10,6 @@ use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::{DType, Tensor};
 use burn_zero::comm::launch;
-use burn_zero::core::current_group;
 use burn_zero::optim::Offload;
 use burn_zero::{Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 use common::{Deep, WIDTH};
@@ -44,13 +43,13 @@ fn main() {
         let per_rank = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
             let model = Deep::<Train>::new(ctx.device()).map(&mut ToF16);
             let psi: usize = model.num_params();
-            let mut model = shard(model, &ctx, &config)?;
-            let mut optimizer = ZeroOptimizer::new(AdamConfig::new().build());
+            let (mut model, zero) = shard(model, &ctx, &config)?;
+            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
             let x = Tensor::<Train, 2>::ones([1, WIDTH], (ctx.device(), DType::F16));
             let loss = model.forward(x).mean();
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optimizer.step(1e-3, model, grads);
-            let report = current_group::<Flex>().expect("sharded").memory_report();
+            let report = zero.memory_report();
             drop(model);
             Ok((
                 psi,
@@ -94,22 +93,23 @@ fn placements(config: &ZeroConfig) -> String {
     for offload in [false, true] {
         let per_rank = launch::<Flex, _, _, ZeroError>(RANKS, &[Default::default()], |ctx| {
             let model = Deep::<Train>::new(ctx.device()).map(&mut ToF16);
-            let mut model = shard(model, &ctx, config)?;
-            let group = current_group::<Flex>().expect("sharded");
-            let mut on_device = ZeroOptimizer::new(AdamConfig::new().build());
-            let mut offloaded =
-                ZeroOptimizer::<_, Flex, Offload<Flex>>::offloaded(AdamConfig::new().build());
+            let (mut model, zero) = shard(model, &ctx, config)?;
+            let mut on_device = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+            let mut offloaded = ZeroOptimizer::<_, Flex, Offload<Flex>>::offloaded(
+                &zero,
+                AdamConfig::new().build(),
+            );
             let mut reports = Vec::new();
             for _ in 0..2 {
                 let x = Tensor::<Train, 2>::ones([1, WIDTH], (ctx.device(), DType::F16));
                 let grads = GradientsParams::from_grads(model.forward(x).mean().backward(), &model);
-                let gap = group.memory_report();
+                let gap = zero.memory_report();
                 model = if offload {
                     offloaded.step(1e-3, model, grads)
                 } else {
                     on_device.step(1e-3, model, grads)
                 };
-                reports.push((gap, group.memory_report()));
+                reports.push((gap, zero.memory_report()));
             }
             drop(model);
             Ok(reports.pop().expect("two steps"))

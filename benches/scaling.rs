@@ -9,7 +9,7 @@
 //! - one step is taken apart: a counting communicator (wrapping the rank's communicator and the
 //!   duplicate the gradient-reduction thread uses) records the bytes each collective moves per
 //!   rank after forward, backward and the optimizer step;
-//! - every rank's memory report (`current_group().memory_report()`) after backward and after
+//! - every rank's memory report (`ZeroState::memory_report`) after backward and after
 //!   the step, and the bytes of the gradients `GradientsParams` holds;
 //! - a few steps timed phase by phase (forward, backward, optimizer step).
 //!
@@ -38,7 +38,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorMetadata};
 use burn_zero::comm::{CommError, Communicator, RankContext, ReduceOp, launch};
-use burn_zero::core::{ReductionStats, current_group};
+use burn_zero::core::ReductionStats;
 use burn_zero::{MemoryReport, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 use criterion::{BenchmarkId, Criterion, SamplingMode};
 use serde_json::{Value, json};
@@ -323,7 +323,7 @@ struct RankFigures {
     state_bytes: usize,
     /// Milliseconds of forward, backward and optimizer step over a few steps.
     phases: workload::Phases,
-    /// The group's account of the accounting step's gradient reduction.
+    /// The module state's account of the accounting step's gradient reduction.
     reduction: ReductionStats,
     /// Every parameter's path and element count, in module order.
     params: Vec<(String, usize)>,
@@ -357,9 +357,8 @@ impl Session {
                 });
                 let ctx = RankContext::new(*ctx.device(), counting);
                 let (rank, device) = (ctx.rank(), ctx.device());
-                let mut model = shard(base.clone(), &ctx, &config)?;
-                let group = current_group::<Inner>().expect("a sharded module");
-                let mut optimizer = ZeroOptimizer::new(AdamConfig::new().build());
+                let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+                let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
                 // Step 0 creates the fp32 masters and Adam's state.
                 model = workload::step(model, &mut optimizer, &corpus, 0, rank, world_size, device);
 
@@ -369,8 +368,8 @@ impl Session {
                 let forward = counters.snapshot();
                 let grads = GradientsParams::from_grads(loss.backward(), &model);
                 let backward = counters.snapshot();
-                let after_backward = group.memory_report();
-                let reduction = group.last_reduction();
+                let after_backward = zero.memory_report();
+                let reduction = zero.last_reduction();
                 let mut held = GradBytes {
                     grads: &grads,
                     bytes: 0,
@@ -379,7 +378,7 @@ impl Session {
                 let gradient_bytes = held.bytes;
                 model = Optimizer::step(&mut optimizer, workload::LR, model, grads);
                 let stepped = counters.snapshot();
-                let after_step = group.memory_report();
+                let after_step = zero.memory_report();
                 let (master_bytes, state_bytes) =
                     (optimizer.master_bytes(), optimizer.state_bytes());
 
@@ -405,7 +404,7 @@ impl Session {
                     after_step,
                     master_bytes,
                     state_bytes,
-                    params: group
+                    params: zero
                         .params()
                         .into_iter()
                         .map(|info| (info.path, info.shape.num_elements()))

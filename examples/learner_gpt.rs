@@ -224,7 +224,7 @@ fn run<B: Backend>(
         .init()
         .map_err(|e| format!("the learning-rate schedule: {e}"))?;
     let optimizer =
-        ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(args.accumulation);
+        ZeroOptimizer::unbound(AdamConfig::new().build()).with_accumulation(args.accumulation);
     let learner = Learner::new(model, optimizer, scheduler);
 
     // The strategy: ranks and ZeRO settings (from `main`), data deal, sharded checkpoints.

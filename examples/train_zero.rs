@@ -12,7 +12,6 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::{Tensor, TensorData, activation::tanh, backend::Backend};
 use burn_zero::comm::{ReduceOp, launch};
-use burn_zero::core::current_group;
 use burn_zero::{Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard, unshard};
 use clap::Parser;
 
@@ -136,8 +135,8 @@ fn main() {
 
     let result = launch::<Inner, _, _, ZeroError>(args.world_size, &[Default::default()], |ctx| {
         let device = ctx.device();
-        let mut model = shard(Mlp::<Train>::new(args.hidden, device), &ctx, &config)?;
-        let mut optimizer = ZeroOptimizer::new(AdamConfig::new().build());
+        let (mut model, zero) = shard(Mlp::<Train>::new(args.hidden, device), &ctx, &config)?;
+        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
         let mut losses = Vec::with_capacity(args.steps);
         for step in 0..args.steps {
             let rows = ctx.rank() * local..(ctx.rank() + 1) * local;
@@ -152,7 +151,7 @@ fn main() {
                 println!("step {step:>5}  loss {:.5}", losses[step]);
             }
         }
-        let memory = current_group::<Inner>().map(|g| g.memory_report());
+        let memory = Some(zero.memory_report());
         let master_bytes = optimizer.master_bytes();
         // Gather the whole model once: every rank must hold the same parameters.
         let full = unshard(model);

@@ -2,8 +2,8 @@
 //! with the integration test (`tests/train_gpt.rs`).
 //!
 //! An ordinary Burn training loop. The burn-zero lines are the backend type (`Train<B>`),
-//! `launch`, `shard` and `ZeroOptimizer::new`; `current_group` and the communicator are only
-//! used to report memory and the mean loss.
+//! `launch`, `shard` and `ZeroOptimizer::new`; the `ZeroState` that `shard` returns and the
+//! communicator are only used to build the optimizer, report memory and the mean loss.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -15,7 +15,6 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn_zero::checkpoint::{SaveOptions, load, save};
 use burn_zero::comm::{RankContext, ReduceOp, launch};
-use burn_zero::core::current_group;
 use burn_zero::optim::LossScalerConfig;
 use burn_zero::{MemoryReport, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 
@@ -282,9 +281,9 @@ pub fn train_with<B: Backend>(
         } else {
             base.clone().fork(device)
         };
-        let mut model = shard(start, &ctx, &zero)?;
-        let mut optimizer =
-            ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(config.accumulation);
+        let (mut model, state) = shard(start, &ctx, &zero)?;
+        let mut optimizer = ZeroOptimizer::new(&state, AdamConfig::new().build())
+            .with_accumulation(config.accumulation);
         if config.precision == DType::F16 {
             optimizer = optimizer.with_loss_scaler(LossScalerConfig::new());
         }
@@ -339,7 +338,7 @@ pub fn train_with<B: Backend>(
                     step,
                     loss: mean,
                     tokens_per_s: step_tokens as f64 / step_started.elapsed().as_secs_f64(),
-                    memory: current_group::<B>().map(|g| g.memory_report()),
+                    memory: Some(state.memory_report()),
                 });
             }
             if let Some(dir) = &config.checkpoint_dir {
@@ -358,7 +357,7 @@ pub fn train_with<B: Backend>(
         }
         let trained_steps = losses.len().max(1);
         let seconds = started.elapsed().as_secs_f64();
-        let memory = current_group::<B>().map(|g| g.memory_report());
+        let memory = Some(state.memory_report());
 
         // Every rank generates the same text in lockstep: at stage 3 each forward gathers.
         let sample = generate(&model.valid(), &corpus, config, device);

@@ -10,13 +10,13 @@ use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor, TensorPrimitive};
-use burn_zero_core::{ShardedView, Zero, ZeroTensor};
+use burn_zero_core::{ShardedView, Zero, ZeroState, ZeroTensor};
 use burn_zero_optim::{MasterEntry, Placement, ZeroOptimizer, ZeroOptimizerRecord};
 
 use crate::dir::{read_metadata, resolve};
 use crate::error::CheckpointError;
 use crate::format::{Metadata, TensorKind, owned_range, tensor_name, to_burn};
-use crate::params::{NewValues, RankParams, agree, collect, tensor_from_bytes};
+use crate::params::{NewValues, RankParams, agree, collect, tensor_from_bytes, unbound};
 use crate::read::RankFiles;
 use crate::state::{for_each_tensor, from_tree, tree_from_json};
 
@@ -64,16 +64,19 @@ where
     P: Placement<B>,
     O: SimpleOptimizer<P::Host>,
 {
-    let (model, record, loaded) = load_record::<AB, B, M, O, P>(path, model)?;
+    let zero = optimizer.zero_state().ok_or_else(unbound)?.clone();
+    let (model, record, loaded) = load_record::<AB, B, M, O, P>(path, model, &zero)?;
     Ok((model, optimizer.restore(record), loaded))
 }
 
-/// [`load`] that returns the optimizer's state as a record, to be restored into an optimizer
-/// built with the same settings as when saving (`ZeroOptimizer::restore`, or burn-train's
-/// `Learner::load_optim`, which only takes records).
+/// [`load`] that returns the optimizer's state as a record, bound to `zero` (the module's
+/// [`ZeroState`]), to be restored into an optimizer built with the same settings as when
+/// saving (`ZeroOptimizer::restore`, or burn-train's `Learner::load_optim`, which only takes
+/// records).
 pub fn load_record<AB, B, M, O, P>(
     path: &Path,
     model: M,
+    zero: &ZeroState<B>,
 ) -> Result<ResumedRecord<M, O, B, P>, CheckpointError>
 where
     B: Backend,
@@ -82,8 +85,8 @@ where
     P: Placement<B>,
     O: SimpleOptimizer<P::Host>,
 {
-    let params = collect::<AB, B, M>(&model)?;
-    let group = params.group.clone();
+    let params = collect::<AB, B, M>(&model, zero)?;
+    let zero = params.zero.clone();
     let read = resolve(path)
         .and_then(|dir| read_metadata(&dir).map(|meta| (dir, meta)))
         .and_then(|(dir, meta)| {
@@ -100,17 +103,17 @@ where
             };
             Ok((values, record, loaded))
         });
-    let (mut values, record, loaded) = agree(&group, read, "load")?;
+    let (mut values, record, loaded) = agree(&zero, read, "load")?;
     let model = model.map(&mut Replace {
         values: &mut values,
     });
     tracing::info!(
-        rank = group.rank(),
+        rank = zero.rank(),
         step = loaded.step,
         saved_world_size = loaded.saved_world_size,
         "checkpoint loaded"
     );
-    Ok((model, record, loaded))
+    Ok((model, record.bound_to(&zero), loaded))
 }
 
 /// Names every difference between the saved parameters and the model's.
@@ -222,8 +225,8 @@ fn read_values<B: Backend>(
     params: &RankParams<B>,
     files: &mut RankFiles<'_>,
 ) -> Result<NewValues<B>, CheckpointError> {
-    let group = &params.group;
-    let (rank, world) = (group.rank(), group.world_size());
+    let zero = &params.zero;
+    let (rank, world) = (zero.rank(), zero.world_size());
     let mut values = HashMap::new();
     for param in &params.params {
         let path = &param.info.path;
@@ -242,7 +245,7 @@ fn read_values<B: Backend>(
             range,
             len,
             Some(param.info.dtype),
-            group.device(),
+            zero.device(),
         )?
         .ok_or_else(|| {
             CheckpointError::ModelMismatch(format!("the checkpoint has no values for `{path}`"))
@@ -274,9 +277,9 @@ where
     P: Placement<B>,
     O: SimpleOptimizer<P::Host>,
 {
-    let group = &params.group;
-    let (rank, world) = (group.rank(), group.world_size());
-    let host = P::host_device(group.device());
+    let zero = &params.zero;
+    let (rank, world) = (zero.rank(), zero.world_size());
+    let host = P::host_device(zero.device());
     let mut masters: Vec<MasterEntry<O, P::Host>> = Vec::new();
     let mut accumulated = Vec::new();
     for param in &params.params {
@@ -285,7 +288,7 @@ where
         let numel = param.numel();
         // The optimizer steps this rank's block when gradients are reduce-scattered, the
         // whole parameter when they are all-reduced.
-        let (range, len) = if group.gradient_is_sharded(key) {
+        let (range, len) = if zero.gradient_is_sharded(key) {
             let (start, end, padding) = owned_range(numel, rank, world);
             ((start, end), end - start + padding)
         } else {

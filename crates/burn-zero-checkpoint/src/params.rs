@@ -1,15 +1,14 @@
-//! The parameters of a sharded module, as a checkpoint sees them: module path, key, the group
-//! that sharded them and this rank's value (a shard, or the whole tensor).
+//! The parameters of a sharded module, as a checkpoint sees them: module path, key, the state
+//! of the `shard` call that sharded them and this rank's value (a shard, or the whole tensor).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Tensor, TensorData, TensorMetadata};
 use burn_zero_comm::ReduceOp;
-use burn_zero_core::{ParamInfo, Zero, ZeroGroup, ZeroTensor, group_of};
+use burn_zero_core::{ParamInfo, Zero, ZeroState, ZeroTensor};
 
 use crate::error::CheckpointError;
 
@@ -32,81 +31,76 @@ impl<B: Backend> RankParam<B> {
     }
 }
 
-/// The module's parameters in visit order, and the group that sharded them.
+/// The module's parameters in visit order, and the state of the `shard` call that sharded them.
 pub(crate) struct RankParams<B: Backend> {
-    pub group: Arc<ZeroGroup<B>>,
+    pub zero: ZeroState<B>,
     pub params: Vec<RankParam<B>>,
 }
 
-struct Collect<B: Backend> {
-    groups: Vec<(Arc<ZeroGroup<B>>, Vec<ParamInfo>)>,
-    params: Vec<(usize, RankParam<B>)>,
+struct Collect<'a, B: Backend> {
+    zero: &'a ZeroState<B>,
+    infos: Vec<ParamInfo>,
+    params: Vec<RankParam<B>>,
     unsharded: usize,
 }
 
-impl<AB, B> ModuleVisitor<AB> for Collect<B>
+impl<AB, B> ModuleVisitor<AB> for Collect<'_, B>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
 {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
-        let Some((group, key)) = group_of::<B>(&DistributedParamId::from(param.id.val())) else {
+        let id = DistributedParamId::from(param.id.val());
+        let Some(key) = self.zero.store().key_of(&id) else {
             self.unsharded += 1;
             return;
         };
-        let index = match self.groups.iter().position(|(g, _)| Arc::ptr_eq(g, &group)) {
-            Some(index) => index,
-            None => {
-                let infos = group.params();
-                self.groups.push((group, infos));
-                self.groups.len() - 1
-            }
-        };
-        let Some(info) = self.groups[index].1.get(key).cloned() else {
+        let Some(info) = self.infos.get(key).cloned() else {
             self.unsharded += 1;
             return;
         };
         let tensor = param.val();
         let frozen = !tensor.is_require_grad();
         let value = tensor.inner().into_primitive().tensor();
-        self.params.push((
-            index,
-            RankParam {
-                id: param.id,
-                info,
-                value,
-                frozen,
-            },
-        ));
+        self.params.push(RankParam {
+            id: param.id,
+            info,
+            value,
+            frozen,
+        });
     }
 }
 
-/// The parameters of `module`, which must have been sharded (as one module) on this thread.
-pub(crate) fn collect<AB, B, M>(module: &M) -> Result<RankParams<B>, CheckpointError>
+/// The parameters of `module`, which must have been sharded as one module by the `shard` call
+/// that returned `zero`.
+pub(crate) fn collect<AB, B, M>(
+    module: &M,
+    zero: &ZeroState<B>,
+) -> Result<RankParams<B>, CheckpointError>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
     M: Module<AB>,
 {
     let mut collect = Collect {
-        groups: Vec::new(),
+        zero,
+        infos: zero.params(),
         params: Vec::new(),
         unsharded: 0,
     };
     module.visit(&mut collect);
-    if collect.groups.len() != 1 || collect.unsharded > 0 {
+    if collect.params.is_empty() || collect.unsharded > 0 {
         return Err(CheckpointError::Unsupported(format!(
-            "checkpoints need a module sharded with `shard` on this thread, as one module; this \
-             one has {} parameters from {} sharded modules and {} not sharded",
+            "checkpoints need a module sharded with `shard`, as one module, and the optimizer \
+             built from the state that `shard` returned; this module has {} parameters of \
+             the optimizer's sharded module and {} others",
             collect.params.len(),
-            collect.groups.len(),
             collect.unsharded
         )));
     }
-    let group = collect.groups.remove(0).0;
     Ok(RankParams {
-        group,
-        params: collect.params.into_iter().map(|(_, p)| p).collect(),
+        zero: zero.clone(),
+        params: collect.params,
     })
 }
 
@@ -155,18 +149,18 @@ pub(crate) fn tensor_from_bytes<B: Backend>(
 /// Every rank learns whether every rank succeeded: a rank's own error is returned as is, and a
 /// rank that succeeded while another failed returns [`CheckpointError::OtherRank`].
 pub(crate) fn agree<B: Backend, T>(
-    group: &ZeroGroup<B>,
+    zero: &ZeroState<B>,
     result: Result<T, CheckpointError>,
     what: &'static str,
 ) -> Result<T, CheckpointError> {
     let failed = if result.is_err() { 1.0f32 } else { 0.0 };
-    let flag = Tensor::<B, 1>::from_floats([failed], group.device());
-    let total = group.comm().all_reduce(flag, ReduceOp::Sum);
+    let flag = Tensor::<B, 1>::from_floats([failed], zero.device());
+    let total = zero.comm().all_reduce(flag, ReduceOp::Sum);
     let result = result?;
     let total = total?.into_scalar().elem::<f32>();
     if total > 0.0 {
         return Err(CheckpointError::OtherRank {
-            rank: group.rank(),
+            rank: zero.rank(),
             what,
         });
     }
@@ -175,3 +169,13 @@ pub(crate) fn agree<B: Backend, T>(
 
 /// Params by id, for mapping new values into the module.
 pub(crate) type NewValues<B> = HashMap<ParamId, ZeroTensor<B>>;
+
+/// The error for an optimizer made with `ZeroOptimizer::unbound` that was never bound.
+pub(crate) fn unbound() -> CheckpointError {
+    CheckpointError::Unsupported(
+        "the optimizer is not bound to a sharded module (made with `ZeroOptimizer::unbound` and \
+         no `ZeroOptimizerRecord::binding` loaded): build it with `ZeroOptimizer::new(&zero_state, \
+         optim)`"
+            .to_string(),
+    )
+}

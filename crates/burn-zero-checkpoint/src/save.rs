@@ -9,7 +9,7 @@ use burn::module::Module;
 use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
-use burn_zero_core::{Zero, ZeroGroup};
+use burn_zero_core::{Zero, ZeroState};
 use burn_zero_optim::{Placement, ZeroOptimizer, ZeroOptimizerRecord};
 use safetensors::Dtype;
 
@@ -20,7 +20,7 @@ use crate::format::{
     TensorEntry, TensorKind, owned_range, rank_file_name, rank_index_name, step_dir_name,
     tensor_name, to_safetensors,
 };
-use crate::params::{RankParams, agree, collect, flat_bytes, slice_bytes};
+use crate::params::{RankParams, agree, collect, flat_bytes, slice_bytes, unbound};
 use crate::read::element_size;
 use crate::state::{for_each_tensor, to_tree, tree_to_json};
 use crate::write::{PendingTensor, sync_dir, write_atomically, write_safetensors};
@@ -70,16 +70,18 @@ where
     P: Placement<B>,
     O: SimpleOptimizer<P::Host>,
 {
-    save_record::<AB, B, M, O, P>(root, step, model, optimizer.record(), options)
+    let zero = optimizer.zero_state().ok_or_else(unbound)?.clone();
+    save_record::<AB, B, M, O, P>(root, step, model, &zero, optimizer.record(), options)
 }
 
-/// [`save`] with the optimizer's state given as its record ([`ZeroOptimizer::record`]), for
-/// callers that hold the record but not the optimizer (burn-train's `Learner` keeps its
-/// optimizer private and hands out records only).
+/// [`save`] with the optimizer's state given as its record ([`ZeroOptimizer::record`]) and
+/// the module's [`ZeroState`] given apart, for callers that hold the record but not the
+/// optimizer (burn-train's `Learner` keeps its optimizer private and hands out records only).
 pub fn save_record<AB, B, M, O, P>(
     root: &Path,
     step: u64,
     model: &M,
+    zero: &ZeroState<B>,
     optimizer: ZeroOptimizerRecord<O, B, P>,
     options: &SaveOptions,
 ) -> Result<PathBuf, CheckpointError>
@@ -90,10 +92,10 @@ where
     P: Placement<B>,
     O: SimpleOptimizer<P::Host>,
 {
-    let params = collect::<AB, B, M>(model)?;
-    let group = params.group.clone();
-    let rank = group.rank();
-    let world = group.world_size();
+    let params = collect::<AB, B, M>(model, zero)?;
+    let zero = params.zero.clone();
+    let rank = zero.rank();
+    let world = zero.world_size();
     let dir = root.join(step_dir_name(step));
 
     let prepared = if rank == 0 {
@@ -101,10 +103,10 @@ where
     } else {
         Ok(())
     };
-    agree(&group, prepared, "save")?;
+    agree(&zero, prepared, "save")?;
 
     let written = write_rank::<B, O, P>(&dir, &params, optimizer);
-    let (optimizer_entry, param_entries) = agree(&group, written, "save")?;
+    let (optimizer_entry, param_entries) = agree(&zero, written, "save")?;
 
     let committed = if rank == 0 {
         let meta = Metadata {
@@ -113,8 +115,8 @@ where
             step,
             world_size: world,
             shard_group_size: world,
-            stage: group.config().stage,
-            config: serde_json::to_value(group.config()).unwrap_or_default(),
+            stage: zero.config().stage,
+            config: serde_json::to_value(zero.config()).unwrap_or_default(),
             files: Vec::new(),
             params: param_entries,
             tensors: BTreeMap::new(),
@@ -125,7 +127,7 @@ where
     } else {
         Ok(())
     };
-    agree(&group, committed, "save")?;
+    agree(&zero, committed, "save")?;
     tracing::info!(rank, step, dir = %dir.display(), "checkpoint saved");
     Ok(dir)
 }
@@ -246,8 +248,8 @@ where
     P: Placement<B>,
     O: SimpleOptimizer<P::Host>,
 {
-    let group: &ZeroGroup<B> = &params.group;
-    let (rank, world) = (group.rank(), group.world_size());
+    let zero: &ZeroState<B> = &params.zero;
+    let (rank, world) = (zero.rank(), zero.world_size());
     let masters: BTreeMap<usize, _> = record
         .masters
         .into_iter()

@@ -34,8 +34,8 @@ fn a_consolidated_checkpoint_loads_in_plain_burn_with_the_trained_values_and_los
     let base = base_model(&Default::default());
     let dir = scratch("consolidate");
     let saved = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
-        let model = shard(base.clone(), &ctx, &config(3))?;
-        let mut optim = adam();
+        let (model, zero) = shard(base.clone(), &ctx, &config(3))?;
+        let mut optim = adam(&zero);
         let model = train(model, &mut optim, ctx.rank(), WORLD, 0..3);
         save(&dir, 3, &model, &optim, &SaveOptions::default())?;
         // The loss without autodiff, as plain Burn computes it below: Burn's autodiff composes
@@ -91,8 +91,8 @@ fn a_consolidated_checkpoint_loads_in_plain_burn_with_the_trained_values_and_los
     consolidate_checkpoint(&dir, &single).unwrap();
     let resumed = |from: std::path::PathBuf| {
         launch::<Flex, _, _, Failure>(3, &[Default::default()], |ctx| {
-            let model = shard(base_model(ctx.device()), &ctx, &config(3))?;
-            let (model, mut optim, _) = load(&from, model, adam())?;
+            let (model, zero) = shard(base_model(ctx.device()), &ctx, &config(3))?;
+            let (model, mut optim, _) = load(&from, model, adam(&zero))?;
             let model = train(model, &mut optim, ctx.rank(), 3, 3..5);
             Ok(param_values(&model))
         })

@@ -75,8 +75,9 @@ fn a_save_killed_midway_leaves_the_previous_checkpoint_loadable() {
     if let Ok(dir) = std::env::var(CHILD) {
         // The child: saves after every step until killed.
         launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
-            let mut model = shard(Wide::<Train>::new(2048, ctx.device()), &ctx, &config(3))?;
-            let mut optim = adam();
+            let (mut model, zero) =
+                shard(Wide::<Train>::new(2048, ctx.device()), &ctx, &config(3))?;
+            let mut optim = adam(&zero);
             for n in 1.. {
                 model = step(model, &mut optim, n);
                 let options = SaveOptions {
@@ -142,8 +143,8 @@ fn a_save_killed_midway_leaves_the_previous_checkpoint_loadable() {
     let last = latest(&dir).unwrap().expect("a complete checkpoint");
     assert!(last.step < partial.step);
     let loaded = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
-        let model = shard(Wide::<Train>::new(2048, ctx.device()), &ctx, &config(3))?;
-        let (_, _, loaded) = load(&dir, model, adam())?;
+        let (model, zero) = shard(Wide::<Train>::new(2048, ctx.device()), &ctx, &config(3))?;
+        let (_, _, loaded) = load(&dir, model, adam(&zero))?;
         Ok(loaded.step)
     })
     .unwrap();
@@ -156,8 +157,8 @@ fn a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays_loadable() {
     if let Ok(dir) = std::env::var(CHILD) {
         let dir = Path::new(&dir);
         let values = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
-            let model = shard(Wide::<Train>::new(512, ctx.device()), &ctx, &config(3))?;
-            let mut optim = adam();
+            let (model, zero) = shard(Wide::<Train>::new(512, ctx.device()), &ctx, &config(3))?;
+            let mut optim = adam(&zero);
             let model = step(model, &mut optim, 1);
             save(dir, 1, &model, &optim, &SaveOptions::default())?;
             Ok(param_values(&model))
@@ -176,8 +177,8 @@ fn a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays_loadable() {
             assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
         }
         let errors = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
-            let model = shard(Wide::<Train>::new(512, ctx.device()), &ctx, &config(3))?;
-            let (model, mut optim, _) = load(dir, model, adam())?;
+            let (model, zero) = shard(Wide::<Train>::new(512, ctx.device()), &ctx, &config(3))?;
+            let (model, mut optim, _) = load(dir, model, adam(&zero))?;
             let model = step(model, &mut optim, 2);
             let error = save(dir, 2, &model, &optim, &SaveOptions::default())
                 .expect_err("the save must fail");
@@ -206,8 +207,8 @@ fn a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays_loadable() {
         assert_eq!(latest(dir).unwrap().map(|d| d.step), Some(1), "{dirs:?}");
         assert!(!dir.join("step-00000002").join(METADATA_FILE).exists());
         let reloaded = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
-            let model = shard(Wide::<Train>::new(512, ctx.device()), &ctx, &config(3))?;
-            let (model, _, _) = load(dir, model, adam())?;
+            let (model, zero) = shard(Wide::<Train>::new(512, ctx.device()), &ctx, &config(3))?;
+            let (model, _, _) = load(dir, model, adam(&zero))?;
             Ok(param_values(&model))
         })
         .unwrap();
@@ -235,12 +236,12 @@ fn a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays_loadable() {
 fn saved_block(name: &str) -> std::path::PathBuf {
     let dir = scratch(name);
     launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
-        let model = shard(
+        let (model, zero) = shard(
             burn_zero_testing::base_model(ctx.device()),
             &ctx,
             &config(3),
         )?;
-        let mut optim = adam();
+        let mut optim = adam(&zero);
         let model = common::train(model, &mut optim, ctx.rank(), WORLD, 0..1);
         Ok(save(&dir, 1, &model, &optim, &SaveOptions::default())?)
     })
@@ -251,12 +252,14 @@ fn saved_block(name: &str) -> std::path::PathBuf {
 /// Every rank's error loading the tiny block from `dir`, joined.
 fn load_block(dir: &Path) -> String {
     launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
-        let model = shard(
+        let (model, zero) = shard(
             burn_zero_testing::base_model(ctx.device()),
             &ctx,
             &config(3),
         )?;
-        let error = load(dir, model, adam()).err().expect("the load must fail");
+        let error = load(dir, model, adam(&zero))
+            .err()
+            .expect("the load must fail");
         Ok(error.to_string())
     })
     .unwrap()
@@ -332,14 +335,14 @@ fn a_model_that_does_not_match_is_named() {
             fc1: LinearConfig::new(4, 6).init(device),
             head: LinearConfig::new(6, 2).init(device),
         };
-        let saved = shard(saved, &ctx, &config(3))?;
-        save(&dir, 0, &saved, &adam(), &SaveOptions::default())?;
+        let (saved, zero) = shard(saved, &ctx, &config(3))?;
+        save(&dir, 0, &saved, &adam(&zero), &SaveOptions::default())?;
         let changed = Changed::<Train> {
             fc1: LinearConfig::new(4, 7).init(device),
             tail: LinearConfig::new(6, 2).init(device),
         };
-        let changed = shard(changed, &ctx, &config(3))?;
-        load(&dir, changed, adam())?;
+        let (changed, zero) = shard(changed, &ctx, &config(3))?;
+        load(&dir, changed, adam(&zero))?;
         Ok(())
     })
     .expect_err("the load must fail")
@@ -360,12 +363,12 @@ fn only_the_last_two_checkpoints_are_kept_by_default() {
     // A partial checkpoint left by a crash, older than the ones to come.
     std::fs::create_dir_all(dir.join("step-00000000")).unwrap();
     launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
-        let mut model = shard(
+        let (mut model, zero) = shard(
             burn_zero_testing::base_model(ctx.device()),
             &ctx,
             &config(2),
         )?;
-        let mut optim = adam();
+        let mut optim = adam(&zero);
         for n in 0..4 {
             model = common::train(model, &mut optim, ctx.rank(), WORLD, n..n + 1);
             save(&dir, n as u64 + 1, &model, &optim, &SaveOptions::default())?;

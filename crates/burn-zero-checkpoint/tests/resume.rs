@@ -8,7 +8,7 @@ mod common;
 use burn::backend::Flex;
 use burn_zero_checkpoint::{SaveOptions, load, save};
 use burn_zero_comm::launch;
-use burn_zero_core::shard;
+use burn_zero_core::{ZeroState, shard};
 use burn_zero_optim::LossScalerConfig;
 use burn_zero_testing::{base_model, param_values, params_bits_equal};
 use common::{Failure, adam, config, scratch, train, train_on};
@@ -16,8 +16,8 @@ use common::{Failure, adam, config, scratch, train, train_on};
 #[test]
 fn resume_at_the_same_world_size_is_bitwise_uninterrupted_training_at_every_stage() {
     const WORLD: usize = 2;
-    let optimizer = || {
-        adam().with_accumulation(2).with_loss_scaler(
+    let optimizer = |zero: &ZeroState<Flex>| {
+        adam(zero).with_accumulation(2).with_loss_scaler(
             LossScalerConfig::new()
                 .with_initial_scale(1024.0)
                 .with_growth_interval(2),
@@ -32,22 +32,22 @@ fn resume_at_the_same_world_size_is_bitwise_uninterrupted_training_at_every_stag
     for stage in 0..=3 {
         let dir = scratch(&format!("same-{stage}"));
         let straight = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
-            let model = shard(base.clone(), &ctx, &config(stage))?;
-            let mut optim = optimizer();
+            let (model, zero) = shard(base.clone(), &ctx, &config(stage))?;
+            let mut optim = optimizer(&zero);
             let model = train(model, &mut optim, ctx.rank(), WORLD, 0..7);
             Ok((param_values(&model), optim.loss_scale()))
         })
         .unwrap();
         let resumed = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
-            let model = shard(base.clone(), &ctx, &config(stage))?;
-            let mut optim = optimizer();
+            let (model, zero) = shard(base.clone(), &ctx, &config(stage))?;
+            let mut optim = optimizer(&zero);
             // Three micro-steps: one optimizer step done, one micro-step accumulated.
             let model = train(model, &mut optim, ctx.rank(), WORLD, 0..3);
             save(&dir, 3, &model, &optim, &SaveOptions::default())?;
             drop((model, optim));
 
-            let model = shard(other.clone(), &ctx, &config(stage))?;
-            let (model, mut optim, loaded) = load(&dir, model, optimizer())?;
+            let (model, zero) = shard(other.clone(), &ctx, &config(stage))?;
+            let (model, mut optim, loaded) = load(&dir, model, optimizer(&zero))?;
             assert_eq!(loaded.step, 3);
             let model = train(model, &mut optim, ctx.rank(), WORLD, 3..7);
             Ok((param_values(&model), optim.loss_scale()))
@@ -78,8 +78,8 @@ fn reshard(saved: usize, saved_stage: u8, resumed: usize, resumed_stage: u8) {
     let dir = scratch(&format!("reshard-{saved}-{resumed}"));
 
     let at_save = launch::<Flex, _, _, Failure>(saved, &[Default::default()], |ctx| {
-        let model = shard(base.clone(), &ctx, &config(saved_stage))?;
-        let mut optim = adam();
+        let (model, zero) = shard(base.clone(), &ctx, &config(saved_stage))?;
+        let mut optim = adam(&zero);
         let model = train(model, &mut optim, ctx.rank(), saved, 0..BEFORE);
         save(&dir, BEFORE as u64, &model, &optim, &SaveOptions::default())?;
         Ok(param_values(&model))
@@ -87,8 +87,8 @@ fn reshard(saved: usize, saved_stage: u8, resumed: usize, resumed_stage: u8) {
     .unwrap();
 
     let got = launch::<Flex, _, _, Failure>(resumed, &[Default::default()], |ctx| {
-        let model = shard(other.clone(), &ctx, &config(resumed_stage))?;
-        let (model, mut optim, loaded) = load(&dir, model, adam())?;
+        let (model, zero) = shard(other.clone(), &ctx, &config(resumed_stage))?;
+        let (model, mut optim, loaded) = load(&dir, model, adam(&zero))?;
         assert_eq!(loaded.saved_world_size, saved);
         let after_load = param_values(&model);
         let model = train(
@@ -104,8 +104,8 @@ fn reshard(saved: usize, saved_stage: u8, resumed: usize, resumed_stage: u8) {
 
     // One rank: the same micro-batches, averaged in rank order by gradient accumulation.
     let want = launch::<Flex, _, _, Failure>(1, &[Default::default()], |ctx| {
-        let model = shard(base.clone(), &ctx, &config(3))?;
-        let mut optim = adam().with_accumulation(saved);
+        let (model, zero) = shard(base.clone(), &ctx, &config(3))?;
+        let mut optim = adam(&zero).with_accumulation(saved);
         let model = train_on(model, &mut optim, 0..BEFORE * saved);
         let before = param_values(&model);
         let mut optim = optim.with_accumulation(resumed);

@@ -2,39 +2,38 @@
 //! ranks (ZeRO stage 3). Compute ops gather sharded operands at dispatch; autodiff's gradient
 //! hooks reduce each gradient across ranks and leave this rank's shard.
 //!
-//! Module map:
-//! - [`backend`]: the `Zero<B>` type; `ops/`: its op traits, forwarded by macro.
-//! - [`tensor`]: the float primitive (local or sharded view); [`view`]: lazy view ops.
-//! - [`sharded`]: a rank's shard of a parameter or gradient; [`gather`]: the gather cache.
-//! - [`group`]: one rank's state for a sharded module; `grads`: gradient reduction, in
-//!   buckets (`bucket`) of a static layout, queued in order (`queue`) and reduced on a
-//!   communication thread (`reducer`) while backward runs.
-//! - [`shard()`]: sharding a module; [`hooks`]: how autodiff's hooks find the group.
-//! - [`config`], [`memory`], [`error`].
+//! Module map (each module uses only those listed before it; `docs/architecture.md` draws the
+//! tree and a test checks the order):
+//! - [`config`], [`error`], [`memory`], [`view`]: the configuration, errors, memory
+//!   accounting and lazy view ops.
+//! - [`store`]: the parameter store — table, gathers and their cache, blocks, memory —
+//!   and [`ShardedParam`], a handle on one block that points to its store.
+//! - [`tensor`]: the float primitive (local or sharded view); [`backend`]: the `Zero<B>` type.
+//! - [`reduce`]: gradient reduction — Burn's hook entry, buckets of a static layout, queued
+//!   in order and reduced on a communication thread while backward runs, delivered into
+//!   autodiff's slots.
+//! - `ops/`: `Zero<B>`'s op traits, forwarded by macro.
+//! - [`state`]: [`ZeroState`], the handle on a rank's store and reducer.
+//! - [`shard()`]: sharding a module, and unsharding it.
 
 pub mod backend;
-mod bucket;
 pub mod config;
 pub mod error;
-mod gather;
-mod grads;
-pub mod group;
-pub mod hooks;
 pub mod memory;
 mod ops;
-mod queue;
-mod reducer;
+pub mod reduce;
 pub mod shard;
-pub mod sharded;
+pub mod state;
+pub mod store;
 pub mod tensor;
 pub mod view;
 
 pub use backend::Zero;
 pub use config::ZeroConfig;
 pub use error::ZeroError;
-pub use group::{ParamInfo, ReductionStats, ZeroGroup};
-pub use hooks::{current_group, group_of};
 pub use memory::{MemoryKind, MemoryReport, Usage};
+pub use reduce::{GradientReducer, ReductionStats};
 pub use shard::{shard, unshard};
-pub use sharded::{ShardRole, ShardedParam};
+pub use state::ZeroState;
+pub use store::{ParamInfo, ParamStore, ShardRole, ShardedParam};
 pub use tensor::{ShardedView, ZeroTensor};

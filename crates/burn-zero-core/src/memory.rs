@@ -34,7 +34,7 @@ struct Counter {
     peak: AtomicI64,
 }
 
-/// Live counters of one rank's group.
+/// Live counters of one rank's model data.
 #[derive(Debug, Default)]
 pub struct MemoryTracker {
     counters: [Counter; KINDS],

@@ -9,14 +9,15 @@ use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::{CommError, Communicator, OrderedComm, RankContext};
 
 use crate::backend::Zero;
-use crate::bucket::{self, Mode};
 use crate::config::ZeroConfig;
 use crate::error::ZeroError;
-use crate::group::{ParamInfo, ZeroGroup};
-use crate::hooks;
 use crate::memory::MemoryKind;
-use crate::reducer::Reducer;
-use crate::sharded::{ShardRole, ShardedParam};
+use crate::reduce::GradientReducer;
+use crate::reduce::bucket::{self, Mode};
+use crate::reduce::thread::CommThread;
+use crate::state::ZeroState;
+use crate::store::table::ParamTable;
+use crate::store::{ParamInfo, ParamStore, ShardedParam};
 use crate::tensor::{ShardedView, ZeroTensor};
 
 /// Dimensions a parameter may have for the cross-rank shape check.
@@ -25,7 +26,7 @@ const MAX_DIMS: usize = 12;
 /// (exact in f32).
 const DESC_LEN: usize = 2 + 2 * MAX_DIMS;
 
-/// Shards every float parameter of `module` across the ranks of `ctx`'s group.
+/// Shards every float parameter of `module` across the ranks of `ctx`'s communicator.
 ///
 /// Each parameter is visited in module order (its key), checked to have the same shape and
 /// dtype on every rank, and copied from rank 0 when `config.sync_module_states`. At stage 3 it
@@ -35,16 +36,24 @@ const DESC_LEN: usize = 2 + 2 * MAX_DIMS;
 /// so `backward` leaves each rank with its shard of the mean gradient. Lazily initialised
 /// parameters are materialised one at a time.
 ///
-/// Call it on every rank, on the thread that trains. Fails on every rank, before any training
-/// step, when the ranks' modules differ.
-pub fn shard<AB, B, M>(module: M, ctx: &RankContext<B>, config: &ZeroConfig) -> Result<M, ZeroError>
+/// Returns the sharded module and the handle on this rank's state of it, which
+/// `ZeroOptimizer` is built from and which reports memory and reduction statistics.
+///
+/// Call it on every rank, on the thread that runs backward (autodiff's gradient hooks find
+/// the module's reducer there). Fails on every rank, before any training step, when the
+/// ranks' modules differ.
+pub fn shard<AB, B, M>(
+    module: M,
+    ctx: &RankContext<B>,
+    config: &ZeroConfig,
+) -> Result<(M, ZeroState<B>), ZeroError>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
     M: Module<AB>,
 {
     config.validate().map_err(ZeroError::InvalidConfig)?;
-    // With a communication thread beside the training thread, every collective of the group
+    // With a communication thread beside the training thread, every collective of the rank
     // goes through one issuing thread in the order the training thread fixes (NCCL deadlocks
     // when ranks interleave two threads' collectives differently).
     let order = if config.overlaps_reduction() {
@@ -61,9 +70,10 @@ where
         Some(order) => Arc::new(order.clone()),
         None => ctx.comm().clone(),
     };
-    let group = Arc::new(ZeroGroup::new(comm, ctx.device().clone(), config.clone()));
+    let store = Arc::new(ParamStore::new(comm, ctx.device().clone(), config.clone()));
     let mut sharder = Sharder {
-        group: group.clone(),
+        store: store.clone(),
+        table: ParamTable::default(),
         next_key: 0,
         path: Vec::new(),
         error: None,
@@ -76,46 +86,47 @@ where
     if let Some(error) = sharder.error {
         return Err(error);
     }
-    let params = group.params();
+    let params_sharded = sharder.next_key;
+    store.set_table(sharder.table);
+    let params = store.params();
     let buckets = bucket::layout(
         // Reduction order: the reverse of the visit order, as backward produces gradients.
         &params.iter().rev().cloned().collect::<Vec<_>>(),
         |info| {
-            if group.gradient_is_sharded(info.key) {
+            if store.gradient_is_sharded(info.key) {
                 Mode::ReduceScatter
             } else {
                 Mode::AllReduce
             }
         },
-        group.world_size(),
+        store.world_size(),
         config.bucket_size_mb * (1u64 << 20) as f64,
         config.reduce_dtype,
     );
-    let reducer = if let Some(order) = order {
-        let reducer = Reducer::spawn(
+    let thread = if let Some(order) = order {
+        let thread = CommThread::spawn(
             order,
             buckets.clone(),
-            group.device().clone(),
+            store.device().clone(),
             config.gradient_predivide_factor,
-            group.memory_handle(),
+            store.memory_handle(),
         )
         .map_err(|error| {
             ZeroError::Comm(CommError::InvalidGroup(format!(
                 "could not start the gradient communication thread: {error}"
             )))
         })?;
-        Some(reducer)
+        Some(thread)
     } else {
         None
     };
-    group.lock_grads().set_layout(buckets, reducer);
-    hooks::register(&group);
+    let state = ZeroState::register(GradientReducer::new(store, buckets, thread));
     tracing::debug!(
-        rank = group.rank(),
-        params = sharder.next_key,
+        rank = state.rank(),
+        params = params_sharded,
         "module sharded"
     );
-    Ok(module)
+    Ok((module, state))
 }
 
 /// Gathers every sharded parameter of `module` back into an ordinary tensor (a collective:
@@ -130,7 +141,9 @@ where
 }
 
 struct Sharder<B: Backend> {
-    group: Arc<ZeroGroup<B>>,
+    store: Arc<ParamStore<B>>,
+    /// The parameters visited so far.
+    table: ParamTable,
     next_key: usize,
     path: Vec<String>,
     error: Option<ZeroError>,
@@ -170,9 +183,9 @@ impl<B: Backend> Sharder<B> {
             }
             None => desc[0] = -1.0,
         }
-        let device = self.group.device().clone();
+        let device = self.store.device().clone();
         let mine = Tensor::<B, 1>::from_floats(desc.as_slice(), &device);
-        let all = match self.group.comm().all_gather(mine) {
+        let all = match self.store.comm().all_gather(mine) {
             Ok(all) => all
                 .into_data()
                 .convert::<f32>()
@@ -184,7 +197,7 @@ impl<B: Backend> Sharder<B> {
             }
         };
         let ranks: Vec<&[f32]> = all.chunks(DESC_LEN).collect();
-        let rank = self.group.rank();
+        let rank = self.store.rank();
         let read = |d: &[f32]| -> Option<String> {
             (d[0] >= 0.0).then(|| {
                 let dims: Vec<usize> = (0..d[0] as usize)
@@ -240,13 +253,13 @@ impl<B: Backend> Sharder<B> {
         }
         let key = self.next_key;
         let numel = shape.num_elements();
-        let config = self.group.config();
+        let config = self.store.config();
         let flat = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(B::float_reshape(
             local,
             Shape::new([numel]),
         )));
-        let flat = if config.sync_module_states && self.group.world_size() > 1 {
-            self.group.comm().broadcast(flat, 0)?
+        let flat = if config.sync_module_states && self.store.world_size() > 1 {
+            self.store.comm().broadcast(flat, 0)?
         } else {
             flat
         };
@@ -260,20 +273,13 @@ impl<B: Backend> Sharder<B> {
             persistent,
         };
         let tensor = if persistent {
-            self.group
+            self.store
                 .memory()
                 .add(MemoryKind::PersistentParameters, numel * dtype.size());
             ZeroTensor::Local(B::float_reshape(flat.into_primitive().tensor(), shape))
         } else {
-            let block = self.group.own_block(flat).into_primitive().tensor();
-            let param = ShardedParam::new(
-                key,
-                ShardRole::Parameter,
-                block,
-                shape,
-                dtype,
-                self.group.clone(),
-            );
+            let block = self.store.own_block(flat).into_primitive().tensor();
+            let param = ShardedParam::parameter(&self.store, key, block, shape, dtype);
             ZeroTensor::Sharded(ShardedView::new(Arc::new(param)))
         };
         Ok(Some((tensor, info)))
@@ -303,7 +309,7 @@ where
         match self.shard_param(tensor.clone().inner(), &path) {
             Ok(Some((sharded, info))) => {
                 let dist_id = DistributedParamId::from(id.val());
-                self.group.register_param(info, dist_id);
+                self.table.push(info, dist_id);
                 self.next_key += 1;
                 let inner = Tensor::<Zero<B>, D>::from_primitive(TensorPrimitive::Float(sharded));
                 let tensor = Tensor::<AB, D>::from_inner(inner)

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, TensorMetadata};
 
-use crate::sharded::ShardedParam;
+use crate::store::ShardedParam;
 use crate::view::{ViewOp, debug_check_shape};
 
 /// The float tensor primitive of [`crate::Zero`].
@@ -32,9 +32,6 @@ pub struct ShardedView<B: Backend> {
 impl<B: Backend> ShardedView<B> {
     /// A view of the whole tensor, in its own shape.
     pub fn new(param: Arc<ShardedParam<B>>) -> Self {
-        if param.role() == crate::sharded::ShardRole::Parameter {
-            param.group().track_param(&param);
-        }
         let shape = param.shape().clone();
         Self {
             param,

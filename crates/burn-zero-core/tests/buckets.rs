@@ -6,7 +6,7 @@ use burn::backend::Flex;
 use burn::module::Module;
 use burn::tensor::DType;
 use burn_zero_comm::launch;
-use burn_zero_core::{ZeroConfig, ZeroError, current_group, shard};
+use burn_zero_core::{ZeroConfig, ZeroError, shard};
 use burn_zero_testing::{Block, CastParams, Materialise, Train, loss_and_grads, reference};
 use half::{bf16, f16};
 
@@ -19,8 +19,8 @@ type Round = fn(f32) -> f32;
 /// Each rank's loss and gathered gradients, and the bucket layout, for `config`.
 fn run(base: &Block<Train>, world_size: usize, config: &ZeroConfig) -> Vec<RankRun> {
     launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
-        let model = shard(base.clone(), &ctx, config)?;
-        let layout = current_group::<Flex>().unwrap().bucket_layout();
+        let (model, zero) = shard(base.clone(), &ctx, config)?;
+        let layout = zero.bucket_layout();
         let (loss, grads) = loss_and_grads(&model, ctx.rank(), ctx.device());
         Ok((loss, grads, layout))
     })

@@ -8,7 +8,7 @@ use burn::tensor::module::{attention, avg_pool2d, conv2d, embedding, max_pool2d}
 use burn::tensor::ops::{AttentionModuleOptions, ConvOptions};
 use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData, activation};
 use burn_zero_comm::{CommError, launch};
-use burn_zero_core::{Zero, ZeroConfig, ZeroGroup};
+use burn_zero_core::{Zero, ZeroConfig, ZeroState};
 
 /// Deterministic values in [-1, 1).
 fn values(seed: u64, n: usize) -> Vec<f32> {
@@ -183,7 +183,7 @@ fn zero_ops_match_the_inner_backend_with_sharded_operands() {
     for world_size in [1, 2, 3] {
         let per_rank =
             launch::<NdArray, _, _, CommError>(world_size, &[Default::default()], |ctx| {
-                let group = ZeroGroup::create(&ctx, ZeroConfig::new());
+                let zero = ZeroState::create(&ctx, ZeroConfig::new());
                 let plain = operands::<NdArray>(ctx.device());
                 let local = |t: Tensor<NdArray, 2>| {
                     Tensor::<Zero<NdArray>, 2>::from_data(t.into_data(), ctx.device())
@@ -191,10 +191,10 @@ fn zero_ops_match_the_inner_backend_with_sharded_operands() {
                 let img =
                     Tensor::<Zero<NdArray>, 4>::from_data(plain.img.into_data(), ctx.device());
                 let results = suite::<Zero<NdArray>>(Operands {
-                    w: group.shard_tensor(plain.w),
-                    bias: group.shard_tensor(plain.bias),
-                    kernel: group.shard_tensor(plain.kernel),
-                    table: group.shard_tensor(plain.table),
+                    w: zero.shard_tensor(plain.w),
+                    bias: zero.shard_tensor(plain.bias),
+                    kernel: zero.shard_tensor(plain.kernel),
+                    table: zero.shard_tensor(plain.table),
                     x: local(plain.x),
                     img,
                 });

@@ -8,7 +8,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_zero_comm::launch;
-use burn_zero_core::{Zero, ZeroConfig, ZeroError, current_group, shard};
+use burn_zero_core::{Zero, ZeroConfig, ZeroError, shard};
 
 type Inner = Zero<Flex>;
 type Train = Autodiff<Inner>;
@@ -55,18 +55,17 @@ fn parameter_bytes_are_the_padded_share_and_gathers_stay_bounded() {
         .with_max_live_gathered_bytes(bound);
     for world_size in [1, 2, 4] {
         let reports = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
-            let model = shard(Mlp::<Train>::new(17, false, ctx.device()), &ctx, &config)?;
-            let group = current_group::<Flex>().expect("shard registers its group");
-            let after_shard = group.memory_report();
+            let (model, zero) = shard(Mlp::<Train>::new(17, false, ctx.device()), &ctx, &config)?;
+            let after_shard = zero.memory_report();
             let loss = model
                 .forward(input(ctx.rank(), ctx.device()), true)
                 .powi_scalar(2)
                 .mean();
-            let after_forward = group.memory_report();
+            let after_forward = zero.memory_report();
             let grads = GradientsParams::from_grads(loss.backward(), &model);
-            let after_backward = group.memory_report();
+            let after_backward = zero.memory_report();
             drop(grads);
-            let grads_dropped = group.memory_report();
+            let grads_dropped = zero.memory_report();
             Ok((after_shard, after_forward, after_backward, grads_dropped))
         })
         .unwrap();
@@ -163,14 +162,14 @@ fn parameters_unused_in_a_step_keep_the_ranks_in_lockstep() {
     // orphan gradients. The next step, which uses `b`, runs normally.
     let config = ZeroConfig::new().with_persist_below_numel(0);
     let per_rank = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
-        let model = shard(Mlp::<Train>::new(6, false, ctx.device()), &ctx, &config)?;
+        let (model, zero) = shard(Mlp::<Train>::new(6, false, ctx.device()), &ctx, &config)?;
         let loss = model
             .forward(input(ctx.rank(), ctx.device()), false)
             .powi_scalar(2)
             .mean();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         let b_grad = grads.get::<Inner, 2>(model.b.weight.id).is_some();
-        let orphans = current_group::<Flex>().unwrap().take_orphan_gradients();
+        let orphans = zero.take_orphan_gradients();
         let b_orphan = orphans.get(&2).cloned().map(local_shard);
         let loss = model
             .forward(input(ctx.rank(), ctx.device()), true)
@@ -211,7 +210,7 @@ fn rank_dependent_parameter_use_is_a_clear_error_not_a_hang() {
     // uses makes the ranks' collective schedules diverge, which both ranks report.
     let config = ZeroConfig::new().with_persist_below_numel(0);
     let result = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
-        let model = shard(Mlp::<Train>::new(6, false, ctx.device()), &ctx, &config)?;
+        let (model, _) = shard(Mlp::<Train>::new(6, false, ctx.device()), &ctx, &config)?;
         let loss = model
             .forward(input(0, ctx.device()), ctx.rank() == 0)
             .powi_scalar(2)
@@ -303,7 +302,7 @@ fn a_tied_embedding_is_gathered_once_per_forward_when_it_fits_the_cache() {
             let model = Tied::<Train> {
                 embed: burn::nn::EmbeddingConfig::new(11, 6).init(ctx.device()),
             };
-            let model = shard(model, &ctx, &config)?;
+            let (model, _) = shard(model, &ctx, &config)?;
             let before = counting.gathers.load(std::sync::atomic::Ordering::Relaxed);
             let tokens =
                 Tensor::from_data(TensorData::new(vec![1i64, 4, 7, 10], [2, 2]), ctx.device());
@@ -327,7 +326,7 @@ fn unshard_restores_the_full_parameters() {
     let config = ZeroConfig::new().with_persist_below_numel(4);
     let per_rank = launch::<Flex, _, _, ZeroError>(3, &[Default::default()], |ctx| {
         let model = Mlp::<Train>::new(7, false, ctx.device());
-        let model = shard(model, &ctx, &config)?;
+        let (model, _) = shard(model, &ctx, &config)?;
         let full = burn_zero_core::unshard(model.clone());
         let weight = full.a.weight.val().inner().into_primitive().tensor();
         assert!(
@@ -389,7 +388,7 @@ fn rank_dependent_parameter_use_works_below_stage_3() {
     for stage in [1, 2] {
         let config = ZeroConfig::new().with_stage(stage);
         let per_rank = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
-            let model = shard(Mlp::<Train>::new(6, false, ctx.device()), &ctx, &config)?;
+            let (model, zero) = shard(Mlp::<Train>::new(6, false, ctx.device()), &ctx, &config)?;
             let use_b = ctx.rank() == 0;
             let loss = model
                 .forward(input(0, ctx.device()), use_b)
@@ -399,7 +398,7 @@ fn rank_dependent_parameter_use_works_below_stage_3() {
             let own = grads
                 .get::<Inner, 2>(model.b.weight.id)
                 .map(|g| local_shard(g.into_primitive().tensor()));
-            let orphans = current_group::<Flex>().unwrap().take_orphan_gradients();
+            let orphans = zero.take_orphan_gradients();
             let orphan = orphans.get(&2).cloned().map(local_shard);
             Ok((own, orphan))
         })

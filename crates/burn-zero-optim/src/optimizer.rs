@@ -10,7 +10,7 @@ use burn::optim::{
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{DType, Device, Shape, Tensor, TensorMetadata, TensorPrimitive};
-use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroGroup, ZeroTensor, group_of};
+use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
 
 use crate::clip::{LocalStats, NormType};
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
@@ -38,12 +38,20 @@ use crate::state::StateBytes;
 /// - It is a Burn [`Optimizer`](burn::optim::Optimizer), so it drops into an ordinary training
 ///   loop; its record is this rank's part only ([`crate::ZeroOptimizerRecord`]).
 ///
+/// It is built from the [`ZeroState`] that `shard` returned for the module, and steps that
+/// module's parameters; the handle is an `Arc`, so the optimizer may be moved to and stepped
+/// on any thread (a training framework's rank thread), not only the one that sharded.
+///
 /// Call [`ZeroOptimizer::step`] on every rank with that rank's gradients.
 pub struct ZeroOptimizer<O, B: Backend, P: Placement<B> = OnDevice>
 where
     O: SimpleOptimizer<P::Host>,
 {
     pub(crate) optim: O,
+    /// The sharded module's state on this rank: parameter store and gradient reducer. `None`
+    /// for an optimizer made with [`ZeroOptimizer::unbound`] until its binding record is
+    /// loaded.
+    pub(crate) zero: Option<ZeroState<B>>,
     pub(crate) masters: BTreeMap<usize, Master<O, P::Host>>,
     clipping: Option<(f32, NormType)>,
     pub(crate) scaler: Option<DynamicLossScaler>,
@@ -58,9 +66,9 @@ where
     pub(crate) placement: Option<(usize, usize)>,
     /// Bytes of one master copy's optimizer state, given the state and the copy's length.
     state_size: StateSize<O, P::Host>,
-    /// The group whose memory accounting shows the masters, state and accumulators, and the
-    /// bytes of each last reported to it.
-    tracked: Option<(Arc<ZeroGroup<B>>, [usize; 3])>,
+    /// The bytes of masters, state and accumulators last reported to the memory accounting
+    /// (`None` until the first step with a gradient).
+    tracked: Option<[usize; 3]>,
 }
 
 /// Bytes of an optimizer's state for a master copy of `numel` elements.
@@ -73,6 +81,7 @@ where
     fn clone(&self) -> Self {
         Self {
             optim: self.optim.clone(),
+            zero: self.zero.clone(),
             masters: self.masters.clone(),
             clipping: self.clipping,
             scaler: self.scaler.clone(),
@@ -83,14 +92,13 @@ where
             micro_steps: self.micro_steps,
             placement: self.placement,
             state_size: self.state_size,
-            tracked: self.tracked.clone(),
+            tracked: self.tracked,
         }
     }
 }
 
 /// One parameter's gradient, taken out of `GradientsParams` (or the orphans) before the step.
-struct Taken<B: Backend, H: Backend> {
-    group: Arc<ZeroGroup<B>>,
+struct Taken<H: Backend> {
     key: usize,
     /// This rank's part of the reduced gradient, flat, where the masters live.
     grad: Tensor<H, 1>,
@@ -100,20 +108,56 @@ impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B, OnDevice>
 where
     O::State<1>: StateBytes,
 {
-    /// Wraps `optim` (Adam, AdamW, SGD); masters and optimizer state on the model's device.
-    pub fn new(optim: O) -> Self {
-        Self::with_placement(optim, StateBytes::state_bytes)
+    /// Wraps `optim` (Adam, AdamW, SGD) to step the module `zero` belongs to; masters and
+    /// optimizer state on the model's device.
+    pub fn new(zero: &ZeroState<B>, optim: O) -> Self {
+        Self::with_placement(zero, optim, StateBytes::state_bytes)
     }
+
+    /// Wraps `optim` before the module it will step is sharded, for a training framework that
+    /// takes the optimizer first and shards on each rank later (burn-train's `Learner` under
+    /// `ZeroStrategy`). The framework binds it to the rank's [`ZeroState`] by loading
+    /// [`crate::ZeroOptimizerRecord::binding`] into it; stepping it unbound panics, naming
+    /// the problem.
+    pub fn unbound(optim: O) -> Self {
+        Self {
+            optim,
+            zero: None,
+            masters: BTreeMap::new(),
+            clipping: None,
+            scaler: None,
+            skipped: 0,
+            last_norm: None,
+            accumulation: 1,
+            accumulated: BTreeMap::new(),
+            micro_steps: 0,
+            placement: None,
+            state_size: StateBytes::state_bytes,
+            tracked: None,
+        }
+    }
+}
+
+/// The state `zero` holds, or a panic that says the optimizer was never bound.
+fn bound<B: Backend>(zero: &Option<ZeroState<B>>) -> &ZeroState<B> {
+    zero.as_ref().unwrap_or_else(|| {
+        panic!(
+            "burn-zero: this ZeroOptimizer was made with `ZeroOptimizer::unbound` and never bound \
+             to a sharded module: load `ZeroOptimizerRecord::binding(zero_state)` into it on each \
+             rank (or build it with `ZeroOptimizer::new(&zero_state, optim)`)"
+        )
+    })
 }
 
 impl<O: SimpleOptimizer<H>, B: Backend, H: Backend> ZeroOptimizer<O, B, Offload<H>>
 where
     O::State<1>: StateBytes,
 {
-    /// Wraps `optim`; masters, optimizer state and gradient accumulators on backend `H`'s
-    /// default device (e.g. `Flex` on the CPU) while the model computes on `B`.
-    pub fn offloaded(optim: O) -> Self {
-        Self::with_placement(optim, StateBytes::state_bytes)
+    /// Wraps `optim` to step the module `zero` belongs to; masters, optimizer state and
+    /// gradient accumulators on backend `H`'s default device (e.g. `Flex` on the CPU) while
+    /// the model computes on `B`.
+    pub fn offloaded(zero: &ZeroState<B>, optim: O) -> Self {
+        Self::with_placement(zero, optim, StateBytes::state_bytes)
     }
 }
 
@@ -124,9 +168,14 @@ where
     /// Wraps any [`SimpleOptimizer`], with masters placed by `P` ([`OnDevice`] or
     /// [`Offload`]); `state_size` tells the memory accounting how many bytes of state the
     /// optimizer keeps for a master copy (e.g. `|_, numel| 4 * numel` for one fp32 tensor).
-    pub fn with_placement(optim: O, state_size: StateSize<O, P::Host>) -> Self {
+    pub fn with_placement(
+        zero: &ZeroState<B>,
+        optim: O,
+        state_size: StateSize<O, P::Host>,
+    ) -> Self {
         Self {
             optim,
+            zero: Some(zero.clone()),
             masters: BTreeMap::new(),
             clipping: None,
             scaler: None,
@@ -139,6 +188,12 @@ where
             state_size,
             tracked: None,
         }
+    }
+
+    /// The sharded module's state this optimizer steps (`None` while an optimizer made with
+    /// [`ZeroOptimizer::unbound`] is not bound yet).
+    pub fn zero_state(&self) -> Option<&ZeroState<B>> {
+        self.zero.as_ref()
     }
 
     /// Gradient accumulation: [`Self::step`] is called every micro-step and updates the
@@ -203,22 +258,27 @@ where
             .sum()
     }
 
-    /// Shows the current masters, state and accumulators in the group's memory accounting.
+    /// Shows the current masters, state and accumulators in the module's memory accounting.
     pub(crate) fn report_memory(&mut self) {
         let now = [
             self.master_bytes(),
             self.state_bytes(),
             self.accumulator_bytes(),
         ];
-        if let Some((group, reported)) = &mut self.tracked {
+        let Some(zero) = &self.zero else {
+            // Unbound: nothing to account in yet; the first step after binding reports it.
+            return;
+        };
+        let memory = zero.memory();
+        if let Some(reported) = &mut self.tracked {
             let kinds = [
                 MemoryKind::MasterWeights,
                 MemoryKind::OptimizerState,
                 MemoryKind::GradientAccumulators,
             ];
             for ((kind, was), is) in kinds.into_iter().zip(reported.iter_mut()).zip(now) {
-                group.memory().sub(kind, *was);
-                group.memory().add(kind, is);
+                memory.sub(kind, *was);
+                memory.add(kind, is);
                 *was = is;
             }
         }
@@ -241,18 +301,19 @@ where
         M: AutodiffModule<AB>,
     {
         let mut collect = Collect::<B, P> {
+            zero: bound(&self.zero),
             grads,
-            orphans: Vec::new(),
+            orphans: None,
             taken: HashMap::new(),
             order: Vec::new(),
             _placement: std::marker::PhantomData,
         };
         module.visit(&mut collect);
         let (taken, order) = (collect.taken, collect.order);
-        if let Some(first) = order.first().and_then(|id| taken.get(id)) {
-            self.check_placement(&first.group);
+        if !order.is_empty() {
+            self.check_placement();
             if self.tracked.is_none() {
-                self.tracked = Some((first.group.clone(), [0; 3]));
+                self.tracked = Some([0; 3]);
             }
         }
         let module = self.step_taken(lr, module, taken, order);
@@ -265,7 +326,7 @@ where
         &mut self,
         lr: f64,
         module: M,
-        mut taken: HashMap<ParamId, Taken<B, P::Host>>,
+        mut taken: HashMap<ParamId, Taken<P::Host>>,
         order: Vec<ParamId>,
     ) -> M
     where
@@ -314,8 +375,9 @@ where
 
     /// Remembers which rank of which group size this optimizer steps for; refuses state that
     /// another rank, or a group of another size, produced.
-    fn check_placement(&mut self, group: &ZeroGroup<B>) {
-        let here = (group.rank(), group.world_size());
+    fn check_placement(&mut self) {
+        let zero = bound(&self.zero);
+        let here = (zero.rank(), zero.world_size());
         match self.placement {
             Some(saved) if saved != here => panic!(
                 "burn-zero: this optimizer's state belongs to rank {} of {} but it steps rank {} \
@@ -330,27 +392,29 @@ where
     /// gradient overflowed on any rank. Updates the loss scaler.
     fn gradient_factor(
         &mut self,
-        taken: &HashMap<ParamId, Taken<B, P::Host>>,
+        taken: &HashMap<ParamId, Taken<P::Host>>,
         order: &[ParamId],
     ) -> Option<f64> {
         if self.clipping.is_none() && self.scaler.is_none() {
             return Some(1.0);
         }
-        let first = order.first().and_then(|id| taken.get(id))?;
+        if order.is_empty() {
+            return None;
+        }
+        let zero = bound(&self.zero);
         let norm_type = self.clipping.map_or(NormType::L2, |(_, n)| n);
         let mut stats = LocalStats::default();
         for id in order {
             let t = &taken[id];
-            let counts = t.group.gradient_is_sharded(t.key) || t.group.rank() == 0;
+            let counts = zero.gradient_is_sharded(t.key) || zero.rank() == 0;
             stats.add(&t.grad, norm_type, counts);
         }
-        let group = &first.group;
         let (norm, overflow) = stats
-            .combine(group.comm().as_ref(), norm_type, group.device())
+            .combine(zero.comm().as_ref(), norm_type, zero.device())
             .unwrap_or_else(|error| {
                 panic!(
                     "burn-zero: rank {} could not combine gradient norms: {error}",
-                    group.rank()
+                    zero.rank()
                 )
             });
         let scale = self.loss_scale();
@@ -385,46 +449,59 @@ type Orphans<B> = BTreeMap<usize, ZeroTensor<B>>;
 
 /// First pass: takes every sharded parameter's gradient, in visit order, to where the masters
 /// live.
-struct Collect<B: Backend, P: Placement<B>> {
+struct Collect<'a, B: Backend, P: Placement<B>> {
+    zero: &'a ZeroState<B>,
     grads: GradientsParams,
-    orphans: Vec<(Arc<ZeroGroup<B>>, Orphans<B>)>,
-    taken: HashMap<ParamId, Taken<B, P::Host>>,
+    /// The reducer's orphan gradients, taken at the first parameter that needs one.
+    orphans: Option<Orphans<B>>,
+    taken: HashMap<ParamId, Taken<P::Host>>,
     order: Vec<ParamId>,
     _placement: std::marker::PhantomData<P>,
 }
 
-impl<B: Backend, P: Placement<B>> Collect<B, P> {
-    fn orphan(&mut self, group: &Arc<ZeroGroup<B>>, key: usize) -> Option<ZeroTensor<B>> {
-        let index = match self.orphans.iter().position(|(g, _)| Arc::ptr_eq(g, group)) {
-            Some(index) => index,
-            None => {
-                self.orphans
-                    .push((group.clone(), group.take_orphan_gradients()));
-                self.orphans.len() - 1
-            }
-        };
-        self.orphans[index].1.remove(&key)
+impl<B: Backend, P: Placement<B>> Collect<'_, B, P> {
+    fn orphan(&mut self, key: usize) -> Option<ZeroTensor<B>> {
+        let zero = self.zero;
+        self.orphans
+            .get_or_insert_with(|| zero.take_orphan_gradients())
+            .remove(&key)
     }
 }
 
-impl<AB, B, P> ModuleVisitor<AB> for Collect<B, P>
+impl<AB, B, P> ModuleVisitor<AB> for Collect<'_, B, P>
 where
     B: Backend,
     P: Placement<B>,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
 {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
-        let Some((group, key)) = group_of::<B>(&DistributedParamId::from(param.id.val())) else {
-            // Not a parameter of a sharded module: not ours to step.
+        // A parameter sharded by another `shard` call would be stepped with the wrong state,
+        // or silently never learn.
+        if let ZeroTensor::Sharded(view) = param.val().inner().into_primitive().tensor()
+            && !Arc::ptr_eq(view.param().store(), self.zero.store())
+        {
+            panic!(
+                "burn-zero: parameter {} was sharded by another `shard` call than the one this \
+                 ZeroOptimizer was built from; build one optimizer per sharded module, from the \
+                 ZeroState its `shard` returned",
+                param.id
+            );
+        }
+        let Some(key) = self
+            .zero
+            .store()
+            .key_of(&DistributedParamId::from(param.id.val()))
+        else {
+            // Not a parameter of the module this optimizer's state belongs to: not ours.
             return;
         };
         let grad = self
             .grads
             .remove::<Zero<B>, D>(param.id)
             .map(|g| g.into_primitive().tensor())
-            .or_else(|| self.orphan(&group, key));
+            .or_else(|| self.orphan(key));
         let Some(grad) = grad else { return };
-        let sharded = group.gradient_is_sharded(key);
+        let sharded = self.zero.gradient_is_sharded(key);
         let grad = match grad {
             ZeroTensor::Sharded(view) if sharded => flat(view.param().shard().clone()),
             ZeroTensor::Local(full) if !sharded => flat(full),
@@ -440,7 +517,7 @@ where
         };
         let grad = P::to_host(grad);
         self.order.push(param.id);
-        self.taken.insert(param.id, Taken { group, key, grad });
+        self.taken.insert(param.id, Taken { key, grad });
     }
 }
 
@@ -452,7 +529,7 @@ where
     optimizer: &'a mut ZeroOptimizer<O, B, P>,
     lr: f64,
     factor: f64,
-    taken: HashMap<ParamId, Taken<B, P::Host>>,
+    taken: HashMap<ParamId, Taken<P::Host>>,
 }
 
 impl<O, B: Backend, P: Placement<B>> Apply<'_, O, B, P>
@@ -460,15 +537,16 @@ where
     O: SimpleOptimizer<P::Host>,
 {
     /// The new value of a parameter (currently `value`) after a step with its gradient.
-    fn update(&mut self, taken: Taken<B, P::Host>, value: ZeroTensor<B>) -> ZeroTensor<B> {
-        let Taken { group, key, grad } = taken;
-        let sharded_grad = group.gradient_is_sharded(key);
+    fn update(&mut self, taken: Taken<P::Host>, value: ZeroTensor<B>) -> ZeroTensor<B> {
+        let Taken { key, grad } = taken;
+        let store = bound(&self.optimizer.zero).store().clone();
+        let sharded_grad = store.gradient_is_sharded(key);
         let shape = value.shape();
         let dtype = value.dtype();
         let master = self.optimizer.masters.entry(key).or_insert_with(|| {
             Master::new(P::to_host(match &value {
                 ZeroTensor::Sharded(view) => flat(view.param().shard().clone()),
-                ZeroTensor::Local(full) if sharded_grad => group.own_block(flat(full.clone())),
+                ZeroTensor::Local(full) if sharded_grad => store.own_block(flat(full.clone())),
                 ZeroTensor::Local(full) => flat(full.clone()),
             }))
         });
@@ -477,16 +555,16 @@ where
                 "burn-zero: rank {}: parameter #{key} has a gradient part of {} elements but its \
                  optimizer state holds {}; was the optimizer record saved by another rank or a \
                  group of another size?",
-                group.rank(),
+                store.rank(),
                 grad.dims()[0],
                 master.values.dims()[0]
             );
         }
         if matches!(value, ZeroTensor::Sharded(_)) {
-            group.hold_master(key);
+            store.hold_master(key);
         }
         let updated = master.step(&self.optimizer.optim, self.lr, grad, self.factor);
-        let updated = written_back::<B, P>(updated, group.device(), dtype);
+        let updated = written_back::<B, P>(updated, store.device(), dtype);
         match value {
             ZeroTensor::Sharded(view) => {
                 let param = view.param().with_shard(updated.into_primitive().tensor());
@@ -494,12 +572,12 @@ where
             }
             ZeroTensor::Local(_) if sharded_grad => {
                 // Stages 1 and 2: every rank stepped its block; gather the whole parameter.
-                let full = group
+                let full = store
                     .all_gather_full(updated, &shape)
                     .unwrap_or_else(|error| {
                         panic!(
                             "burn-zero: rank {} could not gather updated parameter #{key}: {error}",
-                            group.rank()
+                            store.rank()
                         )
                     });
                 ZeroTensor::Local(full)

@@ -7,7 +7,7 @@ use burn::optim::SimpleOptimizer;
 use burn::record::{PrecisionSettings, Record};
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{Device, Tensor};
-use burn_zero_core::Zero;
+use burn_zero_core::{Zero, ZeroState};
 use serde::{Deserialize, Serialize};
 
 use crate::master::Master;
@@ -35,6 +35,10 @@ where
     pub scaler: Option<(f64, usize, usize)>,
     /// Steps skipped because of overflow.
     pub skipped: usize,
+    /// The sharded module's state to bind an optimizer to when the record is loaded (see
+    /// [`ZeroOptimizerRecord::binding`]). Never saved: a loaded record has none, and loading
+    /// a record without one leaves the optimizer's binding as it was.
+    pub binding: Option<ZeroState<B>>,
     _model: PhantomData<B>,
 }
 
@@ -59,8 +63,28 @@ where
             micro_steps,
             scaler,
             skipped,
+            binding: None,
             _model: PhantomData,
         }
+    }
+}
+
+impl<O, B: Backend, P: Placement<B>> ZeroOptimizerRecord<O, B, P>
+where
+    O: SimpleOptimizer<P::Host>,
+{
+    /// A record with no state that, loaded into an optimizer made with
+    /// [`ZeroOptimizer::unbound`], binds it to `zero`, the state `shard` returned on this
+    /// rank: the way a training framework that owns the optimizer (burn-train's `Learner`,
+    /// through `load_optim`) hands it the sharded module it steps.
+    pub fn binding(zero: &ZeroState<B>) -> Self {
+        Self::new(None, Vec::new(), Vec::new(), 0, None, 0).bound_to(zero)
+    }
+
+    /// This record, binding the optimizer it is loaded into to `zero` as well.
+    pub fn bound_to(mut self, zero: &ZeroState<B>) -> Self {
+        self.binding = Some(zero.clone());
+        self
     }
 }
 
@@ -154,6 +178,7 @@ where
             micro_steps: item.micro_steps,
             scaler: item.scaler,
             skipped: item.skipped,
+            binding: None,
             _model: PhantomData,
         }
     }
@@ -180,6 +205,7 @@ where
             micro_steps: self.micro_steps,
             scaler: self.scaler.as_ref().map(|s| s.state()),
             skipped: self.skipped,
+            binding: None,
             _model: PhantomData,
         }
     }
@@ -188,6 +214,9 @@ where
     /// optimizer, clipping, accumulation, loss-scaler knobs) stay; a recorded loss-scaler state
     /// is restored only into an optimizer that has a scaler.
     pub fn restore(mut self, record: ZeroOptimizerRecord<O, B, P>) -> Self {
+        if let Some(zero) = record.binding {
+            self.zero = Some(zero);
+        }
         self.placement = record.placement;
         self.masters = record
             .masters

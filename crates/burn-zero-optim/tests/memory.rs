@@ -7,7 +7,7 @@ use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::DType;
 use burn_zero_comm::launch;
-use burn_zero_core::{ZeroConfig, ZeroError, current_group, shard};
+use burn_zero_core::{ZeroConfig, ZeroError, shard};
 use burn_zero_optim::ZeroOptimizer;
 use burn_zero_testing::{CastParams, Train, base_model, micro_batch};
 
@@ -22,12 +22,12 @@ fn stage3_mixed_precision_adam_holds_sixteen_bytes_per_parameter_over_n() {
     let config = ZeroConfig::new().with_persist_below_numel(0);
     for world_size in [1, 2, 4] {
         let per_rank = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
-            let mut model = shard(base.clone(), &ctx, &config)?;
-            let mut optimizer = ZeroOptimizer::new(AdamConfig::new().build());
+            let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
             let (tokens, targets) = micro_batch::<Train>(ctx.rank(), ctx.device());
             let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
             model = optimizer.step(1e-3, model, grads);
-            let report = current_group::<Flex>().unwrap().memory_report();
+            let report = zero.memory_report();
             drop(model);
             Ok((report, optimizer.master_bytes(), optimizer.state_bytes()))
         })
@@ -45,7 +45,7 @@ fn stage3_mixed_precision_adam_holds_sixteen_bytes_per_parameter_over_n() {
             assert_eq!(grads, 2 * share, "f16 gradient shards");
             assert_eq!(*master, 4 * share, "fp32 master copies");
             assert_eq!(*state, 8 * share, "Adam's two fp32 moments");
-            // The group's tracker shows the optimizer's part too.
+            // The module state's tracker shows the optimizer's part too.
             assert_eq!(report.master_weights.current as usize, *master);
             assert_eq!(report.optimizer_state.current as usize, *state);
             assert_eq!(report.gradient_accumulators.peak, 0, "no accumulation");

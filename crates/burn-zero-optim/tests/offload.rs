@@ -6,7 +6,7 @@
 use burn::backend::{Flex, NdArray};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn_zero_comm::launch;
-use burn_zero_core::{ZeroConfig, ZeroError, shard};
+use burn_zero_core::{ZeroConfig, ZeroError, ZeroState, shard};
 use burn_zero_optim::{Offload, Placement, ZeroOptimizer};
 use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
 
@@ -17,7 +17,7 @@ const LR: f64 = 1e-2;
 /// Final parameters of every rank, and rank 0's master and state bytes.
 fn train<P: Placement<Flex>>(
     base: &Block<Train>,
-    optim: impl Fn() -> ZeroOptimizer<burn::optim::Adam, Flex, P> + Sync,
+    optim: impl Fn(&ZeroState<Flex>) -> ZeroOptimizer<burn::optim::Adam, Flex, P> + Sync,
 ) -> (Vec<Vec<Vec<f32>>>, (usize, usize))
 where
     burn::optim::Adam: burn::optim::SimpleOptimizer<P::Host>,
@@ -26,8 +26,8 @@ where
 {
     let config = ZeroConfig::new().with_persist_below_numel(12);
     let per_rank = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
-        let mut model = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer = optim().with_accumulation(2);
+        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+        let mut optimizer = optim(&zero).with_accumulation(2);
         for step in 0..STEPS {
             let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
             let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
@@ -55,9 +55,11 @@ fn max_relative_difference(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f32 {
 #[test]
 fn offloading_to_the_same_backend_is_bitwise_unchanged() {
     let base = base_model(&Default::default());
-    let (on_device, device_bytes) = train(&base, || ZeroOptimizer::new(AdamConfig::new().build()));
-    let (offloaded, host_bytes) = train(&base, || {
-        ZeroOptimizer::<_, Flex, Offload<Flex>>::offloaded(AdamConfig::new().build())
+    let (on_device, device_bytes) = train(&base, |zero| {
+        ZeroOptimizer::new(zero, AdamConfig::new().build())
+    });
+    let (offloaded, host_bytes) = train(&base, |zero| {
+        ZeroOptimizer::<_, Flex, Offload<Flex>>::offloaded(zero, AdamConfig::new().build())
     });
     assert!(device_bytes.0 > 0 && device_bytes.1 == 2 * device_bytes.0);
     assert_eq!(device_bytes, host_bytes, "the same state, somewhere else");
@@ -72,9 +74,11 @@ fn offloading_to_the_same_backend_is_bitwise_unchanged() {
 #[test]
 fn offloading_to_ndarray_agrees_to_rounding() {
     let base = base_model(&Default::default());
-    let (on_device, _) = train(&base, || ZeroOptimizer::new(AdamConfig::new().build()));
-    let (offloaded, _) = train(&base, || {
-        ZeroOptimizer::<_, Flex, Offload<NdArray>>::offloaded(AdamConfig::new().build())
+    let (on_device, _) = train(&base, |zero| {
+        ZeroOptimizer::new(zero, AdamConfig::new().build())
+    });
+    let (offloaded, _) = train(&base, |zero| {
+        ZeroOptimizer::<_, Flex, Offload<NdArray>>::offloaded(zero, AdamConfig::new().build())
     });
     // The masters' type is `Tensor<NdArray, 1>`: the steps ran in NdArray's Adam.
     let difference = max_relative_difference(&on_device, &offloaded);

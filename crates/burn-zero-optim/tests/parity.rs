@@ -46,8 +46,8 @@ where
     O::State<1>: StateBytes,
 {
     launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
-        let mut model = shard(base.clone(), &ctx, config)?;
-        let mut optimizer = ZeroOptimizer::new(optim());
+        let (mut model, zero) = shard(base.clone(), &ctx, config)?;
+        let mut optimizer = ZeroOptimizer::new(&zero, optim());
         for step in 0..STEPS {
             let (tokens, targets) =
                 micro_batch::<Train>(step * world_size + ctx.rank(), ctx.device());

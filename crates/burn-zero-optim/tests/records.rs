@@ -8,7 +8,7 @@ use burn::backend::Flex;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn_zero_comm::{RankContext, launch};
-use burn_zero_core::{ZeroConfig, ZeroError, shard};
+use burn_zero_core::{ZeroConfig, ZeroError, ZeroState, shard};
 use burn_zero_optim::{LossScalerConfig, ZeroOptimizer};
 use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
 
@@ -32,8 +32,8 @@ fn train<O: Optimizer<Block<Train>, Train>>(
     model
 }
 
-fn optimizer() -> ZeroOptimizer<burn::optim::Adam, Flex> {
-    ZeroOptimizer::new(AdamConfig::new().build())
+fn optimizer(zero: &ZeroState<Flex>) -> ZeroOptimizer<burn::optim::Adam, Flex> {
+    ZeroOptimizer::new(zero, AdamConfig::new().build())
         .with_accumulation(2)
         .with_loss_scaler(
             LossScalerConfig::new()
@@ -62,16 +62,16 @@ fn a_saved_and_reloaded_optimizer_trains_on_bitwise_unchanged() {
     let dir = scratch("records");
 
     let straight = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
-        let model = shard(base.clone(), &ctx, &config())?;
-        let mut optim = optimizer();
+        let (model, zero) = shard(base.clone(), &ctx, &config())?;
+        let mut optim = optimizer(&zero);
         let model = train(model, &mut optim, &ctx, 0..7);
         Ok(param_values(&model))
     })
     .unwrap();
 
     let resumed = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
-        let model = shard(base.clone(), &ctx, &config())?;
-        let mut optim = optimizer();
+        let (model, zero) = shard(base.clone(), &ctx, &config())?;
+        let mut optim = optimizer(&zero);
         // Stop in the middle of an accumulation window (3 micro-steps: one step, one pending).
         let model = train(model, &mut optim, &ctx, 0..3);
         let record = Optimizer::<Block<Train>, Train>::to_record(&optim);
@@ -85,7 +85,7 @@ fn a_saved_and_reloaded_optimizer_trains_on_bitwise_unchanged() {
         let loaded =
             Recorder::<Train>::load(&Recorded::new(), rank_file(&dir, ctx.rank()), ctx.device())
                 .expect("record loaded");
-        let mut optim = Optimizer::<Block<Train>, Train>::load_record(optimizer(), loaded);
+        let mut optim = Optimizer::<Block<Train>, Train>::load_record(optimizer(&zero), loaded);
         let model = train(model, &mut optim, &ctx, 3..7);
         Ok(param_values(&model))
     })
@@ -105,8 +105,8 @@ fn a_record_loaded_on_another_rank_is_refused_by_name() {
     let base = base_model(&Default::default());
     let dir = scratch("swapped");
     let result = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
-        let model = shard(base.clone(), &ctx, &config())?;
-        let mut optim = ZeroOptimizer::new(AdamConfig::new().build());
+        let (model, zero) = shard(base.clone(), &ctx, &config())?;
+        let mut optim = ZeroOptimizer::new(&zero, AdamConfig::new().build());
         let model = train(model, &mut optim, &ctx, 0..1);
         let record = Optimizer::<Block<Train>, Train>::to_record(&optim);
         Recorder::<Train>::record(&Recorded::new(), record, rank_file(&dir, ctx.rank())).unwrap();
@@ -117,7 +117,7 @@ fn a_record_loaded_on_another_rank_is_refused_by_name() {
             Recorder::<Train>::load(&Recorded::new(), rank_file(&dir, other), ctx.device())
                 .unwrap();
         let mut optim = Optimizer::<Block<Train>, Train>::load_record(
-            ZeroOptimizer::new(AdamConfig::new().build()),
+            ZeroOptimizer::new(&zero, AdamConfig::new().build()),
             loaded,
         );
         train(model, &mut optim, &ctx, 1..2);

@@ -8,7 +8,7 @@ use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::DType;
 use burn_zero_comm::launch;
-use burn_zero_core::{MemoryReport, ZeroConfig, ZeroError, current_group, shard};
+use burn_zero_core::{MemoryReport, ZeroConfig, ZeroError, shard};
 use burn_zero_optim::ZeroOptimizer;
 use burn_zero_testing::{
     Block, CastParams, Train, base_model, micro_batch, param_values, params_bits_equal,
@@ -32,17 +32,16 @@ type Run = (Vec<Vec<f32>>, Vec<(MemoryReport, MemoryReport)>);
 
 fn train(base: &Block<Train>, reuse: bool, accumulation: usize) -> Vec<Run> {
     launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
-        let mut model = shard(base.clone(), &ctx, &config(reuse))?;
-        let group = current_group::<Flex>().unwrap();
+        let (mut model, zero) = shard(base.clone(), &ctx, &config(reuse))?;
         let mut optimizer =
-            ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(accumulation);
+            ZeroOptimizer::new(&zero, AdamConfig::new().build()).with_accumulation(accumulation);
         let mut memory = Vec::new();
         for step in 0..STEPS {
             let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
             let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
-            let after_backward = group.memory_report();
+            let after_backward = zero.memory_report();
             model = optimizer.step(1e-2, model, grads);
-            memory.push((after_backward, group.memory_report()));
+            memory.push((after_backward, zero.memory_report()));
         }
         Ok((param_values(&model), memory))
     })
@@ -101,8 +100,8 @@ fn micro_steps_refill_freed_shards_from_the_masters() {
 fn reading_a_freed_parameter_before_the_step_is_a_clear_error() {
     let base = half_model();
     let result = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
-        let mut model = shard(base.clone(), &ctx, &config(true))?;
-        let mut optimizer = ZeroOptimizer::new(AdamConfig::new().build());
+        let (mut model, zero) = shard(base.clone(), &ctx, &config(true))?;
+        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
         for step in 0..2 {
             let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
             let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);

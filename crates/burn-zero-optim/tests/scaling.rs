@@ -81,8 +81,8 @@ fn clipping_by_the_global_norm_matches_the_full_gradient_reference() {
                 .with_persist_below_numel(12);
             let per_rank =
                 launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
-                    let mut model = shard(base.clone(), &ctx, &config)?;
-                    let mut optimizer = ZeroOptimizer::new(AdamConfig::new().build())
+                    let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+                    let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build())
                         .with_clipping(max_norm, NormType::L2);
                     let mut seen = Vec::new();
                     for step in 0..steps {
@@ -130,9 +130,9 @@ fn scaled_run(
         .with_growth_interval(2);
     let config = ZeroConfig::new().with_persist_below_numel(12);
     launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
-        let mut model = shard(base.clone(), &ctx, &config)?;
+        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
         let mut optimizer =
-            ZeroOptimizer::new(AdamConfig::new().build()).with_loss_scaler(scaler.clone());
+            ZeroOptimizer::new(&zero, AdamConfig::new().build()).with_loss_scaler(scaler.clone());
         let mut scales = Vec::new();
         for entry in plan {
             let index = entry.unwrap_or(0);
@@ -202,9 +202,9 @@ fn accumulating_four_micro_steps_equals_one_step_on_the_four_times_batch() {
             .with_stage(stage)
             .with_persist_below_numel(12);
         let per_rank = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
-            let mut model = shard(base.clone(), &ctx, &config)?;
+            let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
             let mut optimizer =
-                ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(micro);
+                ZeroOptimizer::new(&zero, AdamConfig::new().build()).with_accumulation(micro);
             let mut between = Vec::new();
             for step in 0..steps {
                 for m in 0..micro {
@@ -264,8 +264,8 @@ fn half_precision_training_tracks_the_fp32_reference() {
             .with_persist_below_numel(12)
             .with_reduce_dtype(Some(DType::F32));
         let per_rank = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
-            let mut model = shard(half.clone(), &ctx, &config)?;
-            let mut optimizer = ZeroOptimizer::new(AdamConfig::new().build())
+            let (mut model, zero) = shard(half.clone(), &ctx, &config)?;
+            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build())
                 .with_loss_scaler(LossScalerConfig::new().with_initial_scale(256.0));
             let mut losses = Vec::new();
             for step in 0..steps {

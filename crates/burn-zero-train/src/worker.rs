@@ -18,8 +18,8 @@ use burn_train::{
 };
 use burn_zero_checkpoint::{SaveOptions, list, load_record, read_metadata, save_record};
 use burn_zero_comm::RankContext;
-use burn_zero_core::{Zero, ZeroConfig, shard, unshard};
-use burn_zero_optim::{Placement, ZeroOptimizer};
+use burn_zero_core::{Zero, ZeroConfig, ZeroState, shard, unshard};
+use burn_zero_optim::{Placement, ZeroOptimizer, ZeroOptimizerRecord};
 
 use crate::error::TrainError;
 use crate::events::{Funnel, Split};
@@ -131,9 +131,12 @@ where
     // The rank's copy, on its device, sharded. `load_model` rebuilds the parameters and drops
     // their gradient-hook marks: `grad_sharded` puts them back (the same mark `shard` sets).
     learner.fork(ctx.device());
-    let model = shard::<AB, B, M>(learner.model(), &ctx, shared.config)?;
+    let (model, zero) = shard::<AB, B, M>(learner.model(), &ctx, shared.config)?;
     learner.load_model(model.into_record());
     learner.grad_sharded();
+    // The learner's optimizer (`ZeroOptimizer::unbound`) steps this rank's sharded module from
+    // now on: the learner takes optimizer records only, so the binding travels in one.
+    learner.load_optim(ZeroOptimizerRecord::binding(&zero));
 
     let mut iteration = 0;
     if shared.starting_epoch > 1 {
@@ -146,6 +149,7 @@ where
         })?;
         iteration = resume::<AB, B, LR, M, O, P>(
             &mut learner,
+            &zero,
             root,
             shared.starting_epoch - 1,
             ctx.device(),
@@ -240,6 +244,7 @@ where
         if let Some(root) = shared.checkpoints {
             save_epoch::<AB, B, LR, M, O, P>(
                 &learner,
+                &zero,
                 root,
                 epoch,
                 iteration,
@@ -272,6 +277,7 @@ where
 /// Saves the sharded checkpoint of the end of `epoch` (a collective).
 fn save_epoch<AB, B, LR, M, O, P>(
     learner: &Learner<ZeroComponents<AB, LR, M, O, B, P>>,
+    zero: &ZeroState<B>,
     root: &Path,
     epoch: usize,
     iteration: usize,
@@ -298,6 +304,7 @@ where
         root,
         iteration as u64,
         &learner.model(),
+        zero,
         optimizer,
         &options,
     )?;
@@ -307,6 +314,7 @@ where
 /// Loads the checkpoint saved after `epoch` into the learner; returns the iterations done.
 fn resume<AB, B, LR, M, O, P>(
     learner: &mut Learner<ZeroComponents<AB, LR, M, O, B, P>>,
+    zero: &ZeroState<B>,
     root: &Path,
     epoch: usize,
     device: &B::Device,
@@ -349,7 +357,7 @@ where
     })?;
     let scheduler =
         state::scheduler_from_json::<ZeroComponents<AB, LR, M, O, B, P>>(scheduler, device)?;
-    let (model, optimizer, _) = load_record::<AB, B, M, O, P>(&dir, learner.model())?;
+    let (model, optimizer, _) = load_record::<AB, B, M, O, P>(&dir, learner.model(), zero)?;
     learner.load_model(model.into_record());
     learner.grad_sharded();
     learner.load_optim(optimizer);

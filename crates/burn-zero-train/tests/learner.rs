@@ -255,7 +255,7 @@ fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
     }
     let learner = Learner::new(
         base_model(corpus),
-        ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(setup.accumulation),
+        ZeroOptimizer::unbound(AdamConfig::new().build()).with_accumulation(setup.accumulation),
         scheduler(),
     );
     let mut training = SupervisedTraining::new(dir, train, valid)
@@ -302,9 +302,9 @@ fn hand_written_at(
     let base = base_model(corpus);
     let batcher = WindowBatcher::new(corpus, SEQ);
     let outcomes = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
-        let mut model = shard(base.clone(), &ctx, &stage_config(stage))?;
+        let (mut model, zero) = shard(base.clone(), &ctx, &stage_config(stage))?;
         let mut optimizer =
-            ZeroOptimizer::new(AdamConfig::new().build()).with_accumulation(accumulation);
+            ZeroOptimizer::new(&zero, AdamConfig::new().build()).with_accumulation(accumulation);
         let mut schedule = scheduler();
         let mut losses = Vec::new();
         for starts in &batches[ctx.rank()] {

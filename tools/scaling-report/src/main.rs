@@ -466,8 +466,8 @@ impl Report {
         let _ = writeln!(
             md,
             "Rank 0's model state after backward, before the optimizer step (when gradients and \
-             optimizer state coexist), from the group's memory report \
-             (`current_group::<NdArray>().memory_report()`) and, for the gradients, the bytes \
+             optimizer state coexist), from the module state's memory report \
+             (`ZeroState::memory_report`) and, for the gradients, the bytes \
              `GradientsParams` holds. Formula: the ZeRO paper's per-rank model state for f32 \
              parameters (4 bytes), f32 gradients (4), an fp32 master copy (4) and Adam's two fp32 \
              moments (8).\n"

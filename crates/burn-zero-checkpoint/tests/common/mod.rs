@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use burn::backend::Flex;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
-use burn_zero_core::ZeroConfig;
+use burn_zero_core::{ZeroConfig, ZeroState};
 use burn_zero_optim::ZeroOptimizer;
 use burn_zero_testing::{Block, Train, micro_batch};
 
@@ -49,8 +49,8 @@ pub fn config(stage: u8) -> ZeroConfig {
         .with_bucket_size_mb(0.001)
 }
 
-pub fn adam() -> ZeroOptimizer<Adam, Flex> {
-    ZeroOptimizer::new(AdamConfig::new().build())
+pub fn adam(zero: &ZeroState<Flex>) -> ZeroOptimizer<Adam, Flex> {
+    ZeroOptimizer::new(zero, AdamConfig::new().build())
 }
 
 /// A fresh, empty directory under the system's temporary directory.

@@ -4,9 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::bucket::{self, Bucket, ReduceError, Reduction};
-use crate::memory::MemoryKind;
 use burn::tensor::backend::Backend;
+
+use crate::memory::{MemoryKind, MemoryTracker};
+use crate::reduce::bucket::{self, Bucket, ReduceError, Reduction};
 
 /// One reduced bucket: its index in the layout and each member's reduced flat gradient.
 pub(crate) struct Reduced<B: Backend> {
@@ -70,7 +71,7 @@ impl<B: Backend> BucketQueue<B> {
     }
 
     /// Forgets this pass (after a failure, or when the pass is over) and starts the next.
-    pub fn reset(&mut self, memory: &crate::memory::MemoryTracker) {
+    pub fn reset(&mut self, memory: &MemoryTracker) {
         for (_, (_, bytes)) in std::mem::take(&mut self.pending) {
             memory.sub(MemoryKind::Buckets, bytes);
         }

@@ -21,9 +21,9 @@ use std::time::Instant;
 use burn::tensor::backend::Backend;
 use burn_zero_comm::{CommError, Communicator, OrderedComm, Reservation};
 
-use crate::bucket::{Bucket, ReduceError, Reduction};
 use crate::memory::MemoryTracker;
-use crate::queue::{BucketQueue, Reduced};
+use crate::reduce::bucket::{Bucket, ReduceError, Reduction};
+use crate::reduce::queue::{BucketQueue, Reduced};
 
 enum Job<B: Backend> {
     /// Parameter `key`'s final gradient, counted as `bytes` of bucket memory.
@@ -49,7 +49,7 @@ pub(crate) struct Finished<B: Backend> {
 }
 
 /// Handle on a rank's communication thread, kept by the training thread.
-pub(crate) struct Reducer<B: Backend> {
+pub(crate) struct CommThread<B: Backend> {
     jobs: Option<Sender<Job<B>>>,
     finished: Receiver<Finished<B>>,
     thread: Option<JoinHandle<()>>,
@@ -63,7 +63,7 @@ pub(crate) struct Reducer<B: Backend> {
     next: usize,
 }
 
-impl<B: Backend> Reducer<B> {
+impl<B: Backend> CommThread<B> {
     /// Starts the thread for rank `rank`, reducing `buckets` in positions of `order` (the
     /// rank's communicator behind its issuing thread) on `device`.
     pub fn spawn(
@@ -161,7 +161,7 @@ impl<B: Backend> Reducer<B> {
     }
 }
 
-impl<B: Backend> Drop for Reducer<B> {
+impl<B: Backend> Drop for CommThread<B> {
     fn drop(&mut self) {
         // Closing the channel ends the thread's loop.
         self.jobs.take();

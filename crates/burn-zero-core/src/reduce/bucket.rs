@@ -13,8 +13,6 @@
 //! backends, Burn ops elsewhere). Each bucket keeps a buffer pool, so on CPU backends every
 //! step packs into the memory of the step before.
 
-use std::sync::Arc;
-
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
 use burn_zero_comm::{CommError, Communicator, ReduceOp};
@@ -22,10 +20,8 @@ use burn_zero_kernels::{
     BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, RowPart, unpack_row,
 };
 
-use crate::group::{ParamInfo, ZeroGroup};
 use crate::memory::{MemoryKind, MemoryTracker};
-use crate::sharded::{ShardRole, ShardedParam};
-use crate::tensor::{ShardedView, ZeroTensor};
+use crate::store::ParamInfo;
 
 /// How a bucket's gradients are reduced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +44,7 @@ pub(crate) struct Member {
     pub offset: usize,
 }
 
-/// A group of gradients reduced by one collective.
+/// Gradients reduced together by one collective.
 #[derive(Debug, Clone)]
 pub(crate) struct Bucket {
     pub mode: Mode,
@@ -223,28 +219,4 @@ pub(crate) fn reduce<B: Backend>(
         PackPath::Auto,
         Some(&bucket.pool),
     )?)
-}
-
-/// Turns a member's reduced flat gradient into the tensor autodiff receives: the mean
-/// gradient in the parameter's shape (all-reduce), or this rank's shard of it (reduce-scatter).
-pub(crate) fn deliver<B: Backend>(
-    group: &Arc<ZeroGroup<B>>,
-    mode: Mode,
-    member: &Member,
-    reduced: B::FloatTensorPrimitive,
-) -> ZeroTensor<B> {
-    match mode {
-        Mode::AllReduce => ZeroTensor::Local(B::float_reshape(reduced, member.shape.clone())),
-        Mode::ReduceScatter => {
-            let shard = ShardedParam::new(
-                member.key,
-                ShardRole::Gradient,
-                reduced,
-                member.shape.clone(),
-                member.dtype,
-                group.clone(),
-            );
-            ZeroTensor::Sharded(ShardedView::new(Arc::new(shard)))
-        }
-    }
 }

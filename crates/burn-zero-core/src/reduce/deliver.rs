@@ -1,0 +1,72 @@
+//! Delivery: each reduced bucket's gradients, written into autodiff's slots in the form the
+//! optimizer expects — the mean gradient in the parameter's shape (all-reduce), or this
+//! rank's shard of it (reduce-scatter) — or kept as orphans when this rank has no slot.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use burn::tensor::backend::Backend;
+
+use crate::reduce::bucket::{Bucket, Member, Mode};
+use crate::reduce::queue::Reduced;
+use crate::reduce::slot::GradSlot;
+use crate::reduce::stats::ReductionStats;
+use crate::store::{ParamStore, ShardedParam};
+use crate::tensor::{ShardedView, ZeroTensor};
+
+/// Where reduced gradients go: autodiff's slots of this pass, by key, and the orphans (reduced
+/// gradients of parameters this rank did not use).
+pub(crate) struct Destinations<'a, B: Backend> {
+    pub slots: &'a mut BTreeMap<usize, GradSlot<B>>,
+    pub orphans: &'a mut BTreeMap<usize, ZeroTensor<B>>,
+}
+
+/// Delivers every reduced bucket (`reduced`, indices into `buckets`) and counts it in `stats`.
+pub(crate) fn deliver<B: Backend>(
+    store: &Arc<ParamStore<B>>,
+    buckets: &[Bucket],
+    reduced: Vec<Reduced<B>>,
+    to: Destinations<'_, B>,
+    stats: &mut ReductionStats,
+) {
+    for Reduced { bucket, values } in reduced {
+        let bucket = &buckets[bucket];
+        stats.collectives += 1;
+        stats.bytes += bucket.bytes(store.world_size());
+        let mode = bucket.mode;
+        for (member, value) in bucket.members.iter().zip(values) {
+            let value = gradient(store, mode, member, value);
+            match to.slots.remove(&member.key) {
+                Some(slot) => slot.write(value),
+                None => {
+                    to.orphans.insert(member.key, value);
+                }
+            }
+            if mode == Mode::ReduceScatter {
+                store.reuse_block_for_gradient(member.key);
+            }
+        }
+    }
+}
+
+/// Turns a member's reduced flat gradient into the tensor autodiff receives.
+fn gradient<B: Backend>(
+    store: &Arc<ParamStore<B>>,
+    mode: Mode,
+    member: &Member,
+    reduced: B::FloatTensorPrimitive,
+) -> ZeroTensor<B> {
+    match mode {
+        Mode::AllReduce => ZeroTensor::Local(B::float_reshape(reduced, member.shape.clone())),
+        Mode::ReduceScatter => {
+            let shard = ShardedParam::gradient(
+                store,
+                member.key,
+                reduced,
+                member.shape.clone(),
+                member.dtype,
+            );
+            ZeroTensor::Sharded(ShardedView::new(Arc::new(shard)))
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! `GradientReducer`: each parameter's final gradient is reduced across ranks (mean) and
+//! replaced, through autodiff's gradient slot, by this rank's shard of the result (or the
+//! whole mean, for all-reduced parameters).
+//!
+//! Gradients are reduced in buckets ([`crate::reduce::bucket`]) in one fixed order on every
+//! rank — descending parameter key — whatever order the hooks fire in and whichever parameters
+//! a rank used, with zeros standing in for the gradients this rank does not have. So ranks
+//! never issue different collectives. With `overlap_comm` (stages 0, 2, 3) a communication
+//! thread ([`crate::reduce::thread`]) reduces each bucket as soon as it is complete, while
+//! backward goes on, in the position of the rank's order of collectives that the completing
+//! hook took (so the order is the program's, not the threads' timing); otherwise, and at
+//! stage 1, every bucket is reduced when backward ends, on the training thread. Either way the
+//! hook itself never blocks (see [`GradientReducer::gradient_ready`]).
+//!
+//! A gradient waits in one of two places until its bucket is reduced: the bucket queue (of
+//! the communication thread, or of this thread without one) or, when it is itself sharded
+//! and would have to gather, with the pass until backward ends. Its autodiff slot waits with
+//! the pass for the result.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorMetadata};
+
+use crate::memory::MemoryKind;
+use crate::reduce::bucket::{Bucket, ReduceError, Reduction};
+use crate::reduce::deliver::{Destinations, deliver};
+use crate::reduce::queue::{BucketQueue, Reduced};
+use crate::reduce::slot::GradSlot;
+use crate::reduce::stats::ReductionStats;
+use crate::reduce::thread::CommThread;
+use crate::store::ParamStore;
+use crate::store::param_store::lock;
+use crate::tensor::ZeroTensor;
+
+/// One rank's gradient reduction for a sharded module: the static bucket layout, the
+/// communication thread (if reduction overlaps backward) and the state of the backward pass
+/// in progress.
+pub struct GradientReducer<B: Backend> {
+    store: Arc<ParamStore<B>>,
+    pass: Mutex<Pass<B>>,
+    last: Mutex<ReductionStats>,
+}
+
+impl<B: Backend> std::fmt::Debug for GradientReducer<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GradientReducer")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The state of one backward pass.
+struct Pass<B: Backend> {
+    /// Gradients waiting for their bucket, when buckets are reduced on this thread.
+    queue: BucketQueue<B>,
+    /// The communication thread, when reduction overlaps backward.
+    thread: Option<CommThread<B>>,
+    /// Autodiff's slots of this pass's gradients, by parameter key.
+    slots: BTreeMap<usize, GradSlot<B>>,
+    /// Gradients that stay with this thread until backward ends, with their bytes: all of
+    /// them without a communication thread; with one, the (rare) sharded ones, which gather.
+    held: BTreeMap<usize, (ZeroTensor<B>, usize)>,
+    /// What a slot holds between its gradient's hand-over and the result: one element, shared.
+    placeholder: Option<B::FloatTensorPrimitive>,
+    /// Whether a backward pass is in progress.
+    active: bool,
+    /// Reduced gradients of parameters this rank did not use in the last backward (its
+    /// autodiff graph has no slot for them), kept for the optimizer.
+    orphans: BTreeMap<usize, ZeroTensor<B>>,
+}
+
+impl<B: Backend> Pass<B> {
+    fn start(&mut self) {
+        if !self.active {
+            self.active = true;
+            self.slots.clear();
+            self.held.clear();
+            self.orphans.clear();
+        }
+    }
+}
+
+impl<B: Backend> GradientReducer<B> {
+    /// A reducer of the parameters of `store`, in `buckets` (reduction order), on `thread`
+    /// when reduction overlaps backward.
+    pub(crate) fn new(
+        store: Arc<ParamStore<B>>,
+        buckets: Vec<Bucket>,
+        thread: Option<CommThread<B>>,
+    ) -> Self {
+        Self {
+            store,
+            pass: Mutex::new(Pass {
+                queue: BucketQueue::new(buckets),
+                thread,
+                slots: BTreeMap::new(),
+                held: BTreeMap::new(),
+                placeholder: None,
+                active: false,
+                orphans: BTreeMap::new(),
+            }),
+            last: Mutex::new(ReductionStats::default()),
+        }
+    }
+
+    /// The store whose parameters' gradients this reduces.
+    pub fn store(&self) -> &Arc<ParamStore<B>> {
+        &self.store
+    }
+
+    fn lock_pass(&self) -> MutexGuard<'_, Pass<B>> {
+        lock(&self.pass)
+    }
+
+    /// Gradient-reduction statistics of the last backward pass.
+    pub fn last_reduction(&self) -> ReductionStats {
+        *lock(&self.last)
+    }
+
+    /// The gradient bucket layout: the parameter keys of each bucket, in reduction order.
+    pub fn bucket_layout(&self) -> Vec<Vec<usize>> {
+        self.lock_pass()
+            .queue
+            .buckets()
+            .iter()
+            .map(|b| b.members.iter().map(|m| m.key).collect())
+            .collect()
+    }
+
+    /// Reduced gradient shards of parameters this rank did not use in the last backward pass
+    /// (its autodiff gradients have no entry for them), by parameter key. Taken once.
+    pub fn take_orphan_gradients(&self) -> BTreeMap<usize, ZeroTensor<B>> {
+        std::mem::take(&mut self.lock_pass().orphans)
+    }
+
+    /// Starts a backward pass (idempotent within one pass).
+    pub(crate) fn begin_backward(&self) {
+        self.lock_pass().start();
+    }
+
+    /// The final gradient of parameter `key` sits in `slot`: hand it to the communication
+    /// thread, or keep it until backward ends.
+    ///
+    /// Nothing is reduced on this thread here. Autodiff calls this hook while it holds the
+    /// rank's graph lock, and after every backward pass burn-autodiff locks *every* graph of
+    /// the process to clean up. A rank blocked in a collective under its lock can then wait
+    /// forever for a rank that waits for that lock (seen with four ranks). The communication
+    /// thread holds no graph lock, so it may block.
+    pub(crate) fn gradient_ready(&self, key: usize, slot: GradSlot<B>) {
+        let grad = slot.read();
+        let bytes = grad.shape().num_elements() * grad.dtype().size();
+        let store = &self.store;
+        store.memory().add(MemoryKind::Buckets, bytes);
+        let mut guard = self.lock_pass();
+        let pass = &mut *guard;
+        pass.start();
+        match (&mut pass.thread, grad) {
+            (Some(thread), ZeroTensor::Local(grad)) => {
+                // The thread reads the gradient from its own stream on cubecl backends.
+                if let Err(error) = B::sync(store.device()) {
+                    panic!(
+                        "burn-zero: rank {} could not finish a gradient on its device: {error}",
+                        store.rank()
+                    );
+                }
+                thread.submit(key, grad, bytes);
+                // Autodiff's container no longer keeps the full gradient alive.
+                let placeholder = pass
+                    .placeholder
+                    .get_or_insert_with(|| {
+                        Tensor::<B, 1>::zeros([1], store.device())
+                            .into_primitive()
+                            .tensor()
+                    })
+                    .clone();
+                slot.write(ZeroTensor::Local(placeholder));
+            }
+            // Kept as it is: materialising a sharded gradient would gather under the lock.
+            (_, grad) => {
+                pass.held.insert(key, (grad, bytes));
+            }
+        }
+        pass.slots.insert(key, slot);
+    }
+
+    /// Ends a backward pass: reduces every bucket not reduced yet, zero-filled where this rank
+    /// has no gradient, writes the results into autodiff's slots, and drops the gathered
+    /// parameters the pass left in the cache.
+    pub(crate) fn end_backward(&self) {
+        let backward_ended = Instant::now();
+        let store = &self.store;
+        let mut guard = self.lock_pass();
+        let pass = &mut *guard;
+        if pass.active {
+            let started = Instant::now();
+            let held = std::mem::take(&mut pass.held);
+            let (reduced, overlap) = match &mut pass.thread {
+                Some(thread) => {
+                    for (key, (grad, bytes)) in held {
+                        thread.submit(key, grad.materialize(), bytes);
+                    }
+                    // Every bucket takes its position now, before the fence.
+                    thread.reserve_rest();
+                    // A fence at the end of the pass: a rank that gathered more than the
+                    // others meets a mismatch here instead of waiting for a partner that
+                    // will not come until the next step.
+                    match store.comm().barrier() {
+                        Ok(()) => {
+                            let finished = thread.finish(backward_ended);
+                            let overlap = (finished.busy_seconds, finished.early);
+                            (finished.reduced, Some(overlap))
+                        }
+                        Err(error) => (Err(ReduceError::Comm(error)), None),
+                    }
+                }
+                None => {
+                    for (key, (grad, bytes)) in held {
+                        pass.queue.push(key, grad.materialize(), bytes);
+                    }
+                    (self.reduce_here(&mut pass.queue), None)
+                }
+            };
+            let reduced = reduced.unwrap_or_else(|error| {
+                panic!(
+                    "burn-zero: rank {} could not reduce its gradients: {error}",
+                    store.rank()
+                )
+            });
+            let exposed_seconds = started.elapsed().as_secs_f64();
+            let (seconds, overlapped) = overlap.unwrap_or((exposed_seconds, 0));
+            let mut stats = ReductionStats {
+                exposed_seconds,
+                seconds,
+                overlapped,
+                ..ReductionStats::default()
+            };
+            let to = Destinations {
+                slots: &mut pass.slots,
+                orphans: &mut pass.orphans,
+            };
+            deliver(store, pass.queue.buckets(), reduced, to, &mut stats);
+            pass.active = false;
+            tracing::debug!(rank = store.rank(), ?stats, "gradients reduced");
+            *lock(&self.last) = stats;
+        }
+        drop(guard);
+        store.clear_gather_cache();
+    }
+
+    /// Reduces every bucket on this thread, in order.
+    fn reduce_here(&self, queue: &mut BucketQueue<B>) -> Result<Vec<Reduced<B>>, ReduceError> {
+        let store = &self.store;
+        let ctx = Reduction {
+            comm: store.comm().as_ref(),
+            device: store.device(),
+            predivide: store.config().gradient_predivide_factor,
+            memory: store.memory(),
+        };
+        let mut reduced = Vec::new();
+        while !queue.is_done() {
+            match queue.reduce_next(&ctx) {
+                Ok(bucket) => reduced.push(bucket),
+                Err(error) => {
+                    queue.reset(store.memory());
+                    return Err(error);
+                }
+            }
+        }
+        queue.reset(store.memory());
+        Ok(reduced)
+    }
+}

@@ -1,0 +1,167 @@
+//! `ZeroState`: the handle on one rank's state of a sharded module — its parameter store and
+//! its gradient reducer — returned by [`crate::shard`] and held by the optimizer.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorPrimitive};
+use burn_zero_comm::{Communicator, RankContext};
+
+use crate::backend::Zero;
+use crate::config::ZeroConfig;
+use crate::memory::{MemoryReport, MemoryTracker};
+use crate::reduce::hook;
+use crate::reduce::{GradientReducer, ReductionStats};
+use crate::store::param::UNTRACKED_KEY;
+use crate::store::table::ParamTable;
+use crate::store::{ParamInfo, ParamStore, ShardedParam};
+use crate::tensor::{ShardedView, ZeroTensor};
+
+/// One rank's state of a module sharded with [`crate::shard`]: its parameter store
+/// (communicator, configuration, parameter table, gathers, memory accounting) and its
+/// gradient reducer (bucket layout, communication thread, last pass's statistics).
+///
+/// A cheap handle: clones share the state (two `Arc`s), and it is `Send` and `Sync`, so the
+/// optimizer that holds one may be stepped from whichever thread the training loop uses.
+/// Autodiff's gradient hooks, which Burn calls without a receiver, find the reducer through
+/// a registry of the thread that sharded the module; nothing else does.
+pub struct ZeroState<B: Backend> {
+    store: Arc<ParamStore<B>>,
+    reducer: Arc<GradientReducer<B>>,
+}
+
+impl<B: Backend> Clone for ZeroState<B> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            reducer: self.reducer.clone(),
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for ZeroState<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZeroState")
+            .field("rank", &self.rank())
+            .field("world_size", &self.world_size())
+            .field("config", self.config())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> ZeroState<B> {
+    /// The state of a sharded module, made known to this thread's gradient hooks.
+    pub(crate) fn register(reducer: GradientReducer<B>) -> Self {
+        let reducer = Arc::new(reducer);
+        hook::register(&reducer);
+        Self {
+            store: reducer.store().clone(),
+            reducer,
+        }
+    }
+
+    /// A state for this rank without sharding a module (see [`Self::shard_tensor`]).
+    pub fn create(ctx: &RankContext<B>, config: ZeroConfig) -> Self {
+        let store = ParamStore::new(ctx.comm().clone(), ctx.device().clone(), config);
+        store.set_table(ParamTable::default());
+        Self::register(GradientReducer::new(Arc::new(store), Vec::new(), None))
+    }
+
+    /// The parameter store: gathers, blocks, the parameter table and memory accounting (what
+    /// an optimizer or a checkpoint works with).
+    pub fn store(&self) -> &Arc<ParamStore<B>> {
+        &self.store
+    }
+
+    /// The gradient reducer.
+    pub fn reducer(&self) -> &Arc<GradientReducer<B>> {
+        &self.reducer
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.store.rank()
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.store.world_size()
+    }
+
+    /// The device this rank computes on.
+    pub fn device(&self) -> &B::Device {
+        self.store.device()
+    }
+
+    /// The communicator parameters are gathered and gradients reduced with.
+    pub fn comm(&self) -> &Arc<dyn Communicator<B>> {
+        self.store.comm()
+    }
+
+    /// The configuration the module was sharded with.
+    pub fn config(&self) -> &ZeroConfig {
+        self.store.config()
+    }
+
+    /// Live memory counters.
+    pub fn memory(&self) -> &MemoryTracker {
+        self.store.memory()
+    }
+
+    /// A snapshot of this rank's memory accounting.
+    pub fn memory_report(&self) -> MemoryReport {
+        self.store.memory_report()
+    }
+
+    /// Every parameter of the module, in visit order.
+    pub fn params(&self) -> Vec<ParamInfo> {
+        self.store.params()
+    }
+
+    /// Whether parameter `key`'s reduced gradient is this rank's shard rather than the whole
+    /// mean (see [`ParamStore::gradient_is_sharded`]).
+    pub fn gradient_is_sharded(&self, key: usize) -> bool {
+        self.store.gradient_is_sharded(key)
+    }
+
+    /// Drops every cached gathered parameter.
+    pub fn clear_gather_cache(&self) {
+        self.store.clear_gather_cache()
+    }
+
+    /// Bytes of gathered parameters held in the cache now.
+    pub fn gathered_bytes(&self) -> usize {
+        self.store.gathered_bytes()
+    }
+
+    /// Gradient-reduction statistics of the last backward pass.
+    pub fn last_reduction(&self) -> ReductionStats {
+        self.reducer.last_reduction()
+    }
+
+    /// The gradient bucket layout: the parameter keys of each bucket, in reduction order.
+    pub fn bucket_layout(&self) -> Vec<Vec<usize>> {
+        self.reducer.bucket_layout()
+    }
+
+    /// Reduced gradient shards of parameters this rank did not use in the last backward pass
+    /// (its autodiff gradients have no entry for them), by parameter key. Taken once.
+    pub fn take_orphan_gradients(&self) -> BTreeMap<usize, ZeroTensor<B>> {
+        self.reducer.take_orphan_gradients()
+    }
+
+    /// Shards a full tensor (identical on every rank) into this rank's block, as a tensor of
+    /// `Zero<B>` whose ops gather it. Not marked for gradient hooks: use [`crate::shard`] for
+    /// module parameters.
+    pub fn shard_tensor<const D: usize>(&self, tensor: Tensor<B, D>) -> Tensor<Zero<B>, D> {
+        let shape = tensor.shape();
+        let dtype = tensor.dtype();
+        let flat = tensor.reshape([shape.num_elements()]);
+        let block = self.store.own_block(flat).into_primitive().tensor();
+        let param = ShardedParam::parameter(&self.store, UNTRACKED_KEY, block, shape, dtype);
+        Tensor::from_primitive(TensorPrimitive::Float(ZeroTensor::Sharded(
+            ShardedView::new(Arc::new(param)),
+        )))
+    }
+}

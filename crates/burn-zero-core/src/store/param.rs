@@ -1,0 +1,174 @@
+//! `ShardedParam`: a handle on this rank's block of a parameter (or of its reduced gradient),
+//! pointing to the store that gathers it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Shape};
+
+use crate::memory::MemoryKind;
+use crate::store::block::Block;
+use crate::store::param_store::ParamStore;
+
+/// What a sharded tensor holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardRole {
+    /// A parameter's values.
+    Parameter,
+    /// A parameter's reduced (mean over ranks) gradient.
+    Gradient,
+}
+
+/// This rank's shard of a tensor partitioned across the ranks.
+///
+/// The full tensor of `shape` is flattened, zero-padded to a multiple of the world size and
+/// cut into equal blocks; rank `r` holds block `r`.
+#[derive(Debug)]
+pub struct ShardedParam<B: Backend> {
+    key: usize,
+    role: ShardRole,
+    block: Arc<Block<B>>,
+    device: B::Device,
+    shape: Shape,
+    store: Arc<ParamStore<B>>,
+    version: u64,
+}
+
+/// Each shard gets a unique version, so a gather cached for an older value is never reused.
+static NEXT_VERSION: AtomicU64 = AtomicU64::new(1);
+
+/// Key of a tensor sharded outside any module ([`crate::ZeroState::shard_tensor`]): the
+/// store keeps no record of it.
+pub(crate) const UNTRACKED_KEY: usize = usize::MAX;
+
+impl<B: Backend> ShardedParam<B> {
+    fn new(
+        store: &Arc<ParamStore<B>>,
+        key: usize,
+        role: ShardRole,
+        block: B::FloatTensorPrimitive,
+        shape: Shape,
+        dtype: DType,
+    ) -> Self {
+        let device = B::float_device(&block);
+        let block = Block::new(key, dtype, role.memory_kind(), block, store.memory_handle());
+        Self {
+            key,
+            role,
+            block: Arc::new(block),
+            device,
+            shape,
+            store: store.clone(),
+            version: NEXT_VERSION.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The shard of parameter `key` whose block on this rank is `block`, recorded in `store`
+    /// as the parameter's current block (so that `reuse_fp16_shard` can release it).
+    pub(crate) fn parameter(
+        store: &Arc<ParamStore<B>>,
+        key: usize,
+        block: B::FloatTensorPrimitive,
+        shape: Shape,
+        dtype: DType,
+    ) -> Self {
+        let param = Self::new(store, key, ShardRole::Parameter, block, shape, dtype);
+        if key != UNTRACKED_KEY {
+            store.track_block(key, &param.block);
+        }
+        param
+    }
+
+    /// This rank's shard of parameter `key`'s reduced gradient.
+    pub(crate) fn gradient(
+        store: &Arc<ParamStore<B>>,
+        key: usize,
+        block: B::FloatTensorPrimitive,
+        shape: Shape,
+        dtype: DType,
+    ) -> Self {
+        Self::new(store, key, ShardRole::Gradient, block, shape, dtype)
+    }
+
+    /// Position of the parameter in its module's visit order.
+    pub fn key(&self) -> usize {
+        self.key
+    }
+
+    /// Whether this holds values or a gradient.
+    pub fn role(&self) -> ShardRole {
+        self.role
+    }
+
+    /// This rank's flat block (padded length / world size elements).
+    ///
+    /// # Panics
+    /// When the block was released after backward (`ZeroConfig::reuse_fp16_shard`) and no
+    /// optimizer step has written a new one yet.
+    pub fn shard(&self) -> B::FloatTensorPrimitive {
+        self.block.values()
+    }
+
+    /// The device the block lives on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// Whether the block was released (`reuse_fp16_shard`).
+    pub fn is_released(&self) -> bool {
+        self.block.is_released()
+    }
+
+    /// The full tensor's shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.block.dtype()
+    }
+
+    /// The store the tensor belongs to.
+    pub fn store(&self) -> &Arc<ParamStore<B>> {
+        &self.store
+    }
+
+    /// The same tensor with new values for this rank's block (an optimizer step): same key,
+    /// role, shape, dtype and store, a new version. A parameter's new block becomes its
+    /// current one in the store.
+    pub fn with_shard(&self, shard: B::FloatTensorPrimitive) -> Self {
+        match self.role {
+            ShardRole::Parameter => Self::parameter(
+                &self.store,
+                self.key,
+                shard,
+                self.shape.clone(),
+                self.dtype(),
+            ),
+            ShardRole::Gradient => Self::gradient(
+                &self.store,
+                self.key,
+                shard,
+                self.shape.clone(),
+                self.dtype(),
+            ),
+        }
+    }
+
+    /// The full tensor, all-gathered (or taken from the store's gather cache).
+    pub fn gather(&self) -> B::FloatTensorPrimitive {
+        self.store
+            .gather(self.key, self.version, &self.block, &self.shape)
+    }
+}
+
+impl ShardRole {
+    fn memory_kind(self) -> MemoryKind {
+        match self {
+            ShardRole::Parameter => MemoryKind::ParameterShards,
+            ShardRole::Gradient => MemoryKind::GradientShards,
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! `ParamStore`: one rank's parameters of a sharded module — the communicator and
+//! configuration they were sharded with, the parameter table, gathers and their cache, the
+//! memory accounting and the live parameter blocks.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::backend::distributed::DistributedParamId;
+use burn::tensor::{DType, Shape, Slice, Tensor, TensorPrimitive};
+use burn_zero_comm::{CommError, Communicator};
+
+use crate::config::ZeroConfig;
+use crate::memory::{MemoryKind, MemoryReport, MemoryTracker};
+use crate::store::block::Block;
+use crate::store::cache::GatherCache;
+use crate::store::table::{ParamInfo, ParamTable};
+
+/// One rank's store of a sharded module's parameters.
+///
+/// Shared (`Arc`) by every [`crate::store::ShardedParam`] of the module, by the gradient
+/// reducer and by the optimizer, through [`crate::ZeroState`].
+pub struct ParamStore<B: Backend> {
+    comm: Arc<dyn Communicator<B>>,
+    device: B::Device,
+    config: ZeroConfig,
+    memory: Arc<MemoryTracker>,
+    /// Set once, when sharding has visited every parameter.
+    table: OnceLock<ParamTable>,
+    cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
+    live: Mutex<LiveBlocks<B>>,
+}
+
+/// The current block of each sharded parameter and the keys an optimizer keeps a master copy
+/// of: what `reuse_fp16_shard` needs to release a block once its gradient shard arrives.
+struct LiveBlocks<B: Backend> {
+    blocks: HashMap<usize, Weak<Block<B>>>,
+    mastered: HashSet<usize>,
+}
+
+impl<B: Backend> std::fmt::Debug for ParamStore<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParamStore")
+            .field("rank", &self.comm.rank())
+            .field("world_size", &self.comm.world_size())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Locks `mutex`, whether or not a thread panicked while holding it (every value behind the
+/// store's locks stays consistent between statements).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+impl<B: Backend> ParamStore<B> {
+    /// An empty store of one rank: no parameter yet.
+    pub(crate) fn new(
+        comm: Arc<dyn Communicator<B>>,
+        device: B::Device,
+        config: ZeroConfig,
+    ) -> Self {
+        Self {
+            device,
+            cache: Mutex::new(GatherCache::new(config.max_live_gathered_bytes)),
+            comm,
+            config,
+            memory: Arc::new(MemoryTracker::default()),
+            table: OnceLock::new(),
+            live: Mutex::new(LiveBlocks {
+                blocks: HashMap::new(),
+                mastered: HashSet::new(),
+            }),
+        }
+    }
+
+    /// Fixes the parameter table (once: a second call is ignored).
+    pub(crate) fn set_table(&self, table: ParamTable) {
+        if self.table.set(table).is_err() {
+            tracing::warn!("the parameter table of a sharded module was set twice");
+        }
+    }
+
+    fn table(&self) -> Option<&ParamTable> {
+        self.table.get()
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    /// The device this rank computes on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// The communicator parameters are gathered and gradients reduced with.
+    pub fn comm(&self) -> &Arc<dyn Communicator<B>> {
+        &self.comm
+    }
+
+    /// The configuration the module was sharded with.
+    pub fn config(&self) -> &ZeroConfig {
+        &self.config
+    }
+
+    /// Live memory counters.
+    pub fn memory(&self) -> &MemoryTracker {
+        &self.memory
+    }
+
+    /// The memory counters, shared (blocks and the communication thread update them too).
+    pub(crate) fn memory_handle(&self) -> Arc<MemoryTracker> {
+        self.memory.clone()
+    }
+
+    /// A snapshot of this rank's memory accounting.
+    pub fn memory_report(&self) -> MemoryReport {
+        self.memory.report(self.rank())
+    }
+
+    /// Every parameter of the module, in visit order.
+    pub fn params(&self) -> Vec<ParamInfo> {
+        self.table()
+            .map(|table| table.infos().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// The key of the parameter with gradient-hook mark `id`
+    /// (`DistributedParamId::from(param_id.val())`), if it belongs to this module.
+    pub fn key_of(&self, id: &DistributedParamId) -> Option<usize> {
+        self.table()?.key_of(id)
+    }
+
+    /// Every gradient-hook mark of the module's parameters.
+    pub(crate) fn param_ids(&self) -> HashSet<DistributedParamId> {
+        self.table()
+            .map(|table| table.ids().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Length of each rank's block for a tensor of `numel` elements (padded to the world size).
+    pub fn block_len(&self, numel: usize) -> usize {
+        numel.div_ceil(self.world_size())
+    }
+
+    /// Cuts this rank's block out of a full flat tensor, zero-padding past its end, into a
+    /// fresh buffer (so that the full tensor is not kept alive by a view).
+    pub fn own_block(&self, flat: Tensor<B, 1>) -> Tensor<B, 1> {
+        let numel = flat.dims()[0];
+        let block = self.block_len(numel);
+        let start = (self.rank() * block).min(numel);
+        let end = (start + block).min(numel);
+        let device = flat.device();
+        let dtype = flat.dtype();
+        let mut parts = Vec::with_capacity(2);
+        if end > start {
+            let real = flat.slice(start..end);
+            parts.push(Tensor::from_data(real.into_data(), (&device, dtype)));
+        }
+        if end - start < block {
+            parts.push(Tensor::zeros([block - (end - start)], (&device, dtype)));
+        }
+        Tensor::cat(parts, 0)
+    }
+
+    /// All-gathers every rank's block of a padded flat tensor and returns the full tensor of
+    /// `shape` (padding cut off). A collective.
+    pub fn all_gather_full(
+        &self,
+        block: Tensor<B, 1>,
+        shape: &Shape,
+    ) -> Result<B::FloatTensorPrimitive, CommError> {
+        let full = self.comm.all_gather(block)?.into_primitive().tensor();
+        Ok(B::float_reshape(
+            B::float_slice(full, &[Slice::from(0..shape.num_elements())]),
+            shape.clone(),
+        ))
+    }
+
+    /// The full tensor of `shape` whose block on this rank is `block` (parameter `key`, shard
+    /// `version`): from the cache, or all-gathered (and cached if it fits).
+    pub(crate) fn gather(
+        &self,
+        key: usize,
+        version: u64,
+        block: &Block<B>,
+        shape: &Shape,
+    ) -> B::FloatTensorPrimitive {
+        let caching = self.config.max_live_gathered_bytes > 0;
+        if caching && let Some(hit) = lock(&self.cache).get(version) {
+            return hit;
+        }
+        let numel = shape.num_elements();
+        let values = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(block.values()));
+        let full = self.all_gather_full(values, shape).unwrap_or_else(|error| {
+            let path = self
+                .table()
+                .and_then(|table| table.get(key))
+                .map(|info| info.path.clone())
+                .unwrap_or_default();
+            panic!(
+                "burn-zero: rank {} could not gather parameter #{key} `{path}`: {error}",
+                self.rank(),
+            )
+        });
+        let bytes = numel * block.dtype().size();
+        self.memory.touch(MemoryKind::Gathered, bytes);
+        if caching && bytes <= self.config.max_live_gathered_bytes {
+            let evicted = lock(&self.cache).insert(version, full.clone(), bytes);
+            self.memory.add(MemoryKind::Gathered, bytes);
+            self.memory.sub(MemoryKind::Gathered, evicted);
+        }
+        full
+    }
+
+    /// Drops every cached gathered parameter.
+    pub fn clear_gather_cache(&self) {
+        let freed = lock(&self.cache).clear();
+        self.memory.sub(MemoryKind::Gathered, freed);
+    }
+
+    /// Bytes of gathered parameters held in the cache now.
+    pub fn gathered_bytes(&self) -> usize {
+        lock(&self.cache).bytes()
+    }
+
+    /// Whether parameter `key`'s reduced gradient is this rank's shard (reduce-scattered: stages
+    /// 1–3) rather than the whole mean (all-reduced: stage 0, and replicated parameters at
+    /// stage 3).
+    pub fn gradient_is_sharded(&self, key: usize) -> bool {
+        let persistent = self
+            .table()
+            .and_then(|table| table.get(key))
+            .is_some_and(|info| info.persistent);
+        match self.config.stage {
+            0 => false,
+            3 => !persistent,
+            _ => true,
+        }
+    }
+
+    /// Records `block` as the current block of parameter `key`.
+    pub(crate) fn track_block(&self, key: usize, block: &Arc<Block<B>>) {
+        lock(&self.live).blocks.insert(key, Arc::downgrade(block));
+    }
+
+    /// Tells the store that an optimizer keeps parameter `key`'s values in an fp32 master copy
+    /// on this rank, so that with `reuse_fp16_shard` its half-precision block may be released
+    /// once its gradient shard arrives.
+    pub fn hold_master(&self, key: usize) {
+        lock(&self.live).mastered.insert(key);
+    }
+
+    /// With `reuse_fp16_shard`: frees parameter `key`'s half-precision block when a master
+    /// copy holds its values, so the gradient shard takes its place in memory.
+    pub(crate) fn reuse_block_for_gradient(&self, key: usize) {
+        if !self.config.reuse_fp16_shard {
+            return;
+        }
+        let current = {
+            let live = lock(&self.live);
+            if !live.mastered.contains(&key) {
+                return;
+            }
+            live.blocks.get(&key).and_then(Weak::upgrade)
+        };
+        if let Some(block) = current
+            && matches!(block.dtype(), DType::F16 | DType::BF16)
+        {
+            block.release();
+        }
+    }
+}
