@@ -87,3 +87,50 @@ fn an_optimizer_refuses_a_module_another_shard_call_sharded() {
         "{message}"
     );
 }
+
+#[test]
+fn an_unbound_optimizer_bound_through_a_record_trains_bitwise_like_single_rank_burn() {
+    use burn_zero_optim::ZeroOptimizerRecord;
+
+    let base = base_model(&Default::default());
+    let want = reference(&base);
+    let config = ZeroConfig::new().with_stage(3).with_persist_below_numel(12);
+    // Made before sharding, as a training framework takes it; bound on each rank afterwards.
+    let unbound = ZeroOptimizer::unbound(AdamConfig::new().build());
+    let per_rank = launch::<_, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+        let mut optimizer = unbound.clone().restore(ZeroOptimizerRecord::binding(&zero));
+        for step in 0..STEPS {
+            let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
+            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+            model = optimizer.step(LR, model, grads);
+        }
+        Ok(param_values(&model))
+    })
+    .unwrap();
+    for (rank, got) in per_rank.iter().enumerate() {
+        assert!(
+            params_bits_equal(got, &want),
+            "rank {rank}: differs from single-rank Burn"
+        );
+    }
+}
+
+#[test]
+fn an_unbound_optimizer_refuses_to_step_and_says_how_to_bind_it() {
+    let base = base_model(&Default::default());
+    let config = ZeroConfig::new().with_persist_below_numel(0);
+    let result = launch::<_, _, _, CommError>(1, &[Default::default()], |ctx| {
+        let (model, _zero) = shard(base.clone(), &ctx, &config).expect("sharded");
+        let mut optimizer = ZeroOptimizer::unbound(AdamConfig::new().build());
+        let (tokens, targets) = micro_batch::<Train>(0, ctx.device());
+        let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+        optimizer.step(LR, model, grads);
+        Ok(())
+    });
+    let message = result.expect_err("the step must refuse").to_string();
+    assert!(
+        message.contains("never bound") && message.contains("ZeroOptimizerRecord::binding"),
+        "{message}"
+    );
+}
