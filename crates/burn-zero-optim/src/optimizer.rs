@@ -120,21 +120,7 @@ where
     /// [`crate::ZeroOptimizerRecord::binding`] into it; stepping it unbound panics, naming
     /// the problem.
     pub fn unbound(optim: O) -> Self {
-        Self {
-            optim,
-            zero: None,
-            masters: BTreeMap::new(),
-            clipping: None,
-            scaler: None,
-            skipped: 0,
-            last_norm: None,
-            accumulation: 1,
-            accumulated: BTreeMap::new(),
-            micro_steps: 0,
-            placement: None,
-            state_size: StateBytes::state_bytes,
-            tracked: None,
-        }
+        Self::fresh(None, optim, StateBytes::state_bytes)
     }
 }
 
@@ -173,9 +159,14 @@ where
         optim: O,
         state_size: StateSize<O, P::Host>,
     ) -> Self {
+        Self::fresh(Some(zero.clone()), optim, state_size)
+    }
+
+    /// An optimizer with no state yet, bound to `zero` when it is given.
+    fn fresh(zero: Option<ZeroState<B>>, optim: O, state_size: StateSize<O, P::Host>) -> Self {
         Self {
             optim,
-            zero: Some(zero.clone()),
+            zero,
             masters: BTreeMap::new(),
             clipping: None,
             scaler: None,
