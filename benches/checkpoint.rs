@@ -9,10 +9,8 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use burn::backend::{Autodiff, Flex};
@@ -21,38 +19,14 @@ use burn::tensor::Tensor;
 use burn_zero::checkpoint::{OutputDtype, SaveOptions, consolidate, load, save};
 use burn_zero::comm::launch;
 use burn_zero::{Zero, ZeroConfig, ZeroOptimizer, shard};
+use burn_zero_testing::alloc::CountingAllocator;
 use common::{Deep, WIDTH};
 
 type Train = Autodiff<Zero<Flex>>;
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
-/// Counts live heap bytes and their peak.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is the system allocator's.
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(live, Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: CountingAllocator = CountingAllocator::new();
 
 const MB: f64 = 1e6;
 const ROUNDS: usize = 2;
@@ -148,12 +122,12 @@ fn main() {
     // Consolidation of the last (2-rank) checkpoint: peak heap above the baseline.
     let largest = WIDTH * WIDTH * 4;
     let target = dir.join("consolidated.safetensors");
-    let baseline = LIVE.load(Ordering::Relaxed);
-    PEAK.store(baseline, Ordering::Relaxed);
+    let baseline = ALLOCATOR.live();
+    ALLOCATOR.reset_peak();
     let started = Instant::now();
     let done = consolidate(&dir, &target, OutputDtype::F32).expect("consolidation");
     let seconds = started.elapsed().as_secs_f64();
-    let peak = PEAK.load(Ordering::Relaxed) - baseline;
+    let peak = ALLOCATOR.peak() - baseline;
     out += &format!(
         "\nConsolidation into one fp32 file ({} tensors, {:.0} MB) in {seconds:.2} s: peak heap \
          {:.1} MB above baseline; bound 2 × largest tensor ({:.1} MB) + read buffer (≤ 64 MiB, \

@@ -5,7 +5,6 @@
 //! `master_bytes`, `state_bytes`) and with the ZeRO formula, at N = 1, 2, 4 ranks (threads of
 //! this process, so the process total is the sum over the ranks).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use burn::backend::Flex;
@@ -16,52 +15,11 @@ use burn::tensor::{DType, Tensor, activation::relu};
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
 use burn_zero_optim::ZeroOptimizer;
+use burn_zero_testing::alloc::CountingAllocator;
 use burn_zero_testing::{CastParams, Train};
 
-/// Live heap bytes of the process, as requested from the allocator.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; only sizes are counted.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which is System's.
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as above.
-        let ptr = unsafe { System.alloc_zeroed(layout) };
-        if !ptr.is_null() {
-            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above; `ptr` came from this allocator with `layout`.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: as above.
-        let new = unsafe { System.realloc(ptr, layout, new_size) };
-        if !new.is_null() {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            LIVE.fetch_add(new_size, Ordering::Relaxed);
-        }
-        new
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: CountingAllocator = CountingAllocator::new();
 
 const WIDTH: usize = 256;
 const LAYERS: usize = 4;
@@ -126,13 +84,13 @@ fn model_state_measured_by_the_allocator_matches_the_tracer_and_the_formula() {
             // the process's live bytes fall by exactly what they held.
             let comm = zero.comm().clone();
             comm.barrier()?;
-            let before = LIVE.load(Ordering::SeqCst);
+            let before = ALLOCATOR.live();
             comm.barrier()?;
             drop(model);
             drop(optimizer);
             comm.barrier()?;
             if ctx.rank() == 0 {
-                freed.store(before - LIVE.load(Ordering::SeqCst), Ordering::SeqCst);
+                freed.store(before - ALLOCATOR.live(), Ordering::SeqCst);
             }
             comm.barrier()?;
             Ok(RankFigures {

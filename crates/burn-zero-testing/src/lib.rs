@@ -1,7 +1,9 @@
 //! Fixtures shared by burn-zero's tests: a transformer block with a tied output head, its
 //! micro-batches, and world-size-1 unsharded references (gradients averaged in rank order);
-//! and [`skip`], how a test that needs absent hardware says so.
+//! [`skip`], how a test that needs absent hardware says so; and [`alloc`], heap bytes counted
+//! outside the library.
 
+pub mod alloc;
 pub mod skip;
 
 use burn::backend::flex::FlexDevice;
