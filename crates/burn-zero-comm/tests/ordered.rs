@@ -16,63 +16,11 @@ use std::time::Duration;
 use burn::backend::NdArray;
 use burn::tensor::Tensor;
 use burn_zero_comm::{CommError, Communicator, LaunchOptions, OrderedComm, ReduceOp, launch_with};
+use burn_zero_testing::recording::RecordingComm;
 
 type B = NdArray;
 
 const ROUNDS: usize = 6;
-
-/// Records what reaches the engine, and from which thread, then delegates.
-struct Recorder {
-    inner: Arc<dyn Communicator<B>>,
-    log: Arc<Mutex<Vec<(String, ThreadId)>>>,
-}
-
-impl Recorder {
-    fn note(&self, what: String) {
-        self.log
-            .lock()
-            .unwrap()
-            .push((what, thread::current().id()));
-    }
-}
-
-impl Communicator<B> for Recorder {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
-        self.note(format!("all_gather {}", block.dims()[0]));
-        self.inner.all_gather(block)
-    }
-    fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
-        self.note(format!("reduce_scatter {}", input.dims()[0]));
-        self.inner.reduce_scatter(input, op)
-    }
-    fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
-        self.note(format!("all_reduce {}", input.dims()[0]));
-        self.inner.all_reduce(input, op)
-    }
-    fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
-        self.note(format!("broadcast {}", buffer.dims()[0]));
-        self.inner.broadcast(buffer, root)
-    }
-    fn barrier(&self) -> Result<(), CommError> {
-        self.note("barrier".into());
-        self.inner.barrier()
-    }
-    fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError> {
-        Ok(Arc::new(Recorder {
-            inner: self.inner.duplicate()?,
-            log: self.log.clone(),
-        }))
-    }
-    fn abort(&self, reason: &str) {
-        self.inner.abort(reason)
-    }
-}
 
 /// How many gathers the training thread has submitted (not necessarily issued).
 #[derive(Default)]
@@ -118,10 +66,8 @@ fn run(ordered: bool) -> Vec<Seen> {
         let rank = ctx.rank();
         let device = *ctx.device();
         let log = Arc::new(Mutex::new(Vec::new()));
-        let engine: Arc<dyn Communicator<B>> = Arc::new(Recorder {
-            inner: ctx.comm().clone(),
-            log: log.clone(),
-        });
+        let engine: Arc<dyn Communicator<B>> =
+            Arc::new(RecordingComm::new(ctx.comm().clone(), log.clone()));
         let order = OrderedComm::new(engine.clone()).unwrap();
         let side = if ordered {
             None

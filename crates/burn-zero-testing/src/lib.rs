@@ -1,9 +1,10 @@
 //! Fixtures shared by burn-zero's tests: a transformer block with a tied output head, its
 //! micro-batches, and world-size-1 unsharded references (gradients averaged in rank order);
-//! [`skip`], how a test that needs absent hardware says so; and [`alloc`], heap bytes counted
-//! outside the library.
+//! [`skip`], how a test that needs absent hardware says so; [`alloc`], heap bytes counted
+//! outside the library; and [`recording`], a communicator that logs the calls it issues.
 
 pub mod alloc;
+pub mod recording;
 pub mod skip;
 
 use burn::backend::flex::FlexDevice;
