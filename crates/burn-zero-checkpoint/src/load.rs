@@ -146,24 +146,20 @@ fn check_model<B: Backend>(meta: &Metadata, params: &RankParams<B>) -> Result<()
         })
         .collect();
     let mut problems = Vec::new();
+    let quoted = |paths: &[&str]| {
+        paths
+            .iter()
+            .map(|p| format!("`{p}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     if !missing.is_empty() {
-        problems.push(format!(
-            "not in the checkpoint: {}",
-            missing
-                .iter()
-                .map(|p| format!("`{p}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
+        problems.push(format!("not in the checkpoint: {}", quoted(&missing)));
     }
     if !extra.is_empty() {
         problems.push(format!(
             "in the checkpoint but not in the model: {}",
-            extra
-                .iter()
-                .map(|p| format!("`{p}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            quoted(&extra)
         ));
     }
     if !reshaped.is_empty() {
