@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use burn::data::dataloader::Progress;
+use burn::data::dataloader::{DataLoaderIterator, Progress};
 use burn::module::AutodiffModule;
 use burn::optim::SimpleOptimizer;
 use burn::optim::lr_scheduler::LrScheduler;
@@ -65,6 +65,31 @@ enum Next {
     Stop,
 }
 
+/// Runs `step` on each of this rank's `batches`, with the progress counted over every rank's
+/// items, for as long as every rank has a batch; returns whether a rank asked to stop.
+fn in_lockstep<B: Backend, T>(
+    ctx: &RankContext<B>,
+    interrupter: &Interrupter,
+    mut batches: Box<dyn DataLoaderIterator<T> + '_>,
+    mut step: impl FnMut(T, Progress),
+) -> Result<bool, TrainError> {
+    loop {
+        let batch = batches.next();
+        match agree(ctx, batch.is_some(), interrupter.should_stop())? {
+            Next::Step => {}
+            Next::EndOfData => return Ok(false),
+            Next::Stop => return Ok(true),
+        }
+        let Some(batch) = batch else {
+            return Ok(false);
+        };
+        let mut progress = batches.progress();
+        progress.items_processed *= ctx.world_size();
+        progress.items_total *= ctx.world_size();
+        step(batch, progress);
+    }
+}
+
 /// Every rank says whether it has a batch and whether it must stop; all decide alike, so no
 /// rank enters a collective the others skip.
 fn agree<B: Backend>(
@@ -119,7 +144,7 @@ where
     P: Placement<B> + 'static,
     O: SimpleOptimizer<P::Host> + 'static,
 {
-    let (rank, world_size) = (ctx.rank(), ctx.world_size());
+    let rank = ctx.rank();
     let mut learner = shared
         .learners
         .lock()
@@ -166,38 +191,27 @@ where
         let global = Progress::new(epoch, shared.num_epochs);
 
         // Training: one step per batch, as long as every rank has one.
-        let loader = &shared.train[index][rank];
-        let mut batches = loader.iter();
-        let mut stopped = false;
-        loop {
-            let batch = batches.next();
-            match agree(&ctx, batch.is_some(), shared.interrupter.should_stop())? {
-                Next::Step => {}
-                Next::EndOfData => break,
-                Next::Stop => {
-                    stopped = true;
-                    break;
+        let stopped = in_lockstep(
+            &ctx,
+            shared.interrupter,
+            shared.train[index][rank].iter(),
+            |batch, progress| {
+                iteration += 1;
+                learner.lr_step();
+                let output = learner.train_step(batch);
+                learner.optimizer_step(output.grads);
+                if let Some(funnel) = shared.funnel {
+                    let item = TrainingItem::new(
+                        output.item,
+                        progress,
+                        global.clone(),
+                        Some(iteration),
+                        Some(learner.lr_current()),
+                    );
+                    funnel.train_item(slot, epoch, iteration, item);
                 }
-            }
-            let Some(batch) = batch else { break };
-            iteration += 1;
-            learner.lr_step();
-            let output = learner.train_step(batch);
-            learner.optimizer_step(output.grads);
-            if let Some(funnel) = shared.funnel {
-                let mut progress = batches.progress();
-                progress.items_processed *= world_size;
-                progress.items_total *= world_size;
-                let item = TrainingItem::new(
-                    output.item,
-                    progress,
-                    global.clone(),
-                    Some(iteration),
-                    Some(learner.lr_current()),
-                );
-                funnel.train_item(slot, epoch, iteration, item);
-            }
-        }
+            },
+        )?;
         if let Some(funnel) = shared.funnel {
             funnel.end_epoch(Split::Train, epoch);
         }
@@ -208,30 +222,21 @@ where
 
         // Validation on every rank: at stage 3 each forward gathers parameters.
         let model = learner.model().valid();
-        let loader = &shared.valid[index][rank];
-        let mut batches = loader.iter();
         let mut step = 0;
-        loop {
-            let batch = batches.next();
-            match agree(&ctx, batch.is_some(), shared.interrupter.should_stop())? {
-                Next::Step => {}
-                Next::EndOfData => break,
-                Next::Stop => {
-                    stopped = true;
-                    break;
+        let stopped = in_lockstep(
+            &ctx,
+            shared.interrupter,
+            shared.valid[index][rank].iter(),
+            |batch, progress| {
+                step += 1;
+                let output = model.step(batch);
+                if let Some(funnel) = shared.funnel {
+                    let item =
+                        TrainingItem::new(output, progress, global.clone(), Some(step), None);
+                    funnel.valid_item(slot, epoch, step, item);
                 }
-            }
-            let Some(batch) = batch else { break };
-            step += 1;
-            let output = model.step(batch);
-            if let Some(funnel) = shared.funnel {
-                let mut progress = batches.progress();
-                progress.items_processed *= world_size;
-                progress.items_total *= world_size;
-                let item = TrainingItem::new(output, progress, global.clone(), Some(step), None);
-                funnel.valid_item(slot, epoch, step, item);
-            }
-        }
+            },
+        )?;
         drop(model);
         if let Some(funnel) = shared.funnel {
             funnel.end_epoch(Split::Valid, epoch);
