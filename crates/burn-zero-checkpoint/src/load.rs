@@ -279,6 +279,11 @@ where
     let mut masters: Vec<MasterEntry<O, P::Host>> = Vec::new();
     let mut accumulated = Vec::new();
     for param in &params.params {
+        // A parameter frozen in this module has no optimizer state, whatever the checkpoint
+        // holds for it (a fine-tuning run that starts from a fully trained checkpoint).
+        if !param.info.trainable {
+            continue;
+        }
         let path = &param.info.path;
         let key = param.info.key;
         let numel = param.numel();

@@ -22,9 +22,9 @@ use crate::tensor::{ShardedView, ZeroTensor};
 
 /// Dimensions a parameter may have for the cross-rank shape check.
 const MAX_DIMS: usize = 12;
-/// Length of one parameter's description: ndims, dtype, then each dim as two 16-bit halves
-/// (exact in f32).
-const DESC_LEN: usize = 2 + 2 * MAX_DIMS;
+/// Length of one parameter's description: ndims, dtype, trainable, then each dim as two
+/// 16-bit halves (exact in f32).
+const DESC_LEN: usize = 3 + 2 * MAX_DIMS;
 
 /// Shards every float parameter of `module` across the ranks of `ctx`'s communicator.
 ///
@@ -32,9 +32,16 @@ const DESC_LEN: usize = 2 + 2 * MAX_DIMS;
 /// dtype on every rank, and copied from rank 0 when `config.sync_module_states`. At stage 3 it
 /// is replaced by a sharded tensor holding this rank's padded 1/N block — or kept whole when it
 /// has fewer than `config.persist_below_numel` elements; below stage 3 it stays whole. The
-/// gradient bucket layout is fixed here, from the parameters in reverse visit order. Parameters are marked for autodiff's gradient hooks,
-/// so `backward` leaves each rank with its shard of the mean gradient. Lazily initialised
-/// parameters are materialised one at a time.
+/// gradient bucket layout is fixed here, from the trainable parameters in reverse visit
+/// order. Trainable parameters are marked for autodiff's gradient hooks, so `backward` leaves
+/// each rank with its shard of the mean gradient. Lazily initialised parameters are
+/// materialised one at a time.
+///
+/// A parameter that does not require a gradient (`Module::no_grad`, `set_require_grad(false)`)
+/// is frozen: it is sharded and gathered like the others, but it has no place in the gradient
+/// buckets, is never reduced, and `ZeroOptimizer` keeps no master copy or state of it. Freeze
+/// or unfreeze parameters before sharding: the ranks agree on which are frozen here, and the
+/// bucket layout is fixed from it.
 ///
 /// Returns the sharded module and the handle on this rank's state of it, which
 /// `ZeroOptimizer` is built from and which reports memory and reduction statistics.
@@ -91,7 +98,13 @@ where
     let params = store.params();
     let buckets = bucket::layout(
         // Reduction order: the reverse of the visit order, as backward produces gradients.
-        &params.iter().rev().cloned().collect::<Vec<_>>(),
+        // Frozen parameters have no gradient to reduce.
+        &params
+            .iter()
+            .rev()
+            .filter(|info| info.trainable)
+            .cloned()
+            .collect::<Vec<_>>(),
         |info| {
             if store.gradient_is_sharded(info.key) {
                 Mode::ReduceScatter
@@ -161,12 +174,13 @@ fn dtype_code(dtype: DType) -> f32 {
 }
 
 impl<B: Backend> Sharder<B> {
-    /// Checks that every rank has the same parameter here (`None`: no more parameters).
-    /// Records a [`ZeroError::ModuleMismatch`] naming the difference when not.
-    fn agree(&mut self, param: Option<(&Shape, DType)>, path: &str) -> bool {
+    /// Checks that every rank has the same parameter here, as trainable or frozen on all
+    /// (`None`: no more parameters). Records a [`ZeroError::ModuleMismatch`] naming the
+    /// difference when not.
+    fn agree(&mut self, param: Option<(&Shape, DType, bool)>, path: &str) -> bool {
         let mut desc = vec![0f32; DESC_LEN];
         match param {
-            Some((shape, dtype)) => {
+            Some((shape, dtype, trainable)) => {
                 if shape.num_dims() > MAX_DIMS {
                     self.error = Some(ZeroError::InvalidConfig(format!(
                         "parameter `{path}` has {} dimensions; at most {MAX_DIMS} are supported",
@@ -176,9 +190,10 @@ impl<B: Backend> Sharder<B> {
                 }
                 desc[0] = shape.num_dims() as f32;
                 desc[1] = dtype_code(dtype);
+                desc[2] = if trainable { 1.0 } else { 0.0 };
                 for (i, &d) in shape.iter().enumerate() {
-                    desc[2 + 2 * i] = (d >> 16) as f32;
-                    desc[3 + 2 * i] = (d & 0xFFFF) as f32;
+                    desc[3 + 2 * i] = (d >> 16) as f32;
+                    desc[4 + 2 * i] = (d & 0xFFFF) as f32;
                 }
             }
             None => desc[0] = -1.0,
@@ -201,7 +216,7 @@ impl<B: Backend> Sharder<B> {
         let read = |d: &[f32]| -> Option<String> {
             (d[0] >= 0.0).then(|| {
                 let dims: Vec<usize> = (0..d[0] as usize)
-                    .map(|i| ((d[2 + 2 * i] as usize) << 16) | d[3 + 2 * i] as usize)
+                    .map(|i| ((d[3 + 2 * i] as usize) << 16) | d[4 + 2 * i] as usize)
                     .collect();
                 let dtype = match d[1] as u32 {
                     1 => "f64",
@@ -211,7 +226,8 @@ impl<B: Backend> Sharder<B> {
                     5 => "bf16",
                     _ => "other",
                 };
-                format!("{dims:?} {dtype}")
+                let role = if d[2] > 0.0 { "trainable" } else { "frozen" };
+                format!("{dims:?} {dtype} ({role})")
             })
         };
         if let Some((other, _)) = ranks.iter().enumerate().find(|(_, d)| **d != ranks[rank]) {
@@ -234,6 +250,7 @@ impl<B: Backend> Sharder<B> {
         &mut self,
         tensor: Tensor<Zero<B>, D>,
         path: &str,
+        trainable: bool,
     ) -> Result<Option<(ZeroTensor<B>, ParamInfo)>, ZeroError> {
         let local = match tensor.into_primitive() {
             TensorPrimitive::Float(ZeroTensor::Local(local)) => local,
@@ -248,7 +265,7 @@ impl<B: Backend> Sharder<B> {
         };
         let shape = local.shape();
         let dtype = local.dtype();
-        if !self.agree(Some((&shape, dtype)), path) {
+        if !self.agree(Some((&shape, dtype, trainable)), path) {
             return Ok(None);
         }
         let key = self.next_key;
@@ -271,6 +288,7 @@ impl<B: Backend> Sharder<B> {
             shape: shape.clone(),
             dtype,
             persistent,
+            trainable,
         };
         let tensor = if persistent {
             self.store
@@ -306,15 +324,19 @@ where
         let (id, tensor, mapper) = param.consume();
         let path = self.path.join(".");
         let require_grad = tensor.is_require_grad();
-        match self.shard_param(tensor.clone().inner(), &path) {
+        match self.shard_param(tensor.clone().inner(), &path, require_grad) {
             Ok(Some((sharded, info))) => {
                 let dist_id = DistributedParamId::from(id.val());
                 self.table.push(info, dist_id);
                 self.next_key += 1;
                 let inner = Tensor::<Zero<B>, D>::from_primitive(TensorPrimitive::Float(sharded));
-                let tensor = Tensor::<AB, D>::from_inner(inner)
-                    .set_require_grad(require_grad)
-                    .set_distributed(dist_id);
+                let tensor = Tensor::<AB, D>::from_inner(inner).set_require_grad(require_grad);
+                // Only trainable parameters call the gradient hooks: a frozen one has no bucket.
+                let tensor = if require_grad {
+                    tensor.set_distributed(dist_id)
+                } else {
+                    tensor
+                };
                 Param::from_mapped_value(id, tensor, mapper)
             }
             Ok(None) => Param::from_mapped_value(id, tensor, mapper),

@@ -119,6 +119,12 @@ impl<B: Backend> ZeroState<B> {
         self.store.params()
     }
 
+    /// Whether parameter `key` required a gradient when the module was sharded: frozen
+    /// parameters are never reduced or stepped (see [`ParamInfo::trainable`]).
+    pub fn is_trainable(&self, key: usize) -> bool {
+        self.store.is_trainable(key)
+    }
+
     /// Whether parameter `key`'s reduced gradient is this rank's shard rather than the whole
     /// mean (see [`ParamStore::gradient_is_sharded`]).
     pub fn gradient_is_sharded(&self, key: usize) -> bool {

@@ -114,9 +114,9 @@ fn differing_shapes_fail_on_every_rank_before_training() {
     assert_eq!(
         result[0].to_string(),
         "ranks disagree on the model's parameters: rank 0 has parameter #0 `a.weight` of \
-         shape [9, 17] f32, rank 2 has parameter #0 of shape [9, 18] f32"
+         shape [9, 17] f32 (trainable), rank 2 has parameter #0 of shape [9, 18] f32 (trainable)"
     );
-    assert!(result[2].to_string().starts_with("ranks disagree on the model's parameters: rank 2 has parameter #0 `a.weight` of shape [9, 18] f32, rank 0 has"));
+    assert!(result[2].to_string().starts_with("ranks disagree on the model's parameters: rank 2 has parameter #0 `a.weight` of shape [9, 18] f32 (trainable), rank 0 has"));
 }
 
 #[test]

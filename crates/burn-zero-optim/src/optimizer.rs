@@ -451,6 +451,14 @@ struct Collect<'a, B: Backend, P: Placement<B>> {
 }
 
 impl<B: Backend, P: Placement<B>> Collect<'_, B, P> {
+    /// Parameter `key`'s path in the module, for messages.
+    fn path_of(&self, key: usize) -> String {
+        self.zero
+            .params()
+            .get(key)
+            .map_or_else(String::new, |info| info.path.clone())
+    }
+
     fn orphan(&mut self, key: usize) -> Option<ZeroTensor<B>> {
         let zero = self.zero;
         self.orphans
@@ -486,6 +494,30 @@ where
             // Not a parameter of the module this optimizer's state belongs to: not ours.
             return;
         };
+        // Frozen when sharded: never reduced, never stepped. A gradient means the parameter
+        // was unfrozen afterwards, and it would be stepped unreduced, differently on each rank.
+        if !self.zero.is_trainable(key) {
+            if self.grads.remove::<Zero<B>, D>(param.id).is_some() {
+                panic!(
+                    "burn-zero: parameter #{key} `{}` has a gradient, but it was frozen (did not \
+                     require a gradient) when the module was sharded, so it has no place in the \
+                     gradient buckets; set `require_grad` as training needs it before `shard`",
+                    self.path_of(key)
+                );
+            }
+            return;
+        }
+        // Trainable when sharded: its bucket reduced it on every rank. Frozen since, it would
+        // be stepped with the zeros that stood in for its gradient.
+        if !param.val().is_require_grad() {
+            panic!(
+                "burn-zero: parameter #{key} `{}` was trainable when the module was sharded but \
+                 no longer requires a gradient; its bucket still reduces it and the optimizer \
+                 would step it. Freeze parameters before `shard` (shard again to change which \
+                 are frozen)",
+                self.path_of(key)
+            );
+        }
         let grad = self
             .grads
             .remove::<Zero<B>, D>(param.id)

@@ -139,6 +139,14 @@ impl<B: Backend> ParamStore<B> {
         self.table()?.key_of(id)
     }
 
+    /// Whether parameter `key` required a gradient when the module was sharded (see
+    /// [`crate::store::table::ParamInfo::trainable`]).
+    pub fn is_trainable(&self, key: usize) -> bool {
+        self.table()
+            .and_then(|table| table.get(key))
+            .is_some_and(|info| info.trainable)
+    }
+
     /// Every gradient-hook mark of the module's parameters.
     pub(crate) fn param_ids(&self) -> HashSet<DistributedParamId> {
         self.table()

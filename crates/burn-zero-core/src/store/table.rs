@@ -18,6 +18,10 @@ pub struct ParamInfo {
     pub dtype: DType,
     /// Replicated (below `persist_below_numel`) rather than sharded.
     pub persistent: bool,
+    /// Required a gradient when the module was sharded. A frozen parameter (`false`) is
+    /// gathered for compute like any other, but it has no place in the gradient buckets, is
+    /// never reduced, and an optimizer keeps no master copy or state of it.
+    pub trainable: bool,
 }
 
 /// Every parameter in visit order, and the key of each gradient-hook mark.

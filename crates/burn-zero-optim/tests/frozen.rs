@@ -1,0 +1,277 @@
+//! Frozen parameters (a frozen base with trainable layers, as in LoRA-style fine-tuning): the
+//! test block's embedding (tied to its output head) and attention are frozen, its layer norms
+//! and MLP train.
+//!
+//! - Training matches single-rank training with Burn's own AdamW on the same frozen block, bit
+//!   for bit, at world sizes 1, 2, 4 and every stage; the frozen values never move (AdamW's
+//!   weight decay would move them if they were stepped, even with zero gradients).
+//! - Frozen parameters have no bucket, no master copy and no optimizer state: the reductions
+//!   the communicator sees, and the memory the optimizer holds, are those of the trainable
+//!   parameters alone, as computed here from their shapes.
+//! - Ranks that disagree on which parameters are frozen fail to shard, naming the parameter; a
+//!   parameter frozen or unfrozen after sharding is refused by the optimizer.
+
+use std::sync::Arc;
+
+use burn::backend::Flex;
+use burn::module::{Module, ModuleMapper, Param};
+use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+use burn_zero_comm::{RankContext, launch};
+use burn_zero_core::{ZeroConfig, ZeroError, shard};
+use burn_zero_optim::ZeroOptimizer;
+use burn_zero_testing::recording::{CallLog, RecordingComm};
+use burn_zero_testing::{
+    Block, Train, base_model, bits_equal, micro_batch, param_values, step_mean_grads,
+};
+
+const STEPS: usize = 4;
+const LR: f64 = 1e-2;
+/// The block's parameters in visit order: the embedding, then attention's query, key, value
+/// and output (weight and bias each) are frozen; the rest trains.
+const FROZEN: usize = 9;
+
+/// Sets `require_grad` of each parameter, in visit order, from `trainable`.
+struct SetTrainable<F: FnMut(usize) -> bool> {
+    trainable: F,
+    index: usize,
+}
+
+impl<AB: AutodiffBackend, F: FnMut(usize) -> bool> ModuleMapper<AB> for SetTrainable<F> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let trainable = (self.trainable)(self.index);
+        self.index += 1;
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(id, tensor.set_require_grad(trainable), mapper)
+    }
+}
+
+fn with_trainable(model: Block<Train>, trainable: impl FnMut(usize) -> bool) -> Block<Train> {
+    model.map(&mut SetTrainable {
+        trainable,
+        index: 0,
+    })
+}
+
+/// The test block with its base frozen.
+fn frozen_base() -> Block<Train> {
+    with_trainable(base_model(&Default::default()), |i| i >= FROZEN)
+}
+
+/// Each parameter's element count, in visit order.
+fn numels(model: &Block<Train>) -> Vec<usize> {
+    param_values(model).iter().map(Vec::len).collect()
+}
+
+#[test]
+fn a_frozen_base_trains_bitwise_like_single_rank_burn_and_never_moves() {
+    let base = frozen_base();
+    let initial = param_values(&base);
+    for world_size in [1, 2, 4] {
+        // Burn's own AdamW, one rank, the micro-batch gradients averaged in rank order; Burn
+        // skips parameters without a gradient.
+        let want = {
+            let device = Default::default();
+            let mut optim = AdamWConfig::new().init();
+            let mut model = base.clone();
+            for step in 0..STEPS {
+                let (mean, _) = step_mean_grads(&model, step, world_size, &device);
+                model = Optimizer::<Block<Train>, Train>::step(&mut optim, LR, model, mean);
+            }
+            param_values(&model)
+        };
+        for (i, (after, before)) in want.iter().zip(&initial).enumerate() {
+            assert_eq!(
+                bits_equal(after, before),
+                i < FROZEN,
+                "reference, parameter #{i}: only the frozen ones keep their values"
+            );
+        }
+        for stage in 0..=3 {
+            let config = ZeroConfig::new()
+                .with_stage(stage)
+                .with_persist_below_numel(12)
+                .with_bucket_size_mb(0.001);
+            let got = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
+                let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+                let mut optimizer = ZeroOptimizer::new(&zero, AdamWConfig::new().build());
+                for step in 0..STEPS {
+                    let (tokens, targets) =
+                        micro_batch::<Train>(step * world_size + ctx.rank(), ctx.device());
+                    let loss = model.loss(tokens, targets);
+                    let grads = GradientsParams::from_grads(loss.backward(), &model);
+                    model = optimizer.step(LR, model, grads);
+                }
+                Ok(param_values(&model))
+            })
+            .unwrap();
+            for (rank, params) in got.iter().enumerate() {
+                for (i, (g, w)) in params.iter().zip(&want).enumerate() {
+                    assert!(
+                        bits_equal(g, w),
+                        "world {world_size}, stage {stage}, rank {rank}, parameter #{i}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn frozen_parameters_are_never_reduced_and_hold_no_optimizer_memory() {
+    const WORLD: usize = 2;
+    let base = frozen_base();
+    let numels = numels(&base);
+    let share = |n: usize| n.div_ceil(WORLD);
+    let trainable_share: usize = numels[FROZEN..].iter().map(|&n| share(n)).sum();
+    let all_share: usize = numels.iter().map(|&n| share(n)).sum();
+    // Every parameter sharded, f32 gradients: each step reduce-scatters WORLD rows of each
+    // trainable parameter's padded block, and nothing else.
+    let config = ZeroConfig::new()
+        .with_stage(3)
+        .with_persist_below_numel(0)
+        .with_bucket_size_mb(0.0005);
+    let per_rank = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let log = CallLog::default();
+        let recorder = Arc::new(RecordingComm::new(ctx.comm().clone(), log.clone()));
+        let ctx = RankContext::new(*ctx.device(), recorder);
+        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut reduced_per_step = Vec::new();
+        for step in 0..STEPS {
+            let before = log.lock().unwrap().len();
+            let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
+            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+            model = optimizer.step(LR, model, grads);
+            let calls = log.lock().unwrap()[before..].to_vec();
+            let elements = |op: &str| -> usize {
+                calls
+                    .iter()
+                    .filter_map(|(call, _)| call.strip_prefix(op))
+                    .map(|n| n.trim().parse::<usize>().unwrap())
+                    .sum()
+            };
+            reduced_per_step.push((
+                elements("reduce_scatter"),
+                elements("all_reduce"),
+                zero.last_reduction().bytes,
+            ));
+        }
+        let layout: Vec<usize> = zero.bucket_layout().into_iter().flatten().collect();
+        let trainable: Vec<usize> = (0..numels.len())
+            .filter(|&key| zero.is_trainable(key))
+            .collect();
+        let report = zero.memory_report();
+        Ok((
+            layout,
+            trainable,
+            reduced_per_step,
+            report,
+            optimizer.master_bytes(),
+            optimizer.state_bytes(),
+        ))
+    })
+    .unwrap();
+    for (rank, (layout, trainable, reduced, report, master, state)) in per_rank.iter().enumerate() {
+        assert_eq!(*trainable, (FROZEN..numels.len()).collect::<Vec<_>>());
+        let mut layout = layout.clone();
+        layout.sort_unstable();
+        assert_eq!(
+            layout, *trainable,
+            "rank {rank}: buckets hold the trainable only"
+        );
+        for (step, &(scattered, all_reduced, bytes)) in reduced.iter().enumerate() {
+            // Gradient norms and the loss are not reduced here (no clipping, no scaler).
+            assert_eq!(all_reduced, 0, "rank {rank}, step {step}");
+            assert_eq!(
+                scattered,
+                WORLD * trainable_share,
+                "rank {rank}, step {step}: elements reduce-scattered"
+            );
+            assert_eq!(
+                bytes,
+                4 * WORLD * trainable_share,
+                "rank {rank}, step {step}"
+            );
+        }
+        // Parameters: every one sharded. Gradients, masters and Adam's moments: the trainable.
+        assert_eq!(report.parameter_shards.current as usize, 4 * all_share);
+        assert_eq!(report.gradient_shards.peak as usize, 4 * trainable_share);
+        assert_eq!(*master, 4 * trainable_share, "rank {rank}: fp32 masters");
+        assert_eq!(
+            *state,
+            8 * trainable_share,
+            "rank {rank}: Adam's two moments"
+        );
+        println!(
+            "rank {rank}: {} of {} parameter elements trainable; reduce-scattered {} elements per \
+             step; parameters {} B, gradient shards {} B, masters {master} B, state {state} B",
+            numels[FROZEN..].iter().sum::<usize>(),
+            numels.iter().sum::<usize>(),
+            reduced[0].0,
+            report.parameter_shards.current,
+            report.gradient_shards.peak,
+        );
+    }
+}
+
+#[test]
+fn ranks_that_disagree_on_frozen_parameters_fail_to_shard() {
+    let errors = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+        // Rank 1 also freezes the first layer norm's scale.
+        let rank = ctx.rank();
+        let model = with_trainable(base_model(ctx.device()), |i| {
+            i >= FROZEN && !(rank == 1 && i == FROZEN)
+        });
+        Ok(shard(model, &ctx, &ZeroConfig::new())
+            .map(drop)
+            .expect_err("the ranks disagree"))
+    })
+    .unwrap();
+    for error in &errors {
+        assert!(matches!(error, ZeroError::ModuleMismatch(_)), "{error}");
+    }
+    assert_eq!(
+        errors[0].to_string(),
+        "ranks disagree on the model's parameters: rank 0 has parameter #9 `norm1.gamma` of \
+         shape [10] f32 (trainable), rank 1 has parameter #9 of shape [10] f32 (frozen)"
+    );
+}
+
+/// Runs one training step of a module whose parameters' `require_grad` `change` sets after
+/// sharding, and returns the optimizer's panic message.
+fn refused_step(change: impl FnMut(usize) -> bool + Clone + Sync) -> String {
+    let messages = launch::<Flex, _, _, ZeroError>(1, &[Default::default()], |ctx| {
+        let (model, zero) = shard(frozen_base(), &ctx, &ZeroConfig::new().with_stage(3))?;
+        let model = with_trainable(model, change.clone());
+        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let (tokens, targets) = micro_batch::<Train>(0, ctx.device());
+        let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+        let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            optimizer.step(LR, model, grads);
+        }))
+        .expect_err("the step is refused");
+        Ok(panic.downcast_ref::<String>().cloned().unwrap_or_default())
+    })
+    .unwrap();
+    messages[0].clone()
+}
+
+#[test]
+fn a_parameter_unfrozen_after_sharding_is_refused() {
+    let message = refused_step(|_| true);
+    assert!(
+        message.contains("parameter #0 `embed.weight` has a gradient, but it was frozen"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_parameter_frozen_after_sharding_is_refused() {
+    let message = refused_step(|i| i > FROZEN);
+    assert!(
+        message.contains("parameter #9 `norm1.gamma` was trainable when the module was sharded"),
+        "{message}"
+    );
+}
