@@ -137,3 +137,68 @@ fn a_run_saved_at_two_ranks_resumes_at_one_rank_bitwise() {
     assert_eq!(resumed[0].losses, straight[0].losses[2..]);
     assert_eq!(resumed[0].params, straight[0].params);
 }
+
+#[test]
+fn adapter_fine_tuning_trains_only_the_adapters_bitwise_at_any_world_size_and_on_resume() {
+    let dir = std::env::temp_dir().join(format!("burn-zero-adapters-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    // Every parameter sharded: the adapters are reduce-scattered too.
+    let adapters = |steps| RunConfig {
+        adapter_rank: 4,
+        persist_below: 0,
+        keep_params: true,
+        ..short(steps)
+    };
+    let run = |config: RunConfig| train::<Flex>(&config, Default::default(), |_| {}).unwrap();
+    let initial = run(adapters(0)).remove(0).params.unwrap();
+    let two = run(RunConfig {
+        checkpoint_dir: Some(dir.clone()),
+        save_every: 2,
+        ..adapters(4)
+    });
+    let one = run(RunConfig {
+        world_size: 1,
+        accumulation: 2,
+        ..adapters(4)
+    });
+    std::fs::remove_dir_all(dir.join("step-00000004")).unwrap();
+    let resumed = run(RunConfig {
+        world_size: 1,
+        accumulation: 2,
+        checkpoint_dir: Some(dir.clone()),
+        resume: true,
+        ..adapters(4)
+    });
+    std::fs::remove_dir_all(&dir).ok();
+
+    // The tiny model: width 64, 2 blocks, so 2 adapters of two 64 × 4 matrices, visited last.
+    let trainable = 2 * 2 * 64 * 4;
+    let final_params = two[0].params.as_ref().unwrap();
+    let adapter_params = final_params.len() - 4;
+    for rank in &two {
+        assert_eq!(rank.trainable, trainable);
+        assert_eq!(
+            rank.params, one[0].params,
+            "rank {}: 2 ranks = 1 rank",
+            rank.rank
+        );
+        // Each step reduce-scatters the adapters' gradients (2 rows of 128 per matrix), f32.
+        assert_eq!(rank.reduced_bytes, 4 * trainable);
+        let memory = rank.memory.as_ref().unwrap();
+        assert_eq!(memory.master_weights.current as usize, 4 * trainable / 2);
+        assert_eq!(memory.optimizer_state.current as usize, 8 * trainable / 2);
+    }
+    assert_eq!(two[0].losses, one[0].losses);
+    assert_eq!(resumed[0].resumed_from, Some(2));
+    assert_eq!(
+        resumed[0].params, two[0].params,
+        "resumed at 1 rank = 2 ranks straight"
+    );
+    for (i, (after, before)) in final_params.iter().zip(&initial).enumerate() {
+        let unchanged = after
+            .iter()
+            .zip(before)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert_eq!(unchanged, i < adapter_params, "parameter #{i}");
+    }
+}

@@ -7,6 +7,7 @@
 //! cargo run --example train_gpt -- --memory-report memory.json
 //! cargo run --example train_gpt -- --checkpoint-dir ckpt --save-every 50 --steps 100
 //! cargo run --example train_gpt -- --checkpoint-dir ckpt --resume --world-size 3 --steps 200
+//! cargo run --example train_gpt -- --adapter-rank 4          # frozen base, trainable adapters
 //! ```
 //!
 //! Rank 0 shows a progress bar with the loss (the mean over ranks, all-reduced), tokens per
@@ -82,6 +83,10 @@ struct Args {
     /// Model size.
     #[arg(long, value_enum, default_value_t = ModelArg::Tiny)]
     model: ModelArg,
+    /// Fine-tune LoRA-style: add a low-rank adapter of this rank after each block and freeze
+    /// every other parameter (sharded, never reduced, no optimizer state). 0: train everything.
+    #[arg(long, default_value_t = defaults().adapter_rank)]
+    adapter_rank: usize,
     /// Gradient bucket size in MiB (0: one collective per parameter).
     #[arg(long, default_value_t = defaults().bucket_mb)]
     bucket_mb: f64,
@@ -139,6 +144,7 @@ impl Args {
                 ModelArg::Small => Preset::Small,
                 ModelArg::Base => Preset::Base,
             },
+            adapter_rank: self.adapter_rank,
             precision: match self.precision {
                 PrecisionArg::F32 => DType::F32,
                 PrecisionArg::F16 => DType::F16,
@@ -334,14 +340,20 @@ fn bytes(n: u64) -> String {
 fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
     let first = &ranks[0];
     let (start, end) = (first.losses[0], *first.losses.last().expect("one step"));
+    let frozen = match first.parameters - first.trainable {
+        0 => String::new(),
+        frozen => format!(" ({} trainable, {frozen} frozen)", first.trainable),
+    };
     println!(
-        "{} parameters; loss (mean over ranks) {start:.4} -> {end:.4} in {} steps; {:.0} tokens/s \
-         over all ranks; {:.1} s wall (training {:.1} s)",
+        "{} parameters{frozen}; loss (mean over ranks) {start:.4} -> {end:.4} in {} steps; \
+         {:.0} tokens/s over all ranks; {:.1} s wall (training {:.1} s); gradients reduced per \
+         step and rank: {}",
         first.parameters,
         config.steps,
         ranks.iter().map(|r| r.tokens_per_s).sum::<f64>(),
         wall,
-        first.seconds
+        first.seconds,
+        bytes(first.reduced_bytes as u64)
     );
     if first.skipped_steps > 0 {
         println!("loss scaler skipped {} step(s)", first.skipped_steps);
@@ -419,6 +431,8 @@ fn write_report(
                 "stage": config.stage,
                 "model": config.preset.name(),
                 "parameters": r.parameters,
+                "trainable_parameters": r.trainable,
+                "reduced_bytes_per_step": r.reduced_bytes,
                 "backend": backend,
                 "precision": precision,
                 "steps": config.steps,

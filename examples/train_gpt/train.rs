@@ -35,6 +35,9 @@ pub struct RunConfig {
     pub stage: u8,
     /// Model size.
     pub preset: Preset,
+    /// Rank of a LoRA-style adapter after each block, with everything else frozen (0: no
+    /// adapters, the whole model trains).
+    pub adapter_rank: usize,
     /// Parameter and compute dtype (f32, f16, bf16); masters stay f32.
     pub precision: DType,
     /// Gradient bucket size in MiB.
@@ -78,6 +81,7 @@ impl RunConfig {
             world_size: 2,
             stage: 3,
             preset: Preset::Tiny,
+            adapter_rank: 0,
             precision: DType::F32,
             bucket_mb: 25.0,
             overlap_comm: true,
@@ -148,6 +152,10 @@ pub struct RankOutcome {
     pub rank: usize,
     /// Parameters (elements) of the model.
     pub parameters: usize,
+    /// Of which trainable (the rest frozen).
+    pub trainable: usize,
+    /// Bytes this rank put into gradient reductions in the last backward pass.
+    pub reduced_bytes: usize,
     /// Loss of each step: mean over every rank's micro-batches (the same on every rank).
     pub losses: Vec<f32>,
     /// Loss of each step on this rank's own micro-batches.
@@ -257,6 +265,10 @@ pub fn train_with<B: Backend>(
             .unwrap_or_else(|poison| poison.into_inner());
         <Train<B> as Backend>::seed(&device, config.seed);
         let base = gpt.init(&device);
+        let base = match config.adapter_rank {
+            0 => base,
+            rank => base.with_adapters(rank, &device).freeze_base(),
+        };
         base.visit(&mut Materialise);
         base
     };
@@ -265,6 +277,7 @@ pub fn train_with<B: Backend>(
         dtype => base.map(&mut CastParams(dtype)),
     };
     let parameters = base.parameters();
+    let trainable = base.trainable_parameters();
 
     let zero = ZeroConfig::new()
         .with_stage(config.stage)
@@ -358,6 +371,7 @@ pub fn train_with<B: Backend>(
         let trained_steps = losses.len().max(1);
         let seconds = started.elapsed().as_secs_f64();
         let memory = Some(state.memory_report());
+        let reduced_bytes = state.last_reduction().bytes;
 
         // Every rank generates the same text in lockstep: at stage 3 each forward gathers.
         let sample = generate(&model.valid(), &corpus, config, device);
@@ -365,6 +379,8 @@ pub fn train_with<B: Backend>(
         Ok(RankOutcome {
             rank,
             parameters,
+            trainable,
+            reduced_bytes,
             losses,
             local_losses,
             tokens_per_s: (step_tokens / config.world_size * trained_steps) as f64 / seconds,

@@ -16,7 +16,9 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::transformer::{
     TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
 };
-use burn::nn::{Embedding, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig};
+use burn::nn::{
+    Embedding, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig,
+};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 
@@ -104,18 +106,57 @@ impl GptConfig {
             .with_dropout(0.0)
             .init(device),
             norm: LayerNormConfig::new(self.d_model).init(device),
+            adapters: Vec::new(),
         }
     }
 }
 
+/// A low-rank residual adapter, as LoRA adds them for fine-tuning: `x + (x·A)·B` with `A`
+/// `[d_model, rank]` and `B` `[rank, d_model]`. `B` starts at zero, so a fresh adapter leaves
+/// the model's output as it was, and only `rank · 2 · d_model` parameters train.
+#[derive(Module, Debug)]
+pub struct Adapter<B: Backend> {
+    down: Linear<B>,
+    up: Linear<B>,
+}
+
+impl<B: Backend> Adapter<B> {
+    /// A fresh adapter of `rank` on a residual stream of width `d_model`.
+    pub fn new(d_model: usize, rank: usize, device: &B::Device) -> Self {
+        Self {
+            down: LinearConfig::new(d_model, rank)
+                .with_bias(false)
+                .with_initializer(Initializer::Normal {
+                    mean: 0.0,
+                    std: 0.02,
+                })
+                .init(device),
+            up: LinearConfig::new(rank, d_model)
+                .with_bias(false)
+                .with_initializer(Initializer::Zeros)
+                .init(device),
+        }
+    }
+
+    /// `x + (x·A)·B`.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let update = self.up.forward(self.down.forward(x.clone()));
+        x + update
+    }
+}
+
 /// Token and position embeddings, the blocks, a final layer norm, and an output head tied to
-/// the token embedding (logits = h · Eᵀ).
+/// the token embedding (logits = h · Eᵀ); optionally an [`Adapter`] after each block, for
+/// fine-tuning a frozen model.
 #[derive(Module, Debug)]
 pub struct Gpt<B: Backend> {
     tokens: Embedding<B>,
     positions: Embedding<B>,
     blocks: TransformerEncoder<B>,
     norm: LayerNorm<B>,
+    /// One per block, or none. Last, so that a model without adapters visits its parameters
+    /// in the same order (and saves them under the same paths) as one that never had them.
+    adapters: Vec<Adapter<B>>,
 }
 
 impl<B: Backend> Gpt<B> {
@@ -127,9 +168,18 @@ impl<B: Backend> Gpt<B> {
         let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device).reshape([1, seq]);
         let x = self.tokens.forward(tokens) + self.positions.forward(positions);
         let causal = generate_autoregressive_mask::<B>(batch, seq, &device);
-        let h = self
-            .blocks
-            .forward(TransformerEncoderInput::new(x).mask_attn(causal));
+        let h = if self.adapters.is_empty() {
+            self.blocks
+                .forward(TransformerEncoderInput::new(x).mask_attn(causal))
+        } else {
+            // The encoder stack's own loop, with each block's adapter after it.
+            let mut h = x;
+            for (block, adapter) in self.blocks.layers.iter().zip(&self.adapters) {
+                h = block.forward(h, None, Some(causal.clone()));
+                h = adapter.forward(h);
+            }
+            h
+        };
         let h = self.norm.forward(h);
         let head = self.tokens.weight.val().transpose().unsqueeze::<3>();
         h.matmul(head)
@@ -151,6 +201,43 @@ impl<B: Backend> Gpt<B> {
     /// Number of parameters (elements).
     pub fn parameters(&self) -> usize {
         self.num_params()
+    }
+
+    /// Number of parameters (elements) that require a gradient.
+    pub fn trainable_parameters(&self) -> usize {
+        struct Trainable(usize);
+        impl<B: Backend> ModuleVisitor<B> for Trainable {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                let value = param.val();
+                if value.is_require_grad() {
+                    self.0 += value.shape().num_elements();
+                }
+            }
+        }
+        let mut count = Trainable(0);
+        self.visit(&mut count);
+        count.0
+    }
+
+    /// This model with a fresh [`Adapter`] of `rank` after each block (replacing any it had).
+    pub fn with_adapters(mut self, rank: usize, device: &B::Device) -> Self {
+        let d_model = self.norm.gamma.val().dims()[0];
+        self.adapters = (0..self.blocks.layers.len())
+            .map(|_| Adapter::new(d_model, rank, device))
+            .collect();
+        self
+    }
+
+    /// This model with every parameter but the adapters' frozen (no gradient): what a
+    /// LoRA-style fine-tuning run trains.
+    pub fn freeze_base(self) -> Self {
+        Self {
+            tokens: self.tokens.no_grad(),
+            positions: self.positions.no_grad(),
+            blocks: self.blocks.no_grad(),
+            norm: self.norm.no_grad(),
+            adapters: self.adapters,
+        }
     }
 }
 
