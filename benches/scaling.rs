@@ -279,6 +279,13 @@ impl<B: Backend> Communicator<B> for Counting<B> {
         }))
     }
 
+    fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        Ok(Arc::new(Counting {
+            inner: self.inner.split(color)?,
+            counters: self.counters.clone(),
+        }))
+    }
+
     fn abort(&self, reason: &str) {
         self.inner.abort(reason)
     }

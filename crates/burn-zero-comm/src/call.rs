@@ -22,6 +22,9 @@ pub enum CollectiveOp {
     Barrier,
     /// Every rank receives a handle on a new group over the same ranks.
     Duplicate,
+    /// Every rank receives a handle on a new group of the ranks that passed the same color
+    /// (the colors differ between ranks by design, so they are not part of the call).
+    Split,
 }
 
 /// How a reduction combines the ranks' values, element by element, in rank order.
@@ -57,6 +60,7 @@ impl fmt::Display for CollectiveOp {
             CollectiveOp::Broadcast { root } => write!(f, "broadcast(root {root})"),
             CollectiveOp::Barrier => f.write_str("barrier"),
             CollectiveOp::Duplicate => f.write_str("duplicate"),
+            CollectiveOp::Split => f.write_str("split"),
         }
     }
 }
@@ -140,6 +144,7 @@ impl CollectiveCall {
             CollectiveOp::Broadcast { root } => (3, root as u64),
             CollectiveOp::Barrier => (4, 0),
             CollectiveOp::Duplicate => (5, 0),
+            CollectiveOp::Split => (6, 0),
         };
         let dtype = match self.dtype {
             None => 0u8,
@@ -179,6 +184,7 @@ impl CollectiveCall {
             },
             4 => CollectiveOp::Barrier,
             5 => CollectiveOp::Duplicate,
+            6 => CollectiveOp::Split,
             _ => return None,
         };
         let dtype = match bytes[9] {
@@ -259,6 +265,7 @@ mod tests {
             (CollectiveOp::Broadcast { root: 5 }, Some(DType::F64), 7),
             (CollectiveOp::Barrier, None, 0),
             (CollectiveOp::Duplicate, None, 0),
+            (CollectiveOp::Split, None, 0),
         ];
         let mut seen = std::collections::HashSet::new();
         for (seq, (op, dtype, numel)) in calls.into_iter().enumerate() {

@@ -49,6 +49,14 @@ pub trait Communicator<B: Backend>: Send + Sync {
     /// failure of either group ends the other as well.
     fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError>;
 
+    /// A new group of the ranks of this one that pass the same `color`, ranked in their order
+    /// here: the building block of hybrid sharding, where parameters are sharded within a node
+    /// (one color per node) and replicated across nodes (one color per position in a node),
+    /// as NCCL's `ncclCommSplit` and PyTorch's `new_subgroups` make them. It is a collective:
+    /// every rank calls it as its next call on this group. The new group's collectives are
+    /// sequenced independently of this one's, and a failure of either ends the other.
+    fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError>;
+
     /// Ends the group on behalf of this rank (it failed): every rank's pending and later
     /// collectives return [`CommError::PeerFailed`] with `reason`.
     fn abort(&self, reason: &str);

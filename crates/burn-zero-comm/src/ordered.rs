@@ -53,43 +53,43 @@ use crate::call::ReduceOp;
 use crate::communicator::Communicator;
 use crate::error::CommError;
 
-/// A collective waiting for the issuing thread.
-type Call<B> = Box<dyn FnOnce(&dyn Communicator<B>) + Send>;
+/// A collective waiting for the issuing thread, with the group it runs on.
+type Call = Box<dyn FnOnce() + Send>;
 
 /// The calls of one ticket. A ticket may carry several calls (they run back to back, in the
 /// order they were submitted); it is done once its reservation is dropped.
-struct Slot<B: Backend> {
-    calls: VecDeque<Call<B>>,
+struct Slot {
+    calls: VecDeque<Call>,
     closed: bool,
 }
 
-struct Queue<B: Backend> {
+struct Queue {
     /// The next ticket to hand out.
     next_ticket: u64,
     /// Tickets handed out and not yet done, by number.
-    slots: BTreeMap<u64, Slot<B>>,
+    slots: BTreeMap<u64, Slot>,
     /// No handle is left: the thread ends once every reservation is done.
     stopping: bool,
 }
 
-struct Shared<B: Backend> {
-    queue: Mutex<Queue<B>>,
+struct Shared {
+    queue: Mutex<Queue>,
     changed: Condvar,
 }
 
-impl<B: Backend> Shared<B> {
-    fn lock(&self) -> MutexGuard<'_, Queue<B>> {
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// The issuing thread; stopped when the last handle goes.
-struct Issuer<B: Backend> {
-    shared: Arc<Shared<B>>,
+struct Issuer {
+    shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl<B: Backend> Drop for Issuer<B> {
+impl Drop for Issuer {
     fn drop(&mut self) {
         self.shared.lock().stopping = true;
         self.shared.changed.notify_all();
@@ -108,10 +108,12 @@ impl<B: Backend> Drop for Issuer<B> {
 /// A direct call ([`Communicator::all_gather`] and the others) takes the next ticket and waits
 /// for its result. [`OrderedComm::reserve`] takes a ticket now and lets any thread fill it
 /// later. [`Communicator::abort`] goes straight to the engine: it must reach a collective that
-/// is running.
+/// is running. A group [`Communicator::split`] from it is ordered by the same thread, so the
+/// collectives of the rank's groups together keep one order.
 pub struct OrderedComm<B: Backend> {
+    /// The group this handle's collectives run on.
     inner: Arc<dyn Communicator<B>>,
-    issuer: Arc<Issuer<B>>,
+    issuer: Arc<Issuer>,
 }
 
 impl<B: Backend> Clone for OrderedComm<B> {
@@ -135,10 +137,9 @@ impl<B: Backend> OrderedComm<B> {
             changed: Condvar::new(),
         });
         let serving = shared.clone();
-        let comm = inner.clone();
         let thread = std::thread::Builder::new()
             .name(format!("burn-zero-issue-{}", inner.rank()))
-            .spawn(move || issue(&serving, comm.as_ref()))?;
+            .spawn(move || issue(&serving))?;
         Ok(OrderedComm {
             inner,
             issuer: Arc::new(Issuer {
@@ -180,7 +181,7 @@ impl<B: Backend> OrderedComm<B> {
 }
 
 /// The issuing thread's loop: the calls of ticket 0, then of ticket 1, …
-fn issue<B: Backend>(shared: &Shared<B>, comm: &dyn Communicator<B>) {
+fn issue(shared: &Shared) {
     let mut serving = 0u64;
     loop {
         let call = {
@@ -207,7 +208,7 @@ fn issue<B: Backend>(shared: &Shared<B>, comm: &dyn Communicator<B>) {
                     .unwrap_or_else(|p| p.into_inner());
             }
         };
-        call(comm);
+        call();
     }
 }
 
@@ -218,9 +219,9 @@ pub struct Reservation<B: Backend> {
     rank: usize,
     world_size: usize,
     inner: Arc<dyn Communicator<B>>,
-    shared: Arc<Shared<B>>,
+    shared: Arc<Shared>,
     /// Keeps the issuing thread alive while the reservation is open.
-    _issuer: Arc<Issuer<B>>,
+    _issuer: Arc<Issuer>,
 }
 
 impl<B: Backend> Reservation<B> {
@@ -252,7 +253,9 @@ impl<B: Backend> Reservation<B> {
         collective: impl FnOnce(&dyn Communicator<B>) -> Result<T, CommError> + Send + 'static,
     ) -> Result<T, CommError> {
         let (answer, result) = sync_channel(1);
-        let call: Call<B> = Box::new(move |comm| {
+        let comm = self.inner.clone();
+        let call: Call = Box::new(move || {
+            let comm = comm.as_ref();
             let outcome =
                 catch_unwind(AssertUnwindSafe(|| collective(comm))).unwrap_or_else(|_| {
                     let reason = "a collective panicked on the issuing thread".to_string();
@@ -332,6 +335,12 @@ impl<B: Backend> Communicator<B> for Reservation<B> {
         self.submit(|comm| comm.duplicate())
     }
 
+    /// The split runs in this reservation's position on the engine; the engine's new group is
+    /// returned (outside the ordering; [`OrderedComm`]'s split orders it).
+    fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        self.submit(move |comm| comm.split(color))
+    }
+
     fn abort(&self, reason: &str) {
         self.inner.abort(reason);
     }
@@ -370,6 +379,16 @@ impl<B: Backend> Communicator<B> for OrderedComm<B> {
     /// counter, so they stay in the one order (no engine call is made).
     fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError> {
         Ok(Arc::new(self.clone()))
+    }
+
+    /// The engine's split, in the next position; the new group's collectives go through the
+    /// same issuing thread, taking tickets from the same counter.
+    fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        let inner = self.reserve().split(color)?;
+        Ok(Arc::new(OrderedComm {
+            inner,
+            issuer: self.issuer.clone(),
+        }))
     }
 
     fn abort(&self, reason: &str) {

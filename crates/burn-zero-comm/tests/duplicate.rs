@@ -1,5 +1,7 @@
-//! `Communicator::duplicate`: a second group over the same ranks, used by a second thread of
-//! every rank while the first keeps using the original group.
+//! New groups from a group: `Communicator::duplicate`, a second group over the same ranks,
+//! used by a second thread of every rank while the first keeps using the original group; and
+//! `Communicator::split`, groups of the ranks that pass the same color, as hybrid sharding
+//! makes them (one group per node, and one across nodes per position in a node).
 
 mod common;
 
@@ -8,10 +10,14 @@ use std::time::Duration;
 
 use burn::backend::NdArray;
 use burn::tensor::Tensor;
+use std::sync::Arc;
+
 use burn_zero_comm::{
-    CommError, Communicator, GroupOptions, LaunchOptions, LocalGroup, ReduceOp, launch, launch_with,
+    CommError, Communicator, GroupOptions, LaunchOptions, LocalGroup, OrderedComm, ReduceOp,
+    launch, launch_with,
 };
-use common::values;
+use burn_zero_testing::recording::{CallLog, RecordingComm};
+use common::{input, reduce, tensor, values};
 
 type B = NdArray;
 
@@ -144,4 +150,144 @@ fn duplicate_is_checked_against_the_schedule() {
         message.contains("duplicate") && message.contains("barrier"),
         "{message}"
     );
+}
+
+/// Ranks of `world` in shard groups of `shard` contiguous ranks: each rank's group, its rank in
+/// it, and the members of its replica group (same position in every shard group).
+fn hybrid(rank: usize, shard: usize) -> (usize, usize) {
+    (rank / shard, rank % shard)
+}
+
+#[test]
+fn split_groups_of_contiguous_ranks_and_across_them_reduce_in_member_order() {
+    // 6 ranks as 2 shard groups of 3 and as 3 shard groups of 2.
+    for shard in [3, 2] {
+        let world = 6;
+        let len = 12;
+        let results = launch::<B, _, _, CommError>(world, &[Default::default()], |ctx| {
+            let comm = ctx.comm();
+            let (group, position) = hybrid(ctx.rank(), shard);
+            let within = comm.split(group)?;
+            let across = comm.split(position)?;
+            let x = tensor::<B, f32>(&input(7, ctx.rank(), len), ctx.device());
+            let summed = values(within.all_reduce(x.clone(), ReduceOp::Sum)?);
+            // Hybrid sharding's gradient reduction: reduce-scatter inside the group, then
+            // all-reduce of the block across the groups.
+            let block = within.reduce_scatter(x, ReduceOp::Sum)?;
+            let hybrid = values(across.all_reduce(block, ReduceOp::Sum)?);
+            let ranks = [
+                within.rank(),
+                within.world_size(),
+                across.rank(),
+                across.world_size(),
+            ];
+            Ok((ranks, summed, hybrid))
+        })
+        .unwrap();
+        let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(7, r, len)).collect();
+        let groups = world / shard;
+        for (rank, (ranks, summed, hybrid_result)) in results.iter().enumerate() {
+            let (group, position) = hybrid(rank, shard);
+            assert_eq!(*ranks, [position, shard, group, groups], "rank {rank}");
+            // Within: the group's members in rank order.
+            let members = &inputs[group * shard..(group + 1) * shard];
+            assert_eq!(*summed, reduce(members, ReduceOp::Sum), "rank {rank}");
+            // Hybrid: each group's sum in rank order, then the groups' sums in group order,
+            // of this rank's block.
+            let block = len / shard;
+            let range = position * block..(position + 1) * block;
+            let partials: Vec<Vec<f32>> = (0..groups)
+                .map(|g| {
+                    reduce(&inputs[g * shard..(g + 1) * shard], ReduceOp::Sum)[range.clone()]
+                        .to_vec()
+                })
+                .collect();
+            assert_eq!(
+                *hybrid_result,
+                reduce(&partials, ReduceOp::Sum),
+                "rank {rank}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_color_may_leave_a_rank_alone() {
+    let results = launch::<B, _, _, CommError>(3, &[Default::default()], |ctx| {
+        let alone = ctx.rank() == 1;
+        let group = ctx.comm().split(usize::from(alone))?;
+        let x = Tensor::<B, 1>::from_floats([ctx.rank() as f32 + 1.0; 2], ctx.device());
+        Ok((
+            group.world_size(),
+            values(group.all_reduce(x, ReduceOp::Sum)?),
+        ))
+    })
+    .unwrap();
+    assert_eq!(results[0], (2, vec![4.0, 4.0]));
+    assert_eq!(results[1], (1, vec![2.0, 2.0]));
+    assert_eq!(results[2], (2, vec![4.0, 4.0]));
+}
+
+#[test]
+fn split_groups_of_an_ordered_comm_issue_from_its_one_thread() {
+    // The collectives of a rank's groups split from its ordered communicator all leave from the
+    // rank's one issuing thread, in the order the rank made them: one order over all groups.
+    let seen = launch::<B, _, _, CommError>(4, &[Default::default()], |ctx| {
+        let log = CallLog::default();
+        let engine: Arc<dyn Communicator<B>> =
+            Arc::new(RecordingComm::new(ctx.comm().clone(), log.clone()));
+        let ordered = OrderedComm::new(engine).expect("an issuing thread");
+        let within = ordered.split(ctx.rank() / 2)?;
+        let across = ordered.split(ctx.rank() % 2)?;
+        let one = Tensor::<B, 1>::from_floats([1.0, 1.0], ctx.device());
+        let summed = values(within.all_reduce(one, ReduceOp::Sum)?);
+        let me = Tensor::<B, 1>::from_floats([ctx.rank() as f32], ctx.device());
+        let gathered = values(across.all_gather(me)?);
+        ordered.barrier()?;
+        let log = log.lock().unwrap().clone();
+        Ok((log, thread::current().id(), summed, gathered))
+    })
+    .unwrap();
+    for (rank, (log, caller, summed, gathered)) in seen.iter().enumerate() {
+        let calls: Vec<&str> = log.iter().map(|(call, _)| call.as_str()).collect();
+        assert_eq!(
+            calls,
+            ["split", "split", "all_reduce 2", "all_gather 1", "barrier"],
+            "rank {rank}"
+        );
+        let issuer = log[0].1;
+        assert_ne!(
+            issuer, *caller,
+            "rank {rank}: issued from the calling thread"
+        );
+        assert!(
+            log.iter().all(|(_, thread)| *thread == issuer),
+            "rank {rank}"
+        );
+        assert_eq!(*summed, vec![2.0, 2.0]);
+        let first = (rank % 2) as f32;
+        assert_eq!(*gathered, vec![first, first + 2.0], "rank {rank}");
+    }
+}
+
+#[test]
+fn a_failure_in_a_split_group_ends_the_parent() {
+    let options = LaunchOptions::with_timeout(Duration::from_secs(30));
+    let errors = launch_with::<B, _, _, CommError>(4, &[Default::default()], &options, |ctx| {
+        let comm = ctx.comm();
+        let within = comm.split(ctx.rank() / 2)?;
+        if ctx.rank() == 3 {
+            within.abort("rank 3's pack kernel failed");
+        }
+        // Every rank, also those of the other group, learns of it on the parent.
+        Ok(comm.barrier().expect_err("the parent group ended"))
+    })
+    .unwrap();
+    for error in &errors {
+        assert!(
+            // Named as the job numbers it, not as its group does (rank 1 of ranks 2 and 3).
+            matches!(error, CommError::PeerFailed { rank: 3, reason } if reason == "rank 3's pack kernel failed"),
+            "{error}"
+        );
+    }
 }

@@ -270,6 +270,13 @@ impl<B: Backend> burn_zero_comm::Communicator<B> for CountingComm<B> {
     {
         self.inner.duplicate()
     }
+    fn split(
+        &self,
+        color: usize,
+    ) -> Result<std::sync::Arc<dyn burn_zero_comm::Communicator<B>>, burn_zero_comm::CommError>
+    {
+        self.inner.split(color)
+    }
     fn abort(&self, reason: &str) {
         self.inner.abort(reason)
     }

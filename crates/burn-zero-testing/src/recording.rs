@@ -82,6 +82,14 @@ impl<B: Backend> Communicator<B> for RecordingComm<B> {
             reduction_delay: self.reduction_delay,
         }))
     }
+    fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        self.note("split".into(), false);
+        Ok(Arc::new(Self {
+            inner: self.inner.split(color)?,
+            log: self.log.clone(),
+            reduction_delay: self.reduction_delay,
+        }))
+    }
     fn abort(&self, reason: &str) {
         self.inner.abort(reason)
     }

@@ -46,6 +46,9 @@ impl Default for GroupOptions {
 /// result into memory of the handle's own pool: a result's buffer is written again by a later
 /// collective once every tensor made from it has been dropped (at most 256 MiB of such idle
 /// buffers are kept per handle). Elsewhere results are fresh tensors of Burn ops.
+///
+/// A group made by [`Communicator::split`] numbers its ranks from 0, but its errors name each
+/// rank as the group it was split from numbers it, so that a message reads as the job's ranks.
 pub struct LocalGroup<B: Backend> {
     rank: usize,
     rendezvous: Arc<Rendezvous<Option<Tensor<B, 1>>>>,
@@ -169,7 +172,7 @@ impl<B: Backend> LocalGroup<B> {
     fn settle(&self, device: &B::Device) -> Result<(), CommError> {
         B::sync(device).map_err(|error| {
             self.rendezvous.fail(CommError::Device {
-                rank: self.rank,
+                rank: self.rendezvous.origin(self.rank),
                 reason: error.to_string(),
             })
         })
@@ -362,9 +365,21 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
         Ok(Arc::new(Self::handle(self.rank, child)))
     }
 
+    fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        let call = self.begin(CollectiveOp::Split, None)?;
+        self.rendezvous.note_color(call.seq, self.rank, color);
+        // Once the first exchange completes, every rank's color is recorded.
+        self.exchange(&call, 0, None)?;
+        let (child, rank) = Rendezvous::split_child(&self.rendezvous, call.seq, self.rank);
+        // Once the second completes, every rank has taken its group.
+        self.exchange(&call, 1, None)?;
+        self.rendezvous.forget_split(call.seq);
+        Ok(Arc::new(Self::handle(rank, child)))
+    }
+
     fn abort(&self, reason: &str) {
         self.rendezvous.fail(CommError::PeerFailed {
-            rank: self.rank,
+            rank: self.rendezvous.origin(self.rank),
             reason: reason.to_string(),
         });
     }

@@ -36,6 +36,9 @@ const PARENT_POLL: Duration = Duration::from_millis(20);
 /// ranks have left. A duplicated group keeps its parent: each ends when the other fails.
 pub(crate) struct Rendezvous<P> {
     world_size: usize,
+    /// Each rank's rank in the group everything was split from, which errors name: a split
+    /// group renumbers its ranks, but a user reads ranks as the job numbers them.
+    origins: Vec<usize>,
     timeout: Duration,
     state: Mutex<State<P>>,
     changed: Condvar,
@@ -43,11 +46,20 @@ pub(crate) struct Rendezvous<P> {
     /// Groups being duplicated from this one, by the sequence number of the `duplicate` call:
     /// the first rank to arrive creates the child, the others take it.
     children: Mutex<HashMap<u64, Arc<Rendezvous<P>>>>,
+    /// Groups being split from this one, by the sequence number of the `split` call.
+    splits: Mutex<HashMap<u64, Split<P>>>,
+}
+
+/// One `split` call in progress: every rank's color, and the group of each color, created by
+/// the first of its ranks to ask.
+struct Split<P> {
+    colors: Vec<Option<usize>>,
+    children: HashMap<usize, Arc<Rendezvous<P>>>,
 }
 
 impl<P: Clone> Rendezvous<P> {
     pub fn new(world_size: usize, timeout: Duration) -> Self {
-        Self::with_parent(world_size, timeout, None)
+        Self::with_parent((0..world_size).collect(), timeout, None)
     }
 
     /// The group over the same ranks as `parent`, with its own sequence of rounds, made by the
@@ -60,7 +72,7 @@ impl<P: Clone> Rendezvous<P> {
             .entry(seq)
             .or_insert_with(|| {
                 Arc::new(Self::with_parent(
-                    parent.world_size,
+                    parent.origins.clone(),
                     parent.timeout,
                     Some(parent.clone()),
                 ))
@@ -76,9 +88,69 @@ impl<P: Clone> Rendezvous<P> {
             .remove(&seq);
     }
 
-    fn with_parent(world_size: usize, timeout: Duration, parent: Option<Arc<Self>>) -> Self {
+    /// Records `rank`'s color for the `split` call number `seq`, before the call's first
+    /// exchange (after which every rank's color is recorded).
+    pub fn note_color(&self, seq: u64, rank: usize, color: usize) {
+        let mut splits = self
+            .splits
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let split = splits.entry(seq).or_insert_with(|| Split {
+            colors: vec![None; self.world_size],
+            children: HashMap::new(),
+        });
+        split.colors[rank] = Some(color);
+    }
+
+    /// The group of `rank`'s color made by the `split` call number `seq`, and `rank`'s rank in
+    /// it (its place among the ranks of that color, in this group's order). Called once every
+    /// rank's color is recorded.
+    pub fn split_child(parent: &Arc<Self>, seq: u64, rank: usize) -> (Arc<Self>, usize) {
+        let mut splits = parent
+            .splits
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let split = splits
+            .get_mut(&seq)
+            .unwrap_or_else(|| unreachable!("every rank recorded its color before the exchange"));
+        let color = split.colors[rank]
+            .unwrap_or_else(|| unreachable!("every rank recorded its color before the exchange"));
+        let members: Vec<usize> = (0..parent.world_size)
+            .filter(|&r| split.colors[r] == Some(color))
+            .collect();
+        let position = members
+            .iter()
+            .position(|&r| r == rank)
+            .unwrap_or_else(|| unreachable!("a rank is a member of its own color"));
+        let child = split
+            .children
+            .entry(color)
+            .or_insert_with(|| {
+                let origins = members.iter().map(|&r| parent.origins[r]).collect();
+                Arc::new(Self::with_parent(
+                    origins,
+                    parent.timeout,
+                    Some(parent.clone()),
+                ))
+            })
+            .clone();
+        (child, position)
+    }
+
+    /// Drops the parent's record of the `split` call number `seq` once every rank has taken
+    /// its group.
+    pub fn forget_split(&self, seq: u64) {
+        self.splits
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .remove(&seq);
+    }
+
+    fn with_parent(origins: Vec<usize>, timeout: Duration, parent: Option<Arc<Self>>) -> Self {
+        let world_size = origins.len();
         Self {
             world_size,
+            origins,
             timeout,
             state: Mutex::new(State {
                 rounds: HashMap::new(),
@@ -88,6 +160,7 @@ impl<P: Clone> Rendezvous<P> {
             changed: Condvar::new(),
             parent,
             children: Mutex::new(HashMap::new()),
+            splits: Mutex::new(HashMap::new()),
         }
     }
 
@@ -101,6 +174,11 @@ impl<P: Clone> Rendezvous<P> {
 
     pub fn world_size(&self) -> usize {
         self.world_size
+    }
+
+    /// `rank`'s rank in the group everything was split from (itself outside split groups).
+    pub fn origin(&self, rank: usize) -> usize {
+        self.origins[rank]
     }
 
     /// Ends the group with `error` unless it already ended; wakes every waiting rank.
@@ -179,9 +257,9 @@ impl<P: Clone> Rendezvous<P> {
             && !other_call.matches(call)
         {
             let error = CommError::Mismatch {
-                rank,
+                rank: self.origin(rank),
                 call: Box::new(call.clone()),
-                other_rank,
+                other_rank: self.origin(other_rank),
                 other_call: Box::new(other_call.clone()),
             };
             let failure = self.end(state, error);
@@ -213,16 +291,16 @@ impl<P: Clone> Rendezvous<P> {
                 .collect();
             let error = if let Some(&peer) = missing.iter().find(|&&r| state.departed[r]) {
                 Some(CommError::PeerExited {
-                    peer,
-                    rank,
+                    peer: self.origin(peer),
+                    rank: self.origin(rank),
                     call: Box::new(call.clone()),
                 })
             } else if Instant::now() >= deadline {
                 Some(CommError::Timeout {
-                    rank,
+                    rank: self.origin(rank),
                     call: Box::new(call.clone()),
                     waited: start.elapsed(),
-                    missing,
+                    missing: missing.iter().map(|&r| self.origin(r)).collect(),
                 })
             } else {
                 None

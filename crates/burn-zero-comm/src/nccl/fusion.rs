@@ -103,6 +103,10 @@ where
         Ok(Arc::new(self.duplicate_group()?))
     }
 
+    fn split(&self, color: usize) -> Result<Arc<dyn Communicator<Fused<F, I, BT>>>, CommError> {
+        Ok(Arc::new(self.split_group(color)?))
+    }
+
     fn abort(&self, reason: &str) {
         Communicator::<Plain<F, I, BT>>::abort(self, reason)
     }

@@ -221,7 +221,7 @@ impl NcclGroup {
             let mut link = self.lock();
             self.bind(&mut link)?;
             let started = Instant::now();
-            let split = self.usable(&mut link)?.split(self.rank);
+            let split = self.usable(&mut link)?.split(0, self.rank);
             let (child, progress) =
                 split.map_err(|f| self.fail(&mut link, self.nccl_error(during, f)))?;
             drop(link);
@@ -292,6 +292,93 @@ impl NcclGroup {
         NcclGroup::from_parts(
             self.rank,
             self.world_size,
+            self.device.clone(),
+            self.options.clone(),
+            self.context.clone(),
+            child,
+            self.family.clone(),
+            self.duplicate_control(),
+        )
+    }
+
+    /// A new group of the ranks of this one that pass the same `color`, ranked in their order
+    /// here, with its own NCCL communicator and stream (`ncclCommSplit`, NCCL 2.18 and later).
+    /// Collective: every rank must call it as its next call on this group. The ranks first
+    /// gather each other's colors over this group (to know the new group's size and their
+    /// rank in it); a failure of either group ends the other too. The same ordering rule as
+    /// for [`NcclGroup::duplicate_group`] holds between the two groups.
+    pub fn split_group(&self, color: usize) -> Result<NcclGroup, CommError> {
+        let call = self.call(CollectiveOp::Split, None, 0);
+        if let Some(control) = &self.control
+            && let Err(error) = control.check(&call)
+        {
+            let mut link = self.lock();
+            return Err(self.fail(&mut link, error));
+        }
+        let during = call.to_string();
+        let during = during.as_str();
+        let version = sys::version().map_err(|f| {
+            let mut link = self.lock();
+            self.fail(&mut link, self.nccl_error(during, f))
+        })?;
+        if version < sys::SPLIT_VERSION {
+            let mut link = self.lock();
+            let error = CommError::InvalidGroup(format!(
+                "splitting a group needs NCCL 2.18 or later (ncclCommSplit); the loaded NCCL is \
+                 version code {version}"
+            ));
+            return Err(self.fail(&mut link, error));
+        }
+        // Every rank's color, exactly representable in f32 below 2^24.
+        if color >= 1 << 24 {
+            let mut link = self.lock();
+            let error = CommError::InvalidGroup(format!(
+                "split color {color} is too large (at most {})",
+                (1 << 24) - 1
+            ));
+            return Err(self.fail(&mut link, error));
+        }
+        let mine = Tensor::<CubeBackend<CudaRuntime, f32, i32, u8>, 1>::from_floats(
+            [color as f32],
+            &self.device,
+        );
+        let colors = self.run(
+            CollectiveOp::AllGather,
+            mine.into_primitive().tensor(),
+            Kind::AllGather,
+        )?;
+        let colors = Tensor::<CubeBackend<CudaRuntime, f32, i32, u8>, 1>::from_primitive(
+            TensorPrimitive::Float(colors),
+        )
+        .into_data()
+        .to_vec::<f32>()
+        .map_err(|e| CommError::Device {
+            rank: self.rank,
+            reason: format!("{e:?}"),
+        })?;
+        let members: Vec<usize> = (0..self.world_size)
+            .filter(|&r| colors[r] == color as f32)
+            .collect();
+        let rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .unwrap_or_else(|| unreachable!("a rank is a member of its own color"));
+        let mut link = self.lock();
+        self.bind(&mut link)?;
+        let started = Instant::now();
+        let split = self.usable(&mut link)?.split(color, self.rank);
+        let (child, progress) =
+            split.map_err(|f| self.fail(&mut link, self.nccl_error(during, f)))?;
+        drop(link);
+        let child =
+            super::init::finish_init(rank, child, progress, started, self.options.timeout, during)
+                .map_err(|error| {
+                    let mut link = self.lock();
+                    self.fail(&mut link, error)
+                })?;
+        NcclGroup::from_parts(
+            rank,
+            members.len(),
             self.device.clone(),
             self.options.clone(),
             self.context.clone(),
@@ -724,6 +811,13 @@ where
         &self,
     ) -> Result<Arc<dyn Communicator<CubeBackend<CudaRuntime, F, I, BT>>>, CommError> {
         Ok(Arc::new(self.duplicate_group()?))
+    }
+
+    fn split(
+        &self,
+        color: usize,
+    ) -> Result<Arc<dyn Communicator<CubeBackend<CudaRuntime, F, I, BT>>>, CommError> {
+        Ok(Arc::new(self.split_group(color)?))
     }
 
     fn abort(&self, reason: &str) {

@@ -194,15 +194,20 @@ impl RawComm {
         Ok((raw, progress))
     }
 
-    /// Starts creating a communicator over the same ranks, in the same order, as `self`
-    /// (`ncclCommSplit` with one color, keyed by rank). Collective: every rank calls it.
-    pub(crate) fn split(&self, rank: usize) -> Result<(RawComm, Progress), Failure> {
+    /// Starts creating a communicator over the ranks of `self` that pass the same `color`, in
+    /// their order in `self` (`ncclCommSplit`, keyed by rank); one color for all ranks makes a
+    /// duplicate. Collective: every rank calls it.
+    pub(crate) fn split(&self, color: usize, rank: usize) -> Result<(RawComm, Progress), Failure> {
+        let color = c_int::try_from(color).map_err(|_| Failure {
+            code: "ncclInvalidArgument".into(),
+            detail: format!("split color {color} does not fit NCCL's int"),
+        })?;
         let key = c_int::try_from(rank).unwrap_or(c_int::MAX);
         let mut config = nonblocking_config();
         let mut comm: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: `self.comm` is a live communicator (owned by `self`); `comm` and `config` are
         // valid for the call, as in `init`.
-        let result = unsafe { sys::ncclCommSplit(self.comm, 0, key, &mut comm, &mut config) };
+        let result = unsafe { sys::ncclCommSplit(self.comm, color, key, &mut comm, &mut config) };
         if comm.is_null() {
             check(result, Some(self.comm))?;
             return Err(Failure {
