@@ -343,7 +343,8 @@ where
     ))
 }
 
-/// Puts the loaded values into the module, marked for the gradient hooks as `shard` left them.
+/// Puts the loaded values into the module, trainable ones marked for the gradient hooks as
+/// `shard` left them.
 struct Replace<'a, B: Backend> {
     values: &'a mut NewValues<B>,
 }
@@ -360,9 +361,13 @@ where
         let (id, tensor, mapper) = param.consume();
         let require_grad = tensor.is_require_grad();
         let inner = Tensor::<Zero<B>, D>::from_primitive(TensorPrimitive::Float(value));
-        let tensor = Tensor::<AB, D>::from_inner(inner)
-            .set_require_grad(require_grad)
-            .set_distributed(DistributedParamId::from(id.val()));
+        let tensor = Tensor::<AB, D>::from_inner(inner).set_require_grad(require_grad);
+        // Frozen parameters carry no mark: they have no bucket.
+        let tensor = if require_grad {
+            tensor.set_distributed(DistributedParamId::from(id.val()))
+        } else {
+            tensor
+        };
         Param::from_mapped_value(id, tensor, mapper)
     }
 }
