@@ -6,6 +6,11 @@
 //! cargo bench --bench scaling                                 # target/bench-reports/scaling.json
 //! cargo run -p scaling-report                                 # docs/scaling.md, docs/scaling.svg
 //! ```
+//!
+//! `benches/plain-burn/instructions.sh` writes `instructions.json` (the single-rank overhead in
+//! instructions, counted by callgrind); the report includes it when present, and
+//! `cargo run -p scaling-report -- --instructions-only` puts it into the existing
+//! `docs/scaling.md` without the other benchmarks' results.
 
 mod svg;
 
@@ -36,6 +41,10 @@ struct Args {
     /// Folder the report is written to (default: docs of the workspace).
     #[arg(long)]
     output: Option<PathBuf>,
+    /// Only replace (or add) the instruction-count section of the existing scaling.md, from
+    /// instructions.json.
+    #[arg(long)]
+    instructions_only: bool,
 }
 
 fn main() {
@@ -45,6 +54,28 @@ fn main() {
         .input
         .unwrap_or_else(|| root.join("target/bench-reports"));
     let output = args.output.unwrap_or_else(|| root.join("docs"));
+    let instructions = read(&input.join("instructions.json")).ok();
+    if args.instructions_only {
+        let Some(instructions) = instructions else {
+            eprintln!(
+                "no {}; run benches/plain-burn/instructions.sh first",
+                input.join("instructions.json").display()
+            );
+            std::process::exit(1);
+        };
+        let md = output.join("scaling.md");
+        let text = std::fs::read_to_string(&md).unwrap_or_else(|error| {
+            eprintln!("cannot read {}: {error}", md.display());
+            std::process::exit(1);
+        });
+        std::fs::write(
+            &md,
+            with_section(&text, &instructions_section(&instructions)),
+        )
+        .expect("write scaling.md");
+        println!("wrote the instruction counts into {}", md.display());
+        return;
+    }
     let scaling = read(&input.join("scaling.json")).unwrap_or_else(|error| {
         eprintln!("{error}\nrun `cargo bench --bench scaling` first");
         std::process::exit(1);
@@ -60,6 +91,7 @@ fn main() {
         }
     };
     let mut report = Report::new(&scaling, plain.as_ref());
+    report.instructions = instructions;
     // Alternating single-rank rounds (benches/plain-burn/overhead.sh), if any.
     for round in 1.. {
         let (Ok(plain), Ok(zero)) = (
@@ -263,6 +295,8 @@ struct Round {
 
 struct Report {
     rounds: Vec<Round>,
+    /// The single-rank overhead in instructions, if measured.
+    instructions: Option<Value>,
     psi: u64,
     preset: String,
     batch: u64,
@@ -300,6 +334,7 @@ impl Report {
         }
         Self {
             rounds: Vec::new(),
+            instructions: None,
             psi: int(&scaling["parameters"]),
             preset: scaling["preset"].as_str().unwrap_or("?").to_string(),
             batch: int(&scaling["global_batch"]),
@@ -459,6 +494,9 @@ impl Report {
         let _ = writeln!(md);
         self.step_time_notes(&mut md);
         self.rounds_table(&mut md);
+        if let Some(instructions) = &self.instructions {
+            md.push_str(&instructions_section(instructions));
+        }
         self.phases_table(&mut md);
 
         // Memory.
@@ -986,6 +1024,81 @@ impl Report {
 }
 
 /// A UTC date and time ("2026-11-23 04:56 UTC") from seconds since 1970.
+const SECTION_START: &str = "<!-- instructions -->";
+const SECTION_END: &str = "<!-- /instructions -->";
+
+/// The single-rank overhead in instructions (`benches/plain-burn/instructions.sh`), between
+/// markers so that `--instructions-only` can replace it in place.
+fn instructions_section(v: &Value) -> String {
+    let mut md = String::new();
+    let few = int(&v["few_steps"]);
+    let many = int(&v["many_steps"]);
+    let plain = num(&v["plain"]["per_step"]);
+    let _ = writeln!(md, "{SECTION_START}");
+    let _ = writeln!(
+        md,
+        "### Single-rank overhead in instructions
+
+         Wall-clock differences of a few percent drown in this machine's noise; instructions do          not. `benches/plain-burn/instructions.sh` runs GPT `small` training steps (the same          model, batches and Adam as above) on Flex with one rayon thread, under          `valgrind --tool=callgrind`, which counts every instruction of every thread of the          process: plain Burn (`Autodiff<Flex>`, Burn's Adam) and burn-zero at N = 1          (`Autodiff<Zero<Flex>>`, `ZeroOptimizer` with Adam, every parameter sharded). Each          runs once with {few} and once with {many} steps after one untimed step; the          difference divided by {} is one step, start-up and the first step cancelled out.          Measured {} on {} ({}).
+",
+        many - few,
+        utc(int(&v["unix_time"])),
+        v["cpu"].as_str().unwrap_or("?"),
+        v["valgrind"].as_str().unwrap_or("valgrind"),
+    );
+    let _ = writeln!(
+        md,
+        "| side | instructions, {few} step(s) | {many} steps | per step | against plain Burn |
+         |---|---|---|---|---|"
+    );
+    let mut worst: f64 = 0.0;
+    for (key, name) in [
+        ("plain", "plain Burn"),
+        ("stage0", "burn-zero, stage 0"),
+        ("stage3", "burn-zero, stage 3"),
+    ] {
+        let side = &v[key];
+        let per_step = num(&side["per_step"]);
+        let ratio = per_step / plain;
+        if key != "plain" {
+            worst = worst.max(ratio);
+        }
+        let _ = writeln!(
+            md,
+            "| {name} | {:.3e} | {:.3e} | {:.4e} | {ratio:.4}× |",
+            num(&side["few"]),
+            num(&side["many"]),
+            per_step
+        );
+    }
+    let _ = writeln!(
+        md,
+        "
+The goal is at most 1.05× plain Burn's instructions per step: {} (worst {worst:.4}×).
+",
+        if worst <= 1.05 { "met" } else { "not met" }
+    );
+    let _ = writeln!(
+        md,
+        "{SECTION_END}
+"
+    );
+    md
+}
+
+/// `text` with its instruction-count section replaced by `section`, or with `section` added
+/// before the memory section when it has none.
+fn with_section(text: &str, section: &str) -> String {
+    if let (Some(start), Some(end)) = (text.find(SECTION_START), text.find(SECTION_END)) {
+        let after = text[end + SECTION_END.len()..].trim_start_matches('\n');
+        return format!("{}{section}{after}", &text[..start]);
+    }
+    match text.find("### Where a single-rank step goes") {
+        Some(at) => format!("{}{section}{}", &text[..at], &text[at..]),
+        None => format!("{text}\n{section}"),
+    }
+}
+
 fn utc(seconds: u64) -> String {
     let format = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC");
     i64::try_from(seconds)
@@ -1007,7 +1120,19 @@ fn median(values: &[f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::utc;
+    use super::{SECTION_END, SECTION_START, utc, with_section};
+
+    #[test]
+    fn the_instruction_section_is_replaced_in_place_or_added() {
+        let section = format!("{SECTION_START}\nnew\n{SECTION_END}\n\n");
+        let want = format!("# A\n\n{section}### Where a single-rank step goes\n");
+        let old = format!(
+            "# A\n\n{SECTION_START}\nold\n{SECTION_END}\n\n### Where a single-rank step goes\n"
+        );
+        assert_eq!(with_section(&old, &section), want);
+        let none = "# A\n\n### Where a single-rank step goes\n";
+        assert_eq!(with_section(none, &section), want);
+    }
 
     #[test]
     fn utc_formats_known_instants() {
