@@ -222,31 +222,35 @@ where
             ..
         } = components;
         let epochs = starting_epoch..=num_epochs;
+        // Each rank's share of every epoch: the training data dealt anew each epoch from the
+        // seed, the validation data the same every epoch.
+        let epoch_shares = |devices: &[B::Device], world_size: usize| {
+            let train = data::shares(
+                &dataloader_train,
+                devices,
+                world_size,
+                epochs.clone(),
+                Deal::Shuffled { seed: self.seed },
+                "training",
+            )?;
+            let valid = data::shares(
+                &dataloader_valid,
+                devices,
+                world_size,
+                epochs.clone(),
+                Deal::Fixed,
+                "validation",
+            )?;
+            Ok::<_, TrainError>((train, valid))
+        };
         let outcome = match &self.ranks {
             Ranks::Threads {
                 world_size,
                 devices,
             } => {
                 let world_size = *world_size;
-                let prepared = check_threads(world_size, devices).and_then(|()| {
-                    let train = data::shares(
-                        &dataloader_train,
-                        devices,
-                        world_size,
-                        epochs.clone(),
-                        Deal::Shuffled { seed: self.seed },
-                        "training",
-                    )?;
-                    let valid = data::shares(
-                        &dataloader_valid,
-                        devices,
-                        world_size,
-                        epochs.clone(),
-                        Deal::Fixed,
-                        "validation",
-                    )?;
-                    Ok((train, valid))
-                });
+                let prepared = check_threads(world_size, devices)
+                    .and_then(|()| epoch_shares(devices, world_size));
                 let (train, valid) = match prepared {
                     Ok(shares) => shares,
                     Err(error) => panic!("burn-zero: ZeroStrategy cannot train: {error}"),
@@ -292,26 +296,7 @@ where
                 };
                 let (rank, world_size) = (ctx.rank(), ctx.world_size());
                 let devices = [ctx.device().clone()];
-                let shares = data::shares(
-                    &dataloader_train,
-                    &devices,
-                    world_size,
-                    epochs.clone(),
-                    Deal::Shuffled { seed: self.seed },
-                    "training",
-                )
-                .and_then(|train| {
-                    let valid = data::shares(
-                        &dataloader_valid,
-                        &devices,
-                        world_size,
-                        epochs.clone(),
-                        Deal::Fixed,
-                        "validation",
-                    )?;
-                    Ok((train, valid))
-                });
-                let (train, valid) = match shares {
+                let (train, valid) = match epoch_shares(&devices, world_size) {
                     Ok(shares) => shares,
                     Err(error) => panic!("burn-zero: rank {rank} cannot train: {error}"),
                 };
