@@ -186,11 +186,11 @@ pub struct Metadata {
     pub version: u32,
     /// The training step the checkpoint was taken after (the caller's count).
     pub step: u64,
-    /// Ranks that saved it.
+    /// Ranks that saved it: every rank of the job, or with hybrid sharding the ranks of shard
+    /// group 0 (the other groups hold the same blocks and write nothing).
     pub world_size: usize,
-    /// Ranks each tensor was sharded over; equal to `world_size` today. Hybrid sharding
-    /// (sharded within groups of this size, replicated across them) will write one copy per
-    /// shard group with the same chunk layout over `shard_group_size` ranks.
+    /// Ranks each tensor was sharded over; equal to `world_size` (one copy is written, by
+    /// the first shard group, with its chunk layout).
     pub shard_group_size: usize,
     /// ZeRO stage of the saving run.
     pub stage: u8,

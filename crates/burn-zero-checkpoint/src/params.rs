@@ -7,7 +7,7 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Tensor, TensorData, TensorMetadata};
-use burn_zero_comm::ReduceOp;
+use burn_zero_comm::{Communicator, ReduceOp};
 use burn_zero_core::{ParamInfo, Zero, ZeroState, ZeroTensor};
 
 use crate::error::CheckpointError;
@@ -153,14 +153,25 @@ pub(crate) fn agree<B: Backend, T>(
     result: Result<T, CheckpointError>,
     what: &'static str,
 ) -> Result<T, CheckpointError> {
+    agree_on(zero.comm().as_ref(), zero.device(), result, what)
+}
+
+/// [`agree`] over the ranks of `comm` (every rank of the job, for hybrid sharding's shard
+/// groups that wait for the group that writes).
+pub(crate) fn agree_on<B: Backend, T>(
+    comm: &dyn Communicator<B>,
+    device: &B::Device,
+    result: Result<T, CheckpointError>,
+    what: &'static str,
+) -> Result<T, CheckpointError> {
     let failed = if result.is_err() { 1.0f32 } else { 0.0 };
-    let flag = Tensor::<B, 1>::from_floats([failed], zero.device());
-    let total = zero.comm().all_reduce(flag, ReduceOp::Sum);
+    let flag = Tensor::<B, 1>::from_floats([failed], device);
+    let total = comm.all_reduce(flag, ReduceOp::Sum);
     let result = result?;
     let total = total?.into_scalar().elem::<f32>();
     if total > 0.0 {
         return Err(CheckpointError::OtherRank {
-            rank: zero.rank(),
+            rank: comm.rank(),
             what,
         });
     }

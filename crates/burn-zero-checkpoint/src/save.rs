@@ -20,7 +20,7 @@ use crate::format::{
     TensorEntry, TensorKind, owned_range, rank_file_name, rank_index_name, step_dir_name,
     tensor_name, to_safetensors,
 };
-use crate::params::{RankParams, agree, collect, flat_bytes, slice_bytes, unbound};
+use crate::params::{RankParams, agree, agree_on, collect, flat_bytes, slice_bytes, unbound};
 use crate::read::element_size;
 use crate::state::{for_each_tensor, to_tree, tree_to_json};
 use crate::write::{PendingTensor, sync_dir, write_atomically, write_safetensors};
@@ -94,19 +94,52 @@ where
 {
     let params = collect::<AB, B, M>(model, zero)?;
     let zero = params.zero.clone();
-    let rank = zero.rank();
-    let world = zero.world_size();
     let dir = root.join(step_dir_name(step));
-
-    let prepared = if rank == 0 {
-        prepare_dir(root, &dir)
+    // With hybrid sharding every shard group holds the same blocks: group 0 writes them, and
+    // the other groups learn from every rank of the job whether the save succeeded.
+    let (replica, replicas) = zero.replica();
+    let written = if replica == 0 {
+        save_shard_group(&dir, root, step, &params, optimizer, options)
     } else {
         Ok(())
     };
-    agree(&zero, prepared, "save")?;
+    if replicas > 1 {
+        let world = &zero.groups().world;
+        agree_on(world.as_ref(), zero.device(), written, "save")?;
+    } else {
+        written?;
+    }
+    tracing::info!(rank = zero.rank(), replica, step, dir = %dir.display(), "checkpoint saved");
+    Ok(dir)
+}
 
-    let written = write_rank::<B, O, P>(&dir, &params, optimizer);
-    let (optimizer_entry, param_entries) = agree(&zero, written, "save")?;
+/// The save of one shard group's ranks: each writes its file, rank 0 commits the metadata.
+fn save_shard_group<B, O, P>(
+    dir: &Path,
+    root: &Path,
+    step: u64,
+    params: &RankParams<B>,
+    optimizer: ZeroOptimizerRecord<O, B, P>,
+    options: &SaveOptions,
+) -> Result<(), CheckpointError>
+where
+    B: Backend,
+    P: Placement<B>,
+    O: SimpleOptimizer<P::Host>,
+{
+    let zero = &params.zero;
+    let rank = zero.rank();
+    let world = zero.world_size();
+
+    let prepared = if rank == 0 {
+        prepare_dir(root, dir)
+    } else {
+        Ok(())
+    };
+    agree(zero, prepared, "save")?;
+
+    let written = write_rank::<B, O, P>(dir, params, optimizer);
+    let (optimizer_entry, param_entries) = agree(zero, written, "save")?;
 
     let committed = if rank == 0 {
         let meta = Metadata {
@@ -123,13 +156,11 @@ where
             optimizer: optimizer_entry,
             extra: options.extra.clone(),
         };
-        commit(&dir, meta).and_then(|()| rotate(root, options.keep_last))
+        commit(dir, meta).and_then(|()| rotate(root, options.keep_last))
     } else {
         Ok(())
     };
-    agree(&zero, committed, "save")?;
-    tracing::info!(rank, step, dir = %dir.display(), "checkpoint saved");
-    Ok(dir)
+    agree(zero, committed, "save")
 }
 
 /// Makes an empty directory for the checkpoint (removing what an interrupted save of the same

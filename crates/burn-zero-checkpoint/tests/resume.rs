@@ -146,3 +146,81 @@ fn two_ranks_resume_on_three_bitwise() {
 fn four_ranks_resume_on_one_bitwise() {
     reshard(4, 2, 1, 3);
 }
+
+/// Hybrid sharding, 4 ranks in 2 shard groups of 2: only the first group writes (one copy, two
+/// rank files); resuming with the same groups is bitwise uninterrupted training, and one rank
+/// without hybrid sharding loads the same values.
+#[test]
+fn hybrid_sharding_saves_one_copy_and_resumes_bitwise() {
+    const BEFORE: usize = 3;
+    const AFTER: usize = 2;
+    let (world, group) = (4, 2);
+    let hybrid = config(3).with_shard_group_size(group);
+    let base = base_model(&Default::default());
+    let other = base_model(&Default::default());
+    let dir = scratch("hybrid");
+
+    let straight = launch::<Flex, _, _, Failure>(world, &[Default::default()], |ctx| {
+        let (model, zero) = shard(base.clone(), &ctx, &hybrid)?;
+        let mut optim = adam(&zero);
+        let model = train(model, &mut optim, ctx.rank(), world, 0..BEFORE + AFTER);
+        Ok(param_values(&model))
+    })
+    .unwrap();
+
+    let saved = launch::<Flex, _, _, Failure>(world, &[Default::default()], |ctx| {
+        let (model, zero) = shard(base.clone(), &ctx, &hybrid)?;
+        let mut optim = adam(&zero);
+        let model = train(model, &mut optim, ctx.rank(), world, 0..BEFORE);
+        let written = save(&dir, BEFORE as u64, &model, &optim, &SaveOptions::default())?;
+        Ok((written, param_values(&model)))
+    })
+    .unwrap();
+    let written = &saved[0].0;
+    let mut rank_files: Vec<String> = std::fs::read_dir(written)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".safetensors"))
+        .collect();
+    rank_files.sort();
+    assert_eq!(
+        rank_files,
+        [
+            "rank-00000-of-00002.safetensors",
+            "rank-00001-of-00002.safetensors"
+        ],
+        "one copy, written by the first shard group"
+    );
+
+    let resumed = launch::<Flex, _, _, Failure>(world, &[Default::default()], |ctx| {
+        let (model, zero) = shard(other.clone(), &ctx, &hybrid)?;
+        let (model, mut optim, loaded) = load(&dir, model, adam(&zero))?;
+        assert_eq!(loaded.saved_world_size, group);
+        let after_load = param_values(&model);
+        let model = train(model, &mut optim, ctx.rank(), world, BEFORE..BEFORE + AFTER);
+        Ok((after_load, param_values(&model)))
+    })
+    .unwrap();
+    let flat = launch::<Flex, _, _, Failure>(1, &[Default::default()], |ctx| {
+        let (model, zero) = shard(other.clone(), &ctx, &config(3))?;
+        let (model, _, _) = load(&dir, model, adam(&zero))?;
+        Ok(param_values(&model))
+    })
+    .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+
+    for (rank, (after_load, end)) in resumed.iter().enumerate() {
+        assert!(
+            params_bits_equal(after_load, &saved[rank].1),
+            "rank {rank}: loaded parameters differ from the saved ones"
+        );
+        assert!(
+            params_bits_equal(end, &straight[rank]),
+            "rank {rank}: resumed hybrid training differs from uninterrupted training"
+        );
+    }
+    assert!(
+        params_bits_equal(&flat[0], &saved[0].1),
+        "one rank without hybrid sharding loads other values"
+    );
+}

@@ -154,6 +154,17 @@ impl<B: Backend> OrderedComm<B> {
         &self.inner
     }
 
+    /// [`Communicator::split`], keeping the type: the new group's collectives take tickets
+    /// from this rank's one counter, and one position can carry collectives of several such
+    /// groups ([`Reservation::on_group`]).
+    pub fn split_ordered(&self, color: usize) -> Result<OrderedComm<B>, CommError> {
+        let inner = self.reserve().split(color)?;
+        Ok(OrderedComm {
+            inner,
+            issuer: self.issuer.clone(),
+        })
+    }
+
     /// Takes the next position in this rank's order of collectives. The reservation's calls,
     /// from whatever thread, run in that position; the position is done when the reservation
     /// is dropped (with no call, it is skipped).
@@ -175,7 +186,11 @@ impl<B: Backend> OrderedComm<B> {
             world_size: self.inner.world_size(),
             inner: self.inner.clone(),
             shared: self.issuer.shared.clone(),
-            _issuer: self.issuer.clone(),
+            open: Arc::new(Open {
+                ticket,
+                shared: self.issuer.shared.clone(),
+                _issuer: self.issuer.clone(),
+            }),
         }
     }
 }
@@ -220,14 +235,54 @@ pub struct Reservation<B: Backend> {
     world_size: usize,
     inner: Arc<dyn Communicator<B>>,
     shared: Arc<Shared>,
+    /// The position stays open while any handle on it ([`Self::on_group`]) lives.
+    open: Arc<Open>,
+}
+
+/// Closes a position when its last handle goes.
+struct Open {
+    ticket: u64,
+    shared: Arc<Shared>,
     /// Keeps the issuing thread alive while the reservation is open.
     _issuer: Arc<Issuer>,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some(slot) = self.shared.lock().slots.get_mut(&self.ticket) {
+            slot.closed = true;
+        }
+        self.shared.changed.notify_all();
+    }
 }
 
 impl<B: Backend> Reservation<B> {
     /// The reservation's position (0-based) in the rank's order.
     pub fn ticket(&self) -> u64 {
         self.ticket
+    }
+
+    /// A handle on this same position whose collectives run on `group`, another group of
+    /// this rank behind the same issuing thread (split from it with
+    /// [`OrderedComm::split_ordered`]). The position's calls on both run back to back in the
+    /// order they are made, and it closes when both handles are gone: a hybrid-sharded bucket
+    /// is reduce-scattered in its shard group and all-reduced across the groups in one
+    /// position.
+    pub fn on_group(&self, group: &OrderedComm<B>) -> Result<Reservation<B>, CommError> {
+        if !Arc::ptr_eq(&self.shared, &group.issuer.shared) {
+            return Err(CommError::InvalidGroup(
+                "a reservation can carry the collectives of groups behind its own issuing                  thread only"
+                    .into(),
+            ));
+        }
+        Ok(Reservation {
+            ticket: self.ticket,
+            rank: group.inner.rank(),
+            world_size: group.inner.world_size(),
+            inner: group.inner.clone(),
+            shared: self.shared.clone(),
+            open: self.open.clone(),
+        })
     }
 
     /// Finishes this thread's pending work on `input`'s device before another thread reads
@@ -284,15 +339,6 @@ impl<B: Backend> Reservation<B> {
                 "the collective issuing thread has stopped".into(),
             ))
         })
-    }
-}
-
-impl<B: Backend> Drop for Reservation<B> {
-    fn drop(&mut self) {
-        if let Some(slot) = self.shared.lock().slots.get_mut(&self.ticket) {
-            slot.closed = true;
-        }
-        self.shared.changed.notify_all();
     }
 }
 
@@ -384,11 +430,7 @@ impl<B: Backend> Communicator<B> for OrderedComm<B> {
     /// The engine's split, in the next position; the new group's collectives go through the
     /// same issuing thread, taking tickets from the same counter.
     fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
-        let inner = self.reserve().split(color)?;
-        Ok(Arc::new(OrderedComm {
-            inner,
-            issuer: self.issuer.clone(),
-        }))
+        Ok(Arc::new(self.split_ordered(color)?))
     }
 
     fn abort(&self, reason: &str) {

@@ -61,6 +61,14 @@ pub struct ZeroConfig {
     /// created their masters; nothing may read the parameters between backward and step.
     #[config(default = false)]
     pub reuse_fp16_shard: bool,
+    /// Hybrid sharding (FSDP's HSDP, ZeRO++'s hpZ): parameters, gradients and optimizer state
+    /// are sharded within groups of this many ranks and replicated across the groups.
+    /// Groups are contiguous ranks (`0..S`, `S..2S`, …: one node each, when ranks are laid out
+    /// node by node). Gradients are reduce-scattered inside the group, then all-reduced across
+    /// the groups, so traffic across groups is 1/S of a gradient per rank. Must divide the
+    /// number of ranks; 0 (the default) or the number of ranks shards over all of them.
+    #[config(default = 0)]
+    pub shard_group_size: usize,
 }
 
 impl ZeroConfig {
@@ -71,6 +79,18 @@ impl ZeroConfig {
 }
 
 impl ZeroConfig {
+    /// The ranks each tensor is sharded over in a job of `world_size` ranks, or why the
+    /// configured shard-group size cannot split that job.
+    pub fn shard_group_size_for(&self, world_size: usize) -> Result<usize, String> {
+        match self.shard_group_size {
+            0 => Ok(world_size),
+            s if world_size % s == 0 => Ok(s),
+            s => Err(format!(
+                "shard_group_size {s} does not divide the {world_size} ranks into equal groups"
+            )),
+        }
+    }
+
     /// Checks the values that cannot work.
     pub fn validate(&self) -> Result<(), String> {
         if self.stage > 3 {

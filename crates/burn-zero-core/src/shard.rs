@@ -6,7 +6,7 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
-use burn_zero_comm::{CommError, Communicator, OrderedComm, RankContext};
+use burn_zero_comm::{CommError, OrderedComm, RankContext};
 
 use crate::backend::Zero;
 use crate::config::ZeroConfig;
@@ -17,7 +17,7 @@ use crate::reduce::bucket::{self, Mode};
 use crate::reduce::thread::CommThread;
 use crate::state::ZeroState;
 use crate::store::table::ParamTable;
-use crate::store::{ParamInfo, ParamStore, ShardedParam};
+use crate::store::{Groups, ParamInfo, ParamStore, ShardedParam};
 use crate::tensor::{ShardedView, ZeroTensor};
 
 /// Dimensions a parameter may have for the cross-rank shape check.
@@ -26,7 +26,9 @@ const MAX_DIMS: usize = 12;
 /// 16-bit halves (exact in f32).
 const DESC_LEN: usize = 3 + 2 * MAX_DIMS;
 
-/// Shards every float parameter of `module` across the ranks of `ctx`'s communicator.
+/// Shards every float parameter of `module` across the ranks of `ctx`'s communicator (or,
+/// with [`ZeroConfig::shard_group_size`], across each group of that many ranks, replicated
+/// across the groups).
 ///
 /// Each parameter is visited in module order (its key), checked to have the same shape and
 /// dtype on every rank, and copied from rank 0 when `config.sync_module_states`. At stage 3 it
@@ -60,24 +62,29 @@ where
     M: Module<AB>,
 {
     config.validate().map_err(ZeroError::InvalidConfig)?;
+    let shard_size = config
+        .shard_group_size_for(ctx.world_size())
+        .map_err(ZeroError::InvalidConfig)?;
     // With a communication thread beside the training thread, every collective of the rank
     // goes through one issuing thread in the order the training thread fixes (NCCL deadlocks
-    // when ranks interleave two threads' collectives differently).
-    let order = if config.overlaps_reduction() {
+    // when ranks interleave two threads' collectives differently); the shard and replica
+    // groups of hybrid sharding are split from it and keep that one order.
+    let (groups, ordered) = if config.overlaps_reduction() {
         let order = OrderedComm::new(ctx.comm().clone()).map_err(|error| {
             ZeroError::Comm(CommError::InvalidGroup(format!(
                 "could not start the collective issuing thread: {error}"
             )))
         })?;
-        Some(order)
+        let (groups, ordered) = Groups::split_ordered(&order, shard_size)?;
+        (groups, Some(ordered))
     } else {
-        None
+        (Groups::split(ctx.comm().clone(), shard_size)?, None)
     };
-    let comm: Arc<dyn Communicator<B>> = match &order {
-        Some(order) => Arc::new(order.clone()),
-        None => ctx.comm().clone(),
-    };
-    let store = Arc::new(ParamStore::new(comm, ctx.device().clone(), config.clone()));
+    let store = Arc::new(ParamStore::new(
+        groups,
+        ctx.device().clone(),
+        config.clone(),
+    ));
     let mut sharder = Sharder {
         store: store.clone(),
         table: ParamTable::default(),
@@ -116,9 +123,9 @@ where
         config.bucket_size_mb * (1u64 << 20) as f64,
         config.reduce_dtype,
     );
-    let thread = if let Some(order) = order {
+    let thread = if let Some(ordered) = ordered {
         let thread = CommThread::spawn(
-            order,
+            ordered,
             buckets.clone(),
             store.device().clone(),
             config.gradient_predivide_factor,
@@ -200,7 +207,8 @@ impl<B: Backend> Sharder<B> {
         }
         let device = self.store.device().clone();
         let mine = Tensor::<B, 1>::from_floats(desc.as_slice(), &device);
-        let all = match self.store.comm().all_gather(mine) {
+        // Every rank of the job agrees, across shard groups too.
+        let all = match self.store.groups().world.all_gather(mine) {
             Ok(all) => all
                 .into_data()
                 .convert::<f32>()
@@ -212,7 +220,7 @@ impl<B: Backend> Sharder<B> {
             }
         };
         let ranks: Vec<&[f32]> = all.chunks(DESC_LEN).collect();
-        let rank = self.store.rank();
+        let rank = self.store.groups().world.rank();
         let read = |d: &[f32]| -> Option<String> {
             (d[0] >= 0.0).then(|| {
                 let dims: Vec<usize> = (0..d[0] as usize)
@@ -275,8 +283,9 @@ impl<B: Backend> Sharder<B> {
             local,
             Shape::new([numel]),
         )));
-        let flat = if config.sync_module_states && self.store.world_size() > 1 {
-            self.store.comm().broadcast(flat, 0)?
+        let world = &self.store.groups().world;
+        let flat = if config.sync_module_states && world.world_size() > 1 {
+            world.broadcast(flat, 0)?
         } else {
             flat
         };

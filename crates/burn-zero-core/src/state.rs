@@ -10,12 +10,13 @@ use burn_zero_comm::{Communicator, RankContext};
 
 use crate::backend::Zero;
 use crate::config::ZeroConfig;
+use crate::error::ZeroError;
 use crate::memory::{MemoryReport, MemoryTracker};
 use crate::reduce::hook;
 use crate::reduce::{GradientReducer, ReductionStats};
 use crate::store::param::UNTRACKED_KEY;
 use crate::store::table::ParamTable;
-use crate::store::{ParamInfo, ParamStore, ShardedParam};
+use crate::store::{Groups, ParamInfo, ParamStore, ShardedParam};
 use crate::tensor::{ShardedView, ZeroTensor};
 
 /// One rank's state of a module sharded with [`crate::shard`]: its parameter store
@@ -61,11 +62,20 @@ impl<B: Backend> ZeroState<B> {
         }
     }
 
-    /// A state for this rank without sharding a module (see [`Self::shard_tensor`]).
-    pub fn create(ctx: &RankContext<B>, config: ZeroConfig) -> Self {
-        let store = ParamStore::new(ctx.comm().clone(), ctx.device().clone(), config);
+    /// A state for this rank without sharding a module (see [`Self::shard_tensor`]). A
+    /// collective when `config` asks for hybrid sharding (the groups are split here).
+    pub fn create(ctx: &RankContext<B>, config: ZeroConfig) -> Result<Self, ZeroError> {
+        let shard_size = config
+            .shard_group_size_for(ctx.world_size())
+            .map_err(ZeroError::InvalidConfig)?;
+        let groups = Groups::split(ctx.comm().clone(), shard_size)?;
+        let store = ParamStore::new(groups, ctx.device().clone(), config);
         store.set_table(ParamTable::default());
-        Self::register(GradientReducer::new(Arc::new(store), Vec::new(), None))
+        Ok(Self::register(GradientReducer::new(
+            Arc::new(store),
+            Vec::new(),
+            None,
+        )))
     }
 
     /// The parameter store: gathers, blocks, the parameter table and memory accounting (what
@@ -79,14 +89,27 @@ impl<B: Backend> ZeroState<B> {
         &self.reducer
     }
 
-    /// This rank.
+    /// This rank within the ranks its tensors are sharded over: the job's rank, or with
+    /// hybrid sharding ([`ZeroConfig::shard_group_size`]) its rank within its shard group.
     pub fn rank(&self) -> usize {
         self.store.rank()
     }
 
-    /// Number of ranks.
+    /// Number of ranks each tensor is sharded over: every rank of the job, or with hybrid
+    /// sharding the shard-group size.
     pub fn world_size(&self) -> usize {
         self.store.world_size()
+    }
+
+    /// This rank's shard group and the number of shard groups: `(0, 1)` without hybrid
+    /// sharding. The groups hold the same blocks; checkpoints are written by group 0.
+    pub fn replica(&self) -> (usize, usize) {
+        self.store.replica()
+    }
+
+    /// Number of ranks whose gradients are averaged: every rank of the job.
+    pub fn data_parallel_size(&self) -> usize {
+        self.store.data_parallel_size()
     }
 
     /// The device this rank computes on.
@@ -94,9 +117,15 @@ impl<B: Backend> ZeroState<B> {
         self.store.device()
     }
 
-    /// The communicator parameters are gathered and gradients reduced with.
+    /// The communicator parameters are gathered and gradients reduce-scattered with (the
+    /// shard group).
     pub fn comm(&self) -> &Arc<dyn Communicator<B>> {
         self.store.comm()
+    }
+
+    /// Every communicator of this rank: all ranks, the shard group and the replica group.
+    pub fn groups(&self) -> &Groups<B> {
+        self.store.groups()
     }
 
     /// The configuration the module was sharded with.

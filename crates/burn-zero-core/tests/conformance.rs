@@ -183,7 +183,7 @@ fn zero_ops_match_the_inner_backend_with_sharded_operands() {
     for world_size in [1, 2, 3] {
         let per_rank =
             launch::<NdArray, _, _, CommError>(world_size, &[Default::default()], |ctx| {
-                let zero = ZeroState::create(&ctx, ZeroConfig::new());
+                let zero = ZeroState::create(&ctx, ZeroConfig::new()).expect("one group");
                 let plain = operands::<NdArray>(ctx.device());
                 let local = |t: Tensor<NdArray, 2>| {
                     Tensor::<Zero<NdArray>, 2>::from_data(t.into_data(), ctx.device())

@@ -8,7 +8,10 @@
 //! stage 3) is the members' gradients end to end.
 //!
 //! Packing casts to the reduce dtype and divides by `gradient_predivide_factor` before the
-//! collective; unpacking divides by the rest of the world size and casts back. Both run in
+//! collective; unpacking divides by the rest of the number of ranks and casts back. With
+//! hybrid sharding the collective runs inside the shard group and its result is all-reduced
+//! across the replica group before unpacking, so the division by the number of ranks happens
+//! once, after both sums. Both run in
 //! `burn-zero-kernels` (cubecl kernels on cubecl backends, loops over host memory on CPU
 //! backends, Burn ops elsewhere). Each bucket keeps a buffer pool, so on CPU backends every
 //! step packs into the memory of the step before.
@@ -138,10 +141,14 @@ pub(crate) fn layout(
     buckets
 }
 
-/// What reducing a bucket needs: the communicator and device of the thread that reduces, the
+/// What reducing a bucket needs: the communicators and device of the thread that reduces, the
 /// predivide factor and the rank's memory accounting.
 pub(crate) struct Reduction<'a, B: Backend> {
+    /// The shard group: the bucket's collective.
     pub comm: &'a dyn Communicator<B>,
+    /// With hybrid sharding, the replica group: the shard group's result is all-reduced across
+    /// it, so that the sum covers every rank of the job.
+    pub replicas: Option<&'a dyn Communicator<B>>,
     pub device: &'a B::Device,
     pub predivide: f64,
     pub memory: &'a MemoryTracker,
@@ -197,12 +204,21 @@ pub(crate) fn reduce<B: Backend>(
     let reduced = match bucket.mode {
         Mode::ReduceScatter => ctx.comm.reduce_scatter(packed, ReduceOp::Sum),
         Mode::AllReduce => ctx.comm.all_reduce(packed, ReduceOp::Sum),
-    }?
-    .into_primitive()
-    .tensor();
+    }?;
+    // Hybrid sharding: each shard group has summed its own ranks; the groups' sums of this
+    // rank's block are added across the groups, in group order.
+    let (reduced, ranks) = match ctx.replicas {
+        Some(replicas) => (
+            replicas.all_reduce(reduced, ReduceOp::Sum)?,
+            world_size * replicas.world_size(),
+        ),
+        None => (reduced, world_size),
+    };
+    let reduced = reduced.into_primitive().tensor();
 
-    // The rest of the mean: sum / world_size = (sum of grad / predivide) / (world_size / predivide).
-    let postdivide = world_size as f64 / ctx.predivide;
+    // The rest of the mean over all `ranks`:
+    // sum / ranks = (sum of grad / predivide) / (ranks / predivide).
+    let postdivide = ranks as f64 / ctx.predivide;
     let parts: Vec<RowPart> = bucket
         .members
         .iter()

@@ -255,6 +255,7 @@ impl<B: Backend> GradientReducer<B> {
         let store = &self.store;
         let ctx = Reduction {
             comm: store.comm().as_ref(),
+            replicas: store.groups().replicas.as_deref(),
             device: store.device(),
             predivide: store.config().gradient_predivide_factor,
             memory: store.memory(),

@@ -3,8 +3,9 @@
 //! Autodiff's hook hands each final gradient over and returns at once. The hook that
 //! completes a bucket (all its members handed over, and every earlier bucket complete) also
 //! takes the bucket's position in the rank's order of collectives, on the training thread
-//! ([`OrderedComm::reserve`]); the thread packs the bucket and runs its collective in that
-//! position, through the rank's one issuing thread. So the gathers the training thread issues
+//! ([`burn_zero_comm::OrderedComm::reserve`]); the thread packs the bucket and runs its
+//! collective in that position, through the rank's one issuing thread (with hybrid sharding,
+//! the all-reduce across the shard groups follows in the same position). So the gathers the training thread issues
 //! during a stage-3 backward and the bucket reductions are interleaved by program order, the
 //! same on every rank, never by how fast this thread packs (see [`burn_zero_comm::ordered`]
 //! for the whole argument). At the end of backward the training thread takes the positions of
@@ -19,11 +20,12 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
-use burn_zero_comm::{CommError, Communicator, OrderedComm, Reservation};
+use burn_zero_comm::{CommError, Communicator, Reservation};
 
 use crate::memory::MemoryTracker;
 use crate::reduce::bucket::{Bucket, ReduceError, Reduction};
 use crate::reduce::queue::{BucketQueue, Reduced};
+use crate::store::groups::OrderedGroups;
 
 enum Job<B: Backend> {
     /// Parameter `key`'s final gradient, counted as `bytes` of bucket memory.
@@ -32,8 +34,13 @@ enum Job<B: Backend> {
         grad: B::FloatTensorPrimitive,
         bytes: usize,
     },
-    /// Reduce the next bucket, in the position `reservation` holds.
-    Reduce { reservation: Reservation<B> },
+    /// Reduce the next bucket, in the position `reservation` holds (with hybrid sharding,
+    /// `replicas` is the same position on the replica group, for the all-reduce across the
+    /// shard groups).
+    Reduce {
+        reservation: Reservation<B>,
+        replicas: Option<Reservation<B>>,
+    },
     /// Backward is over (its last hook ran at `backward_ended`) and every bucket has had its
     /// `Reduce`: send everything back.
     Finish { backward_ended: Instant },
@@ -53,8 +60,9 @@ pub(crate) struct CommThread<B: Backend> {
     jobs: Option<Sender<Job<B>>>,
     finished: Receiver<Finished<B>>,
     thread: Option<JoinHandle<()>>,
-    /// The rank's order of collectives, where each bucket takes its position.
-    order: OrderedComm<B>,
+    /// The rank's order of collectives, where each bucket takes its position(s): the shard
+    /// group's, and the replica group's with hybrid sharding.
+    order: OrderedGroups<B>,
     /// Each bucket's member keys, in reduction order.
     members: Vec<Vec<usize>>,
     /// Keys handed over in this backward pass.
@@ -64,10 +72,10 @@ pub(crate) struct CommThread<B: Backend> {
 }
 
 impl<B: Backend> CommThread<B> {
-    /// Starts the thread for rank `rank`, reducing `buckets` in positions of `order` (the
-    /// rank's communicator behind its issuing thread) on `device`.
+    /// Starts the thread of a rank, reducing `buckets` in positions of `order` (the rank's
+    /// groups behind its issuing thread) on `device`.
     pub fn spawn(
-        order: OrderedComm<B>,
+        order: OrderedGroups<B>,
         buckets: Vec<Bucket>,
         device: B::Device,
         predivide: f64,
@@ -75,7 +83,7 @@ impl<B: Backend> CommThread<B> {
     ) -> std::io::Result<Self> {
         let (jobs, inbox) = channel::<Job<B>>();
         let (outbox, finished) = channel::<Finished<B>>();
-        let rank = order.rank();
+        let rank = order.shard.rank();
         let members = buckets
             .iter()
             .map(|bucket| bucket.members.iter().map(|m| m.key).collect())
@@ -118,8 +126,18 @@ impl<B: Backend> CommThread<B> {
 
     /// Takes the next bucket's position and hands it to the thread.
     fn reserve_next(&mut self) {
-        let reservation = self.order.reserve();
-        self.send(Job::Reduce { reservation });
+        let reservation = self.order.shard.reserve();
+        // With hybrid sharding the all-reduce across the groups runs in the same position,
+        // right after the group's collective.
+        let replicas = self.order.replicas.as_ref().map(|group| {
+            reservation
+                .on_group(group)
+                .expect("the replica group is split from the rank's ordered communicator")
+        });
+        self.send(Job::Reduce {
+            reservation,
+            replicas,
+        });
         self.next += 1;
     }
 
@@ -192,10 +210,14 @@ fn serve<B: Backend>(
     for job in inbox {
         match job {
             Job::Gradient { key, grad, bytes } => queue.push(key, grad, bytes),
-            Job::Reduce { reservation } => {
+            Job::Reduce {
+                reservation,
+                replicas,
+            } => {
                 if pass.failure.is_none() && !queue.is_done() {
                     let ctx = Reduction {
                         comm: &reservation,
+                        replicas: replicas.as_ref().map(|r| r as &dyn Communicator<B>),
                         device: work.device,
                         predivide: work.predivide,
                         memory: work.memory,
@@ -204,10 +226,14 @@ fn serve<B: Backend>(
                     if let Some(error) = &pass.failure {
                         // The positions after this one are skipped on this rank: end the
                         // group so that no rank pairs its next collective with a wrong one.
-                        reservation.abort(&format!(
+                        let reason = format!(
                             "rank {} could not reduce a gradient bucket: {error}",
                             reservation.rank()
-                        ));
+                        );
+                        reservation.abort(&reason);
+                        if let Some(replicas) = &replicas {
+                            replicas.abort(&reason);
+                        }
                     }
                 }
             }

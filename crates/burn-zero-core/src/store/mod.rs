@@ -4,19 +4,23 @@
 //! - [`table`]: what the store knows of each parameter (key, path, shape, dtype).
 //! - `cache`: the bounded cache of gathered parameters.
 //! - [`block`]: a rank's block of one tensor, owned memory that can be released.
-//! - [`param_store`]: [`ParamStore`], the communicator, configuration, parameter table, gathers,
+//! - [`groups`]: [`Groups`], the communicators of a rank: every rank, its shard group and (with
+//!   hybrid sharding) its replica group.
+//! - [`param_store`]: [`ParamStore`], the communicators, configuration, parameter table, gathers,
 //!   gather cache, memory accounting and live parameter blocks of one rank.
 //! - [`param`]: [`ShardedParam`], a handle on one block that points to its store.
 //!
-//! Dependencies run one way: `param` → `param_store` → `block`, `cache`, `table`.
+//! Dependencies run one way: `param` → `param_store` → `block`, `cache`, `groups`, `table`.
 
 pub mod block;
 mod cache;
+pub mod groups;
 pub mod param;
 pub mod param_store;
 pub mod table;
 
 pub use block::Block;
+pub use groups::Groups;
 pub use param::{ShardRole, ShardedParam};
 pub use param_store::ParamStore;
 pub use table::ParamInfo;

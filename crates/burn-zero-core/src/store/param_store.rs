@@ -14,6 +14,7 @@ use crate::config::ZeroConfig;
 use crate::memory::{MemoryKind, MemoryReport, MemoryTracker};
 use crate::store::block::Block;
 use crate::store::cache::GatherCache;
+use crate::store::groups::Groups;
 use crate::store::table::{ParamInfo, ParamTable};
 
 /// One rank's store of a sharded module's parameters.
@@ -21,7 +22,7 @@ use crate::store::table::{ParamInfo, ParamTable};
 /// Shared (`Arc`) by every [`crate::store::ShardedParam`] of the module, by the gradient
 /// reducer and by the optimizer, through [`crate::ZeroState`].
 pub struct ParamStore<B: Backend> {
-    comm: Arc<dyn Communicator<B>>,
+    groups: Groups<B>,
     device: B::Device,
     config: ZeroConfig,
     memory: Arc<MemoryTracker>,
@@ -41,8 +42,9 @@ struct LiveBlocks<B: Backend> {
 impl<B: Backend> std::fmt::Debug for ParamStore<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ParamStore")
-            .field("rank", &self.comm.rank())
-            .field("world_size", &self.comm.world_size())
+            .field("rank", &self.rank())
+            .field("world_size", &self.world_size())
+            .field("replica", &self.groups.replica())
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -56,15 +58,11 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl<B: Backend> ParamStore<B> {
     /// An empty store of one rank: no parameter yet.
-    pub(crate) fn new(
-        comm: Arc<dyn Communicator<B>>,
-        device: B::Device,
-        config: ZeroConfig,
-    ) -> Self {
+    pub(crate) fn new(groups: Groups<B>, device: B::Device, config: ZeroConfig) -> Self {
         Self {
             device,
             cache: Mutex::new(GatherCache::new(config.max_live_gathered_bytes)),
-            comm,
+            groups,
             config,
             memory: Arc::new(MemoryTracker::default()),
             table: OnceLock::new(),
@@ -86,14 +84,32 @@ impl<B: Backend> ParamStore<B> {
         self.table.get()
     }
 
-    /// This rank.
+    /// This rank within the ranks its tensors are sharded over (its shard group; the job's
+    /// rank without hybrid sharding).
     pub fn rank(&self) -> usize {
-        self.comm.rank()
+        self.groups.shard.rank()
     }
 
-    /// Number of ranks.
+    /// Number of ranks each tensor is sharded over (the shard-group size; every rank of the
+    /// job without hybrid sharding).
     pub fn world_size(&self) -> usize {
-        self.comm.world_size()
+        self.groups.shard.world_size()
+    }
+
+    /// This rank's shard group and the number of shard groups (`(0, 1)` without hybrid
+    /// sharding). Ranks of different shard groups hold the same blocks.
+    pub fn replica(&self) -> (usize, usize) {
+        self.groups.replica()
+    }
+
+    /// The communicators: every rank, the shard group, the replica group.
+    pub fn groups(&self) -> &Groups<B> {
+        &self.groups
+    }
+
+    /// Number of ranks whose gradients are averaged (every rank of the job).
+    pub fn data_parallel_size(&self) -> usize {
+        self.world_size() * self.replica().1
     }
 
     /// The device this rank computes on.
@@ -101,9 +117,10 @@ impl<B: Backend> ParamStore<B> {
         &self.device
     }
 
-    /// The communicator parameters are gathered and gradients reduced with.
+    /// The communicator parameters are gathered and gradients reduce-scattered with: the
+    /// shard group.
     pub fn comm(&self) -> &Arc<dyn Communicator<B>> {
-        &self.comm
+        &self.groups.shard
     }
 
     /// The configuration the module was sharded with.
@@ -123,7 +140,7 @@ impl<B: Backend> ParamStore<B> {
 
     /// A snapshot of this rank's memory accounting.
     pub fn memory_report(&self) -> MemoryReport {
-        self.memory.report(self.rank())
+        self.memory.report(self.groups.world.rank())
     }
 
     /// Every parameter of the module, in visit order.
@@ -186,7 +203,7 @@ impl<B: Backend> ParamStore<B> {
         block: Tensor<B, 1>,
         shape: &Shape,
     ) -> Result<B::FloatTensorPrimitive, CommError> {
-        let full = self.comm.all_gather(block)?.into_primitive().tensor();
+        let full = self.comm().all_gather(block)?.into_primitive().tensor();
         Ok(B::float_reshape(
             B::float_slice(full, &[Slice::from(0..shape.num_elements())]),
             shape.clone(),
