@@ -55,4 +55,4 @@ pub use libraries::{CudaLibrary, MissingLibrary};
 pub use local::{GroupOptions, LocalGroup};
 #[cfg(feature = "cuda")]
 pub use nccl::{FusedCudaBackend, NcclGroup, NcclOptions, launch_nccl};
-pub use ordered::{OrderedComm, Reservation};
+pub use ordered::{OrderedComm, Pending, Reservation};

@@ -42,7 +42,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -301,12 +301,23 @@ impl<B: Backend> Reservation<B> {
         })
     }
 
-    /// Runs `collective` on the issuing thread, in this reservation's position, and returns
-    /// its result.
-    fn submit<T: Send + 'static>(
+    /// All-gathers `block` in this reservation's position without waiting for it: the
+    /// caller goes on and takes the result later ([`Pending::wait`]). A prefetch: the
+    /// position is taken now, in program order, so every rank issues it at the same point of
+    /// its order however late it reads the result. Dropping the [`Pending`] discards the
+    /// result (the collective still runs, as on every other rank).
+    pub fn all_gather_later(self, block: Tensor<B, 1>) -> Result<Pending<Tensor<B, 1>>, CommError> {
+        self.settle(&block)?;
+        let result = self.push(move |comm| comm.all_gather(block))?;
+        Ok(Pending { result })
+    }
+
+    /// Queues `collective` on the issuing thread, in this reservation's position; its result
+    /// arrives on the returned channel.
+    fn push<T: Send + 'static>(
         &self,
         collective: impl FnOnce(&dyn Communicator<B>) -> Result<T, CommError> + Send + 'static,
-    ) -> Result<T, CommError> {
+    ) -> Result<Receiver<Result<T, CommError>>, CommError> {
         let (answer, result) = sync_channel(1);
         let comm = self.inner.clone();
         let call: Call = Box::new(move || {
@@ -334,7 +345,29 @@ impl<B: Backend> Reservation<B> {
             }
         }
         self.shared.changed.notify_all();
-        result.recv().unwrap_or_else(|_| {
+        Ok(result)
+    }
+
+    /// Runs `collective` on the issuing thread, in this reservation's position, and returns
+    /// its result.
+    fn submit<T: Send + 'static>(
+        &self,
+        collective: impl FnOnce(&dyn Communicator<B>) -> Result<T, CommError> + Send + 'static,
+    ) -> Result<T, CommError> {
+        let result = self.push(collective)?;
+        Pending { result }.wait()
+    }
+}
+
+/// The result of a collective queued with [`Reservation::all_gather_later`].
+pub struct Pending<T> {
+    result: Receiver<Result<T, CommError>>,
+}
+
+impl<T> Pending<T> {
+    /// Waits for the collective's result.
+    pub fn wait(self) -> Result<T, CommError> {
+        self.result.recv().unwrap_or_else(|_| {
             Err(CommError::InvalidGroup(
                 "the collective issuing thread has stopped".into(),
             ))

@@ -69,12 +69,28 @@ pub struct ZeroConfig {
     /// number of ranks; 0 (the default) or the number of ranks shards over all of them.
     #[config(default = 0)]
     pub shard_group_size: usize,
+    /// Stage 3: how many parameter gathers may run ahead of use (FSDP's forward and backward
+    /// prefetch, DeepSpeed's prefetch bucket). The order in which a pass gathers parameters
+    /// is recorded in the first pass (forward and backward, up to the end of backward); in
+    /// later passes, each gather issues the next ones of that order on the rank's issuing
+    /// thread, so they run while the training thread computes. Gathered and prefetched
+    /// parameters together stay within `max_live_gathered_bytes`. A pass that asks for a
+    /// parameter out of the recorded order (control flow changed) drops its prefetches,
+    /// gathers on demand, and is recorded anew. 0 (the default) gathers on demand only.
+    #[config(default = 0)]
+    pub prefetch: usize,
 }
 
 impl ZeroConfig {
     /// Whether gradient reduction runs on a communication thread during backward.
     pub fn overlaps_reduction(&self) -> bool {
         self.overlap_comm && self.stage != 1
+    }
+
+    /// Whether parameters are gathered ahead of use (stage 3 with `prefetch` > 0 and a gather
+    /// cache to hold them).
+    pub fn prefetches(&self) -> bool {
+        self.stage == 3 && self.prefetch > 0 && self.max_live_gathered_bytes > 0
     }
 }
 
@@ -84,7 +100,7 @@ impl ZeroConfig {
     pub fn shard_group_size_for(&self, world_size: usize) -> Result<usize, String> {
         match self.shard_group_size {
             0 => Ok(world_size),
-            s if world_size % s == 0 => Ok(s),
+            s if world_size.is_multiple_of(s) => Ok(s),
             s => Err(format!(
                 "shard_group_size {s} does not divide the {world_size} ranks into equal groups"
             )),

@@ -35,5 +35,5 @@ pub use memory::{MemoryKind, MemoryReport, Usage};
 pub use reduce::{GradientReducer, ReductionStats};
 pub use shard::{shard, unshard};
 pub use state::ZeroState;
-pub use store::{ParamInfo, ParamStore, ShardRole, ShardedParam};
+pub use store::{GatherStats, ParamInfo, ParamStore, ShardRole, ShardedParam};
 pub use tensor::{ShardedView, ZeroTensor};

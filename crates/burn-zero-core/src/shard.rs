@@ -69,7 +69,8 @@ where
     // goes through one issuing thread in the order the training thread fixes (NCCL deadlocks
     // when ranks interleave two threads' collectives differently); the shard and replica
     // groups of hybrid sharding are split from it and keep that one order.
-    let (groups, ordered) = if config.overlaps_reduction() {
+    // Prefetched gathers take their positions in that order too.
+    let (groups, ordered) = if config.overlaps_reduction() || config.prefetches() {
         let order = OrderedComm::new(ctx.comm().clone()).map_err(|error| {
             ZeroError::Comm(CommError::InvalidGroup(format!(
                 "could not start the collective issuing thread: {error}"
@@ -80,8 +81,10 @@ where
     } else {
         (Groups::split(ctx.comm().clone(), shard_size)?, None)
     };
+    let prefetch_on = ordered.as_ref().map(|ordered| ordered.shard.clone());
     let store = Arc::new(ParamStore::new(
         groups,
+        prefetch_on,
         ctx.device().clone(),
         config.clone(),
     ));
@@ -123,7 +126,7 @@ where
         config.bucket_size_mb * (1u64 << 20) as f64,
         config.reduce_dtype,
     );
-    let thread = if let Some(ordered) = ordered {
+    let thread = if let Some(ordered) = ordered.filter(|_| config.overlaps_reduction()) {
         let thread = CommThread::spawn(
             ordered,
             buckets.clone(),

@@ -16,7 +16,7 @@ use crate::reduce::hook;
 use crate::reduce::{GradientReducer, ReductionStats};
 use crate::store::param::UNTRACKED_KEY;
 use crate::store::table::ParamTable;
-use crate::store::{Groups, ParamInfo, ParamStore, ShardedParam};
+use crate::store::{GatherStats, Groups, ParamInfo, ParamStore, ShardedParam};
 use crate::tensor::{ShardedView, ZeroTensor};
 
 /// One rank's state of a module sharded with [`crate::shard`]: its parameter store
@@ -69,7 +69,7 @@ impl<B: Backend> ZeroState<B> {
             .shard_group_size_for(ctx.world_size())
             .map_err(ZeroError::InvalidConfig)?;
         let groups = Groups::split(ctx.comm().clone(), shard_size)?;
-        let store = ParamStore::new(groups, ctx.device().clone(), config);
+        let store = ParamStore::new(groups, None, ctx.device().clone(), config);
         store.set_table(ParamTable::default());
         Ok(Self::register(GradientReducer::new(
             Arc::new(store),
@@ -168,6 +168,12 @@ impl<B: Backend> ZeroState<B> {
     /// Bytes of gathered parameters held in the cache now.
     pub fn gathered_bytes(&self) -> usize {
         self.store.gathered_bytes()
+    }
+
+    /// Parameter gathers since the module was sharded: how many missed the cache, how many of
+    /// those a prefetch had issued, and the time the training thread waited for them.
+    pub fn gather_stats(&self) -> GatherStats {
+        self.store.gather_stats()
     }
 
     /// Gradient-reduction statistics of the last backward pass.

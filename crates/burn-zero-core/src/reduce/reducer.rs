@@ -247,6 +247,7 @@ impl<B: Backend> GradientReducer<B> {
             *lock(&self.last) = stats;
         }
         drop(guard);
+        store.end_pass();
         store.clear_gather_cache();
     }
 

@@ -53,6 +53,27 @@ impl<T: Clone> GatherCache<T> {
         evicted
     }
 
+    /// Whether `version` is cached (without marking it used).
+    pub fn contains(&self, version: u64) -> bool {
+        self.entries.iter().any(|(v, _, _)| *v == version)
+    }
+
+    /// Evicts least recently used entries until at most `bytes` are held; returns the bytes
+    /// evicted.
+    pub fn shrink_to(&mut self, bytes: usize) -> usize {
+        let mut evicted = 0;
+        while self.bytes > bytes {
+            match self.entries.pop_front() {
+                Some((_, _, b)) => {
+                    self.bytes -= b;
+                    evicted += b;
+                }
+                None => break,
+            }
+        }
+        evicted
+    }
+
     /// Drops every entry; returns the bytes freed.
     pub fn clear(&mut self) -> usize {
         self.entries.clear();

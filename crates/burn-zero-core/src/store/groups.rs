@@ -108,7 +108,7 @@ impl<B: Backend> Groups<B> {
 }
 
 fn check(world_size: usize, shard_size: usize) -> Result<(), CommError> {
-    if shard_size == 0 || world_size % shard_size != 0 {
+    if shard_size == 0 || !world_size.is_multiple_of(shard_size) {
         return Err(CommError::InvalidGroup(format!(
             "shard groups of {shard_size} ranks cannot split {world_size} ranks evenly"
         )));

@@ -9,18 +9,22 @@
 //! - [`param_store`]: [`ParamStore`], the communicators, configuration, parameter table, gathers,
 //!   gather cache, memory accounting and live parameter blocks of one rank.
 //! - [`param`]: [`ShardedParam`], a handle on one block that points to its store.
+//! - `prefetch`: the recorded gather order of a pass and the gathers issued ahead of use.
 //!
-//! Dependencies run one way: `param` → `param_store` → `block`, `cache`, `groups`, `table`.
+//! Dependencies run one way: `param` → `param_store` → `block`, `cache`, `groups`, `prefetch`,
+//! `table`.
 
 pub mod block;
 mod cache;
 pub mod groups;
 pub mod param;
 pub mod param_store;
+pub(crate) mod prefetch;
 pub mod table;
 
 pub use block::Block;
 pub use groups::Groups;
 pub use param::{ShardRole, ShardedParam};
 pub use param_store::ParamStore;
+pub use prefetch::GatherStats;
 pub use table::ParamInfo;

@@ -75,7 +75,7 @@ impl<B: Backend> ShardedParam<B> {
     ) -> Self {
         let param = Self::new(store, key, ShardRole::Parameter, block, shape, dtype);
         if key != UNTRACKED_KEY {
-            store.track_block(key, &param.block);
+            store.track_block(key, &param.block, param.version);
         }
         param
     }
@@ -157,10 +157,12 @@ impl<B: Backend> ShardedParam<B> {
         }
     }
 
-    /// The full tensor, all-gathered (or taken from the store's gather cache).
+    /// The full tensor, all-gathered (or taken from the store's gather cache, or from a
+    /// prefetch).
     pub fn gather(&self) -> B::FloatTensorPrimitive {
+        let parameter = self.role == ShardRole::Parameter && self.key != UNTRACKED_KEY;
         self.store
-            .gather(self.key, self.version, &self.block, &self.shape)
+            .gather(self.key, self.version, &self.block, &self.shape, parameter)
     }
 }
 

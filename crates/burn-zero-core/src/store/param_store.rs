@@ -4,17 +4,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::{DType, Shape, Slice, Tensor, TensorPrimitive};
-use burn_zero_comm::{CommError, Communicator};
+use burn_zero_comm::{CommError, Communicator, OrderedComm};
 
 use crate::config::ZeroConfig;
 use crate::memory::{MemoryKind, MemoryReport, MemoryTracker};
 use crate::store::block::Block;
 use crate::store::cache::GatherCache;
 use crate::store::groups::Groups;
+use crate::store::prefetch::{GatherStats, InFlight, Prefetcher};
 use crate::store::table::{ParamInfo, ParamTable};
 
 /// One rank's store of a sharded module's parameters.
@@ -30,12 +32,18 @@ pub struct ParamStore<B: Backend> {
     table: OnceLock<ParamTable>,
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
     live: Mutex<LiveBlocks<B>>,
+    /// The gather order and the gathers issued ahead of use.
+    prefetch: Mutex<Prefetcher<B>>,
+    /// The shard group behind the rank's issuing thread, where prefetches take their
+    /// positions (`None` without prefetch).
+    ordered: Option<OrderedComm<B>>,
 }
 
-/// The current block of each sharded parameter and the keys an optimizer keeps a master copy
-/// of: what `reuse_fp16_shard` needs to release a block once its gradient shard arrives.
+/// The current block (and its version) of each sharded parameter and the keys an optimizer
+/// keeps a master copy of: what `reuse_fp16_shard` needs to release a block once its gradient
+/// shard arrives, and what a prefetch gathers.
 struct LiveBlocks<B: Backend> {
-    blocks: HashMap<usize, Weak<Block<B>>>,
+    blocks: HashMap<usize, (Weak<Block<B>>, u64)>,
     mastered: HashSet<usize>,
 }
 
@@ -57,9 +65,21 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl<B: Backend> ParamStore<B> {
-    /// An empty store of one rank: no parameter yet.
-    pub(crate) fn new(groups: Groups<B>, device: B::Device, config: ZeroConfig) -> Self {
+    /// An empty store of one rank: no parameter yet. `ordered` is the shard group behind the
+    /// rank's issuing thread, where prefetches are issued (prefetch is off without it).
+    pub(crate) fn new(
+        groups: Groups<B>,
+        ordered: Option<OrderedComm<B>>,
+        device: B::Device,
+        config: ZeroConfig,
+    ) -> Self {
+        let depth = match &ordered {
+            Some(_) if config.prefetches() => config.prefetch,
+            _ => 0,
+        };
         Self {
+            prefetch: Mutex::new(Prefetcher::new(depth)),
+            ordered,
             device,
             cache: Mutex::new(GatherCache::new(config.max_live_gathered_bytes)),
             groups,
@@ -204,28 +224,63 @@ impl<B: Backend> ParamStore<B> {
         shape: &Shape,
     ) -> Result<B::FloatTensorPrimitive, CommError> {
         let full = self.comm().all_gather(block)?.into_primitive().tensor();
-        Ok(B::float_reshape(
-            B::float_slice(full, &[Slice::from(0..shape.num_elements())]),
-            shape.clone(),
-        ))
+        Ok(full_tensor::<B>(full, shape))
     }
 
     /// The full tensor of `shape` whose block on this rank is `block` (parameter `key`, shard
-    /// `version`): from the cache, or all-gathered (and cached if it fits).
+    /// `version`): from the cache, from a prefetch, or all-gathered now (and cached if it
+    /// fits). `parameter`: a module parameter's values, whose gathers follow the recorded
+    /// order and may be prefetched (not a gradient, not a tensor outside the module).
     pub(crate) fn gather(
         &self,
         key: usize,
         version: u64,
         block: &Block<B>,
         shape: &Shape,
+        parameter: bool,
     ) -> B::FloatTensorPrimitive {
+        let prefetching = parameter && lock(&self.prefetch).depth() > 0;
+        if prefetching {
+            let dropped = lock(&self.prefetch).request(key);
+            self.memory.sub(MemoryKind::Gathered, dropped);
+        }
         let caching = self.config.max_live_gathered_bytes > 0;
-        if caching && let Some(hit) = lock(&self.cache).get(version) {
+        // The cache's lock is released before prefetching (an `if let` scrutinee's
+        // temporaries live through its block).
+        let hit = if caching {
+            lock(&self.cache).get(version)
+        } else {
+            None
+        };
+        if let Some(hit) = hit {
+            if prefetching {
+                self.prefetch_ahead();
+            }
             return hit;
         }
         let numel = shape.num_elements();
-        let values = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(block.values()));
-        let full = self.all_gather_full(values, shape).unwrap_or_else(|error| {
+        let bytes = numel * block.dtype().size();
+        let started = Instant::now();
+        let ahead = if prefetching {
+            lock(&self.prefetch).take(key, version)
+        } else {
+            None
+        };
+        let prefetched = ahead.is_some();
+        let full = match ahead {
+            Some(ahead) => {
+                self.memory.sub(MemoryKind::Gathered, ahead.bytes);
+                ahead
+                    .pending
+                    .wait()
+                    .map(|full| full_tensor::<B>(full.into_primitive().tensor(), shape))
+            }
+            None => {
+                let values = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(block.values()));
+                self.all_gather_full(values, shape)
+            }
+        };
+        let full = full.unwrap_or_else(|error| {
             let path = self
                 .table()
                 .and_then(|table| table.get(key))
@@ -236,14 +291,87 @@ impl<B: Backend> ParamStore<B> {
                 self.rank(),
             )
         });
-        let bytes = numel * block.dtype().size();
+        if parameter {
+            let mut prefetch = lock(&self.prefetch);
+            prefetch.stats.gathers += 1;
+            prefetch.stats.prefetched += u64::from(prefetched);
+            prefetch.stats.exposed += started.elapsed();
+        }
         self.memory.touch(MemoryKind::Gathered, bytes);
         if caching && bytes <= self.config.max_live_gathered_bytes {
             let evicted = lock(&self.cache).insert(version, full.clone(), bytes);
             self.memory.add(MemoryKind::Gathered, bytes);
             self.memory.sub(MemoryKind::Gathered, evicted);
         }
+        if prefetching {
+            self.prefetch_ahead();
+        }
         full
+    }
+
+    /// Issues the gathers the recorded order asks for next, up to the prefetch depth, while
+    /// the gathered and prefetched parameters fit in `max_live_gathered_bytes` (least
+    /// recently used gathered parameters make room).
+    fn prefetch_ahead(&self) {
+        let Some(ordered) = &self.ordered else { return };
+        let Some(table) = self.table() else { return };
+        let limit = self.config.max_live_gathered_bytes;
+        let mut prefetch = lock(&self.prefetch);
+        let upcoming = {
+            let cache = lock(&self.cache);
+            let live = lock(&self.live);
+            prefetch.upcoming(|key| {
+                live.blocks
+                    .get(&key)
+                    .is_some_and(|(_, version)| cache.contains(*version))
+            })
+        };
+        for key in upcoming {
+            let current = lock(&self.live).blocks.get(&key).cloned();
+            let (Some(info), Some((block, version))) = (table.get(key), current) else {
+                break;
+            };
+            let Some(block) = block.upgrade().filter(|block| !block.is_released()) else {
+                break;
+            };
+            let bytes = info.shape.num_elements() * info.dtype.size();
+            let inflight = prefetch.inflight_bytes();
+            if inflight + bytes > limit {
+                break;
+            }
+            let evicted = lock(&self.cache).shrink_to(limit - inflight - bytes);
+            self.memory.sub(MemoryKind::Gathered, evicted);
+            let values = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(block.values()));
+            let pending = ordered
+                .reserve()
+                .all_gather_later(values)
+                .unwrap_or_else(|error| {
+                    panic!(
+                        "burn-zero: rank {} could not prefetch parameter #{key} `{}`: {error}",
+                        self.rank(),
+                        info.path
+                    )
+                });
+            self.memory.add(MemoryKind::Gathered, bytes);
+            prefetch.issued(InFlight {
+                key,
+                version,
+                bytes,
+                pending,
+            });
+        }
+    }
+
+    /// Ends a pass (the end of backward): its gather order is recorded if it is new, and
+    /// prefetches it did not use are dropped.
+    pub(crate) fn end_pass(&self) {
+        let dropped = lock(&self.prefetch).end_pass();
+        self.memory.sub(MemoryKind::Gathered, dropped);
+    }
+
+    /// Gathers and prefetches since the module was sharded.
+    pub fn gather_stats(&self) -> GatherStats {
+        lock(&self.prefetch).stats
     }
 
     /// Drops every cached gathered parameter.
@@ -273,8 +401,10 @@ impl<B: Backend> ParamStore<B> {
     }
 
     /// Records `block` as the current block of parameter `key`.
-    pub(crate) fn track_block(&self, key: usize, block: &Arc<Block<B>>) {
-        lock(&self.live).blocks.insert(key, Arc::downgrade(block));
+    pub(crate) fn track_block(&self, key: usize, block: &Arc<Block<B>>, version: u64) {
+        lock(&self.live)
+            .blocks
+            .insert(key, (Arc::downgrade(block), version));
     }
 
     /// Tells the store that an optimizer keeps parameter `key`'s values in an fp32 master copy
@@ -295,7 +425,7 @@ impl<B: Backend> ParamStore<B> {
             if !live.mastered.contains(&key) {
                 return;
             }
-            live.blocks.get(&key).and_then(Weak::upgrade)
+            live.blocks.get(&key).and_then(|(block, _)| block.upgrade())
         };
         if let Some(block) = current
             && matches!(block.dtype(), DType::F16 | DType::BF16)
@@ -303,4 +433,15 @@ impl<B: Backend> ParamStore<B> {
             block.release();
         }
     }
+}
+
+/// The full tensor of `shape` from the concatenated, padded blocks of an all-gather.
+fn full_tensor<B: Backend>(
+    gathered: B::FloatTensorPrimitive,
+    shape: &Shape,
+) -> B::FloatTensorPrimitive {
+    B::float_reshape(
+        B::float_slice(gathered, &[Slice::from(0..shape.num_elements())]),
+        shape.clone(),
+    )
 }

@@ -1,0 +1,153 @@
+//! Gather prefetch: the order in which a pass gathers parameters, recorded in one pass and
+//! replayed in the next to issue gathers ahead of use.
+//!
+//! The bookkeeping lives here; [`crate::store::ParamStore::gather`] drives it. Every rank
+//! makes the same decisions: the recorded order, the cache's contents and the in-flight
+//! gathers are functions of the program alone, and prefetches are issued (their positions in
+//! the rank's order of collectives taken) on the training thread at the gather that triggers
+//! them. A rank whose program asks for another parameter than the recorded next one drops its
+//! prefetches and gathers on demand for the rest of the pass; if the ranks' programs differ,
+//! their collectives differ too, and the engine's schedule check names them.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use burn_zero_comm::Pending;
+
+/// A gather running ahead of use.
+pub(crate) struct InFlight<B: Backend> {
+    pub key: usize,
+    pub version: u64,
+    pub bytes: usize,
+    pub pending: Pending<Tensor<B, 1>>,
+}
+
+/// What prefetching did since the module was sharded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct GatherStats {
+    /// Parameter gathers asked for that missed the cache.
+    pub gathers: u64,
+    /// Of those, the ones a prefetch had already issued.
+    pub prefetched: u64,
+    /// Prefetches dropped unused (a pass left the recorded order, or ended first).
+    pub discarded: u64,
+    /// Passes that left the recorded order.
+    pub diverged_passes: u64,
+    /// Time the training thread spent waiting for gathered parameters: the gather time that
+    /// compute did not hide.
+    pub exposed: Duration,
+}
+
+/// One rank's prefetch state.
+pub(crate) struct Prefetcher<B: Backend> {
+    /// How many gathers may be in flight.
+    depth: usize,
+    /// The parameter order of the last complete pass that followed it (or was recorded).
+    recorded: Option<Vec<usize>>,
+    /// This pass's parameter requests so far.
+    requests: Vec<usize>,
+    /// This pass left the recorded order.
+    diverged: bool,
+    inflight: VecDeque<InFlight<B>>,
+    inflight_bytes: usize,
+    pub stats: GatherStats,
+}
+
+impl<B: Backend> Prefetcher<B> {
+    pub fn new(depth: usize) -> Self {
+        Self {
+            depth,
+            recorded: None,
+            requests: Vec::new(),
+            diverged: false,
+            inflight: VecDeque::new(),
+            inflight_bytes: 0,
+            stats: GatherStats::default(),
+        }
+    }
+
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Notes a request for parameter `key`. Returns the bytes of the prefetches dropped when it
+    /// leaves the recorded order (for the memory accounting).
+    pub fn request(&mut self, key: usize) -> usize {
+        let position = self.requests.len();
+        self.requests.push(key);
+        match &self.recorded {
+            Some(recorded) if !self.diverged && recorded.get(position) != Some(&key) => {
+                self.diverged = true;
+                self.stats.diverged_passes += 1;
+                tracing::debug!(
+                    key,
+                    position,
+                    "a pass left the recorded gather order; prefetch stops for this pass"
+                );
+                self.discard()
+            }
+            _ => 0,
+        }
+    }
+
+    /// The in-flight gather of `key` at `version`, if one was issued.
+    pub fn take(&mut self, key: usize, version: u64) -> Option<InFlight<B>> {
+        let at = self
+            .inflight
+            .iter()
+            .position(|f| f.key == key && f.version == version)?;
+        let found = self.inflight.remove(at)?;
+        self.inflight_bytes -= found.bytes;
+        Some(found)
+    }
+
+    /// The parameters the recorded order asks for next, after this request, that are neither
+    /// cached (`cached(key)`) nor in flight: at most enough to fill the depth.
+    pub fn upcoming(&self, cached: impl Fn(usize) -> bool) -> Vec<usize> {
+        let Some(recorded) = self.recorded.as_ref().filter(|_| !self.diverged) else {
+            return Vec::new();
+        };
+        let room = self.depth.saturating_sub(self.inflight.len());
+        let mut next = Vec::new();
+        for &key in recorded.iter().skip(self.requests.len()) {
+            if next.len() == room {
+                break;
+            }
+            if !cached(key) && !next.contains(&key) && self.inflight.iter().all(|f| f.key != key) {
+                next.push(key);
+            }
+        }
+        next
+    }
+
+    /// Bytes of gathers in flight.
+    pub fn inflight_bytes(&self) -> usize {
+        self.inflight_bytes
+    }
+
+    /// Records a gather issued ahead.
+    pub fn issued(&mut self, inflight: InFlight<B>) {
+        self.inflight_bytes += inflight.bytes;
+        self.inflight.push_back(inflight);
+    }
+
+    /// Drops every in-flight gather; returns their bytes.
+    fn discard(&mut self) -> usize {
+        self.stats.discarded += self.inflight.len() as u64;
+        self.inflight.clear();
+        std::mem::take(&mut self.inflight_bytes)
+    }
+
+    /// Ends a pass (the end of backward): its order becomes the recorded one if there was
+    /// none or it left the old one. Returns the bytes of prefetches dropped.
+    pub fn end_pass(&mut self) -> usize {
+        let requests = std::mem::take(&mut self.requests);
+        if (self.recorded.is_none() || self.diverged) && !requests.is_empty() {
+            self.recorded = Some(requests);
+        }
+        self.diverged = false;
+        self.discard()
+    }
+}
