@@ -202,3 +202,72 @@ fn adapter_fine_tuning_trains_only_the_adapters_bitwise_at_any_world_size_and_on
         assert_eq!(unchanged, i < adapter_params, "parameter #{i}");
     }
 }
+
+#[test]
+fn hybrid_sharding_trains_and_each_rank_holds_its_shard_groups_share() {
+    // 4 ranks: sharded over all 4, and in 2 shard groups of 2.
+    let run = |shard_group_size| {
+        let config = RunConfig {
+            world_size: 4,
+            shard_group_size,
+            persist_below: 0,
+            ..short(12)
+        };
+        train::<Flex>(&config, Default::default(), |_| {}).unwrap()
+    };
+    let shards = |ranks: &[train::RankOutcome]| {
+        ranks[0]
+            .memory
+            .as_ref()
+            .expect("a memory report")
+            .parameter_shards
+            .current
+    };
+    let flat = run(0);
+    let hybrid = run(2);
+    let (first, last) = (hybrid[0].losses[0], *hybrid[0].losses.last().unwrap());
+    assert!(last < first - 0.3, "hybrid loss {first} -> {last}");
+    // Blocks of 1/2 instead of 1/4 of every parameter (padding aside).
+    let ratio = shards(&hybrid) as f64 / shards(&flat) as f64;
+    assert!(
+        (ratio - 2.0).abs() < 0.01,
+        "parameter shards hybrid / flat = {ratio}"
+    );
+    let refused = RunConfig {
+        world_size: 4,
+        shard_group_size: 3,
+        ..short(1)
+    };
+    let error = refused.validate().unwrap_err();
+    assert!(error.contains("--shard-group-size 3"), "{error}");
+}
+
+#[test]
+fn prefetch_trains_bitwise_like_gathering_on_demand() {
+    // Stage 3 on 2 ranks, every parameter sharded: the losses of every step are bit for bit
+    // the same, and every step after the first is served by prefetches.
+    let run = |prefetch| {
+        let config = RunConfig {
+            world_size: 2,
+            stage: 3,
+            persist_below: 0,
+            prefetch,
+            ..short(6)
+        };
+        train::<Flex>(&config, Default::default(), |_| {}).unwrap()
+    };
+    let on_demand = run(0);
+    let ahead = run(2);
+    let bits = |ranks: &[train::RankOutcome]| -> Vec<u32> {
+        ranks[0].losses.iter().map(|l| l.to_bits()).collect()
+    };
+    assert_eq!(bits(&ahead), bits(&on_demand));
+    assert!(ahead.iter().all(|r| r.losses == ahead[0].losses));
+    let (plain, stats) = (on_demand[0].gathers, ahead[0].gathers);
+    assert_eq!(plain.prefetched, 0);
+    assert_eq!(stats.gathers, plain.gathers, "{stats:?}");
+    // The first step records the order; each later one gathers its first parameter on
+    // demand and every other from a prefetch.
+    let per_step = plain.gathers / 6;
+    assert_eq!(stats.prefetched, 5 * (per_step - 1), "{stats:?}");
+}

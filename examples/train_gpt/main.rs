@@ -96,6 +96,14 @@ struct Args {
     /// Parameters with fewer elements stay replicated (stage 3).
     #[arg(long, default_value_t = defaults().persist_below)]
     persist_below: usize,
+    /// Hybrid sharding: shard within groups of this many ranks and replicate across the
+    /// groups (must divide --world-size; 0: shard over all ranks).
+    #[arg(long, default_value_t = defaults().shard_group_size)]
+    shard_group_size: usize,
+    /// Stage 3: parameter gathers issued ahead of use, in the order the first step recorded
+    /// (0: gather on demand).
+    #[arg(long, default_value_t = defaults().prefetch)]
+    prefetch: usize,
     /// Optimizer steps.
     #[arg(long, default_value_t = defaults().steps)]
     steps: usize,
@@ -153,6 +161,8 @@ impl Args {
             bucket_mb: self.bucket_mb,
             overlap_comm: self.overlap_comm,
             persist_below: self.persist_below,
+            shard_group_size: self.shard_group_size,
+            prefetch: self.prefetch,
             steps: self.steps,
             batch_size: self.batch_size,
             accumulation: self.accumulation,
@@ -358,6 +368,15 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
     if first.skipped_steps > 0 {
         println!("loss scaler skipped {} step(s)", first.skipped_steps);
     }
+    let gathers = first.gathers;
+    if gathers.gathers > 0 {
+        println!(
+            "rank 0 gathered parameters {} times ({} prefetched); waited {:.1} ms for gathers",
+            gathers.gathers,
+            gathers.prefetched,
+            gathers.exposed.as_secs_f64() * 1e3
+        );
+    }
     println!(
         "\nper rank (after the last step; grads, buckets and gathered at their peak; \"sum of peaks\" \
          adds every kind's peak):"
@@ -433,6 +452,7 @@ fn write_report(
                 "parameters": r.parameters,
                 "trainable_parameters": r.trainable,
                 "reduced_bytes_per_step": r.reduced_bytes,
+                "gathers": r.gathers,
                 "backend": backend,
                 "precision": precision,
                 "steps": config.steps,

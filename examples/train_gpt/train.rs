@@ -15,6 +15,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn_zero::checkpoint::{SaveOptions, load, save};
 use burn_zero::comm::{RankContext, ReduceOp, launch};
+use burn_zero::core::GatherStats;
 use burn_zero::optim::LossScalerConfig;
 use burn_zero::{MemoryReport, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 
@@ -46,6 +47,11 @@ pub struct RunConfig {
     pub overlap_comm: bool,
     /// Parameters with fewer elements stay replicated at stage 3.
     pub persist_below: usize,
+    /// Hybrid sharding: shard within groups of this many ranks, replicate across the groups
+    /// (0: shard over all ranks).
+    pub shard_group_size: usize,
+    /// Stage 3: parameter gathers issued ahead of use (0: on demand).
+    pub prefetch: usize,
     /// Optimizer steps.
     pub steps: usize,
     /// Sequences per optimizer step, over all ranks and micro-steps.
@@ -86,6 +92,8 @@ impl RunConfig {
             bucket_mb: 25.0,
             overlap_comm: true,
             persist_below: 1024,
+            shard_group_size: 0,
+            prefetch: 0,
             steps: 200,
             batch_size: 32,
             accumulation: 1,
@@ -120,6 +128,12 @@ impl RunConfig {
         }
         if self.stage > 3 {
             return Err(format!("--stage {} does not exist (0 to 3)", self.stage));
+        }
+        if self.shard_group_size > 0 && !self.world_size.is_multiple_of(self.shard_group_size) {
+            return Err(format!(
+                "--shard-group-size {} must divide --world-size {}",
+                self.shard_group_size, self.world_size
+            ));
         }
         if self.checkpoint_dir.is_none() && (self.resume || self.save_every > 0) {
             return Err("--resume and --save-every need --checkpoint-dir".into());
@@ -174,6 +188,8 @@ pub struct RankOutcome {
     pub params: Option<Vec<Vec<f32>>>,
     /// The step the run resumed from (`resume`), if it did.
     pub resumed_from: Option<usize>,
+    /// Parameter gathers of the whole run (stage 3), prefetched ones among them.
+    pub gathers: GatherStats,
 }
 
 /// Why a rank stopped.
@@ -283,6 +299,8 @@ pub fn train_with<B: Backend>(
         .with_stage(config.stage)
         .with_bucket_size_mb(config.bucket_mb)
         .with_persist_below_numel(config.persist_below)
+        .with_shard_group_size(config.shard_group_size)
+        .with_prefetch(config.prefetch)
         .with_overlap_comm(config.overlap_comm);
     let micro = config.micro_batch();
     let step_tokens = config.batch_size * config.seq_len;
@@ -372,6 +390,7 @@ pub fn train_with<B: Backend>(
         let seconds = started.elapsed().as_secs_f64();
         let memory = Some(state.memory_report());
         let reduced_bytes = state.last_reduction().bytes;
+        let gathers = state.gather_stats();
 
         // Every rank generates the same text in lockstep: at stage 3 each forward gathers.
         let sample = generate(&model.valid(), &corpus, config, device);
@@ -390,6 +409,7 @@ pub fn train_with<B: Backend>(
             sample,
             params,
             resumed_from,
+            gathers,
         })
     };
     ranks(&rank_fn)
