@@ -145,7 +145,12 @@ fn cuda_strategy(
                 Ok::<_, burn_zero::comm::CommError>(RankContext::new(device, comm))
             },
             config,
-        );
+        )
+        // Rank 0's metrics count every rank's items, as with ranks on threads.
+        .with_items_from_every_rank::<
+            burn_train::ClassificationOutput<Autodiff<Zero<CudaBackend>>>,
+            burn_train::ClassificationOutput<Zero<CudaBackend>>,
+        >();
         return Ok((env.world_size, device, strategy));
     }
     if args.world_size > visible {

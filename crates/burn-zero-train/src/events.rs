@@ -35,17 +35,20 @@ struct State<P, TO, VO> {
 /// The event processor shared by the ranks of this process.
 ///
 /// `ranks` is the number of ranks whose items count here: every rank of an in-process group,
-/// or the one rank of this process when each rank is a process (only rank 0 renders).
+/// every rank of the job when rank 0 receives all ranks' items, or the one rank of this process
+/// otherwise. `enders` is how many `end_epoch` calls end an epoch: one per rank that hands in
+/// items.
 pub(crate) struct Funnel<P, TO, VO> {
     state: Mutex<State<P, TO, VO>>,
     ranks: usize,
+    enders: usize,
 }
 
 impl<P, TO, VO> Funnel<P, TO, VO>
 where
     P: EventProcessorTraining<LearnerEvent<TO>, LearnerEvent<VO>>,
 {
-    pub(crate) fn new(processor: P, ranks: usize) -> Self {
+    pub(crate) fn new(processor: P, ranks: usize, enders: usize) -> Self {
         Self {
             state: Mutex::new(State {
                 processor,
@@ -54,6 +57,7 @@ where
                 ended: BTreeMap::new(),
             }),
             ranks,
+            enders,
         }
     }
 
@@ -120,7 +124,7 @@ where
         let mut state = self.lock();
         let ended = state.ended.entry((split, epoch)).or_insert(0);
         *ended += 1;
-        if *ended == self.ranks {
+        if *ended == self.enders {
             state.ended.remove(&(split, epoch));
             match split {
                 Split::Train => state.processor.process_train(LearnerEvent::EndEpoch(epoch)),
@@ -173,7 +177,7 @@ mod tests {
 
     #[test]
     fn items_reach_the_processor_per_iteration_in_rank_order() {
-        let funnel = Funnel::new(Log::default(), 2);
+        let funnel = Funnel::new(Log::default(), 2, 2);
         // Rank 1 runs ahead of rank 0.
         funnel.train_item(1, 1, 1, item(11));
         funnel.train_item(1, 1, 2, item(12));
@@ -202,7 +206,7 @@ mod tests {
 
     #[test]
     fn an_incomplete_iteration_is_never_processed() {
-        let funnel = Funnel::new(Log::default(), 2);
+        let funnel = Funnel::new(Log::default(), 2, 2);
         funnel.train_item(0, 1, 1, item(1));
         funnel.end_epoch(Split::Train, 1);
         assert!(funnel.into_processor().0.is_empty());

@@ -12,10 +12,12 @@
 //! 4. checkpoints: `ZeroStrategy::with_checkpoints(dir)` instead of `with_file_checkpointer`.
 //!
 //! Module map: [`strategy`] (the strategy and how ranks start), `worker` (one rank's loop),
+//! [`items`] (step outputs crossing processes for the metrics),
 //! `data` (each rank's block of an epoch), `events` (every rank's items into Burn's metrics,
 //! in rank order), `state` (the learner's optimizer and scheduler records), [`error`].
 
 pub mod error;
+pub mod items;
 pub mod strategy;
 
 mod data;
@@ -24,4 +26,5 @@ mod state;
 mod worker;
 
 pub use error::TrainError;
+pub use items::CrossRank;
 pub use strategy::{ConnectRank, ZeroStrategy};

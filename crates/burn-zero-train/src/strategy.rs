@@ -23,7 +23,8 @@ use burn_zero_optim::{Placement, ZeroOptimizer};
 use crate::data::{self, Deal};
 use crate::error::TrainError;
 use crate::events::Funnel;
-use crate::worker::{self, Shared};
+use crate::items::{CrossRank, ErasedExchange};
+use crate::worker::{self, Across, Shared, TrainOutput, ValidOutput};
 
 /// Connects this process's rank of a multi-process job (e.g. `NcclGroup::from_env` under
 /// `zero-run`).
@@ -72,6 +73,8 @@ pub struct ZeroStrategy<B: Backend> {
     checkpoints: Option<PathBuf>,
     keep_last: usize,
     timeout: Option<Duration>,
+    /// Under `this_process`: how step outputs reach rank 0's metrics from every rank.
+    items: Option<ErasedExchange>,
 }
 
 impl<B: Backend> ZeroStrategy<B> {
@@ -121,6 +124,7 @@ impl<B: Backend> ZeroStrategy<B> {
             checkpoints: None,
             keep_last: 2,
             timeout: None,
+            items: None,
         }
     }
 
@@ -148,6 +152,23 @@ impl<B: Backend> ZeroStrategy<B> {
     /// `LocalGroup` default otherwise).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Under [`Self::this_process`], rank 0's metrics count every rank's items, as they do
+    /// for ranks on threads: after each step the ranks all-gather their outputs (two
+    /// collectives per step, the outputs' values through host memory), and rank 0 hands them
+    /// to burn-train's event processor in rank order. `TO` and `VO` are the model's training
+    /// and validation outputs, e.g. `ClassificationOutput<Autodiff<Zero<B>>>` and
+    /// `ClassificationOutput<Zero<B>>`; burn-train's outputs implement [`CrossRank`]. Without
+    /// it, each process's metrics count its own rank's items only, and only rank 0's are shown.
+    /// Ranks on threads share one event processor and need nothing.
+    pub fn with_items_from_every_rank<TO, VO>(mut self) -> Self
+    where
+        TO: CrossRank + 'static,
+        VO: CrossRank + 'static,
+    {
+        self.items = Some(ErasedExchange::new::<B, TO, VO>());
         self
     }
 
@@ -257,12 +278,13 @@ where
                 };
                 let mut processor = event_processor;
                 processor.process_train(LearnerEvent::Start);
-                let funnel = Funnel::new(processor, world_size);
+                let funnel = Funnel::new(processor, world_size, world_size);
                 let shared = Shared {
                     learners: Mutex::new((0..world_size).map(|_| Some(learner.clone())).collect()),
                     train,
                     valid,
                     funnel: Some(&funnel),
+                    across: None,
                     config: &self.config,
                     checkpoints: self.checkpoints.as_deref(),
                     keep_last: self.keep_last,
@@ -296,20 +318,46 @@ where
                 };
                 let (rank, world_size) = (ctx.rank(), ctx.world_size());
                 let devices = [ctx.device().clone()];
-                let (train, valid) = match epoch_shares(&devices, world_size) {
-                    Ok(shares) => shares,
+                let prepared = epoch_shares(&devices, world_size).and_then(|shares| {
+                    let exchange = match &self.items {
+                        Some(items) => Some(items.get::<B, TrainOutput<
+                            ZeroComponents<AB, LR, M, O, B, P>,
+                        >, ValidOutput<
+                            ZeroComponents<AB, LR, M, O, B, P>,
+                        >>()?),
+                        None => None,
+                    };
+                    Ok((shares, exchange))
+                });
+                let ((train, valid), exchange) = match prepared {
+                    Ok(prepared) => prepared,
                     Err(error) => panic!("burn-zero: rank {rank} cannot train: {error}"),
                 };
+                let across = exchange.map(|exchange| {
+                    let (comm, device) = (ctx.comm().clone(), ctx.device().clone());
+                    let (comm_valid, device_valid) = (comm.clone(), device.clone());
+                    let (train_item, valid_item) = (exchange.train, exchange.valid);
+                    Across::<ZeroComponents<AB, LR, M, O, B, P>> {
+                        train: Box::new(move |item| train_item(item, comm.as_ref(), &device)),
+                        valid: Box::new(move |item| {
+                            valid_item(item, comm_valid.as_ref(), &device_valid)
+                        }),
+                    }
+                });
                 let mut processor = event_processor;
                 if rank == 0 {
                     processor.process_train(LearnerEvent::Start);
                 }
-                let funnel = Funnel::new(processor, 1);
+                // With the items of every rank, rank 0 hands in all of them for each step and
+                // ends each epoch once.
+                let slots = if across.is_some() { world_size } else { 1 };
+                let funnel = Funnel::new(processor, slots, 1);
                 let shared = Shared {
                     learners: Mutex::new(vec![Some(learner)]),
                     train,
                     valid,
                     funnel: (rank == 0).then_some(&funnel),
+                    across,
                     config: &self.config,
                     checkpoints: self.checkpoints.as_deref(),
                     keep_last: self.keep_last,

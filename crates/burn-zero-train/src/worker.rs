@@ -26,12 +26,24 @@ use crate::events::{Funnel, Split};
 use crate::state;
 
 /// Output of a training step of `LC`'s model.
-type TrainOutput<LC> = <<LC as LearningComponentsTypes>::TrainingModel as TrainStep>::Output;
+pub(crate) type TrainOutput<LC> =
+    <<LC as LearningComponentsTypes>::TrainingModel as TrainStep>::Output;
 /// Output of a validation step of `LC`'s model.
-type ValidOutput<LC> = <<LC as LearningComponentsTypes>::InferenceModel as InferenceStep>::Output;
+pub(crate) type ValidOutput<LC> =
+    <<LC as LearningComponentsTypes>::InferenceModel as InferenceStep>::Output;
 /// The funnel of `LC`'s events.
 pub(crate) type EventFunnel<LC> =
     Funnel<SupervisedTrainingEventProcessor<LC>, TrainOutput<LC>, ValidOutput<LC>>;
+
+/// Gathers every rank's output of a step, in rank order (a collective): how items reach rank
+/// 0's metrics when each rank is a process.
+pub(crate) struct Across<LC: LearningComponentsTypes> {
+    pub train: Gathered<TrainOutput<LC>>,
+    pub valid: Gathered<ValidOutput<LC>>,
+}
+
+/// Every rank's copy of this rank's output `T` (a collective).
+pub(crate) type Gathered<T> = Box<dyn Fn(T) -> Result<Vec<T>, TrainError> + Sync>;
 
 /// What every rank of this process reads.
 pub(crate) struct Shared<'a, LC: LearningComponentsTypes> {
@@ -43,6 +55,8 @@ pub(crate) struct Shared<'a, LC: LearningComponentsTypes> {
     pub valid: Vec<Vec<ValidLoader<LC>>>,
     /// Where items go; `None` in a process whose rank does not render.
     pub funnel: Option<&'a EventFunnel<LC>>,
+    /// Each rank a process, items of every rank wanted: every rank's outputs, gathered.
+    pub across: Option<Across<LC>>,
     pub config: &'a ZeroConfig,
     pub checkpoints: Option<&'a Path>,
     pub keep_last: usize,
@@ -71,7 +85,7 @@ fn in_lockstep<B: Backend, T>(
     ctx: &RankContext<B>,
     interrupter: &Interrupter,
     mut batches: Box<dyn DataLoaderIterator<T> + '_>,
-    mut step: impl FnMut(T, Progress),
+    mut step: impl FnMut(T, Progress) -> Result<(), TrainError>,
 ) -> Result<bool, TrainError> {
     loop {
         let batch = batches.next();
@@ -86,7 +100,7 @@ fn in_lockstep<B: Backend, T>(
         let mut progress = batches.progress();
         progress.items_processed *= ctx.world_size();
         progress.items_total *= ctx.world_size();
-        step(batch, progress);
+        step(batch, progress)?;
     }
 }
 
@@ -200,16 +214,27 @@ where
                 learner.lr_step();
                 let output = learner.train_step(batch);
                 learner.optimizer_step(output.grads);
-                if let Some(funnel) = shared.funnel {
-                    let item = TrainingItem::new(
-                        output.item,
-                        progress,
-                        global.clone(),
-                        Some(iteration),
-                        Some(learner.lr_current()),
-                    );
-                    funnel.train_item(slot, epoch, iteration, item);
+                let lr = learner.lr_current();
+                let item = |item| {
+                    let progress = progress.clone();
+                    TrainingItem::new(item, progress, global.clone(), Some(iteration), Some(lr))
+                };
+                match &shared.across {
+                    Some(across) => {
+                        let items = (across.train)(output.item)?;
+                        if let Some(funnel) = shared.funnel {
+                            for (from, output) in items.into_iter().enumerate() {
+                                funnel.train_item(from, epoch, iteration, item(output));
+                            }
+                        }
+                    }
+                    None => {
+                        if let Some(funnel) = shared.funnel {
+                            funnel.train_item(slot, epoch, iteration, item(output.item));
+                        }
+                    }
                 }
+                Ok(())
             },
         )?;
         if let Some(funnel) = shared.funnel {
@@ -230,11 +255,25 @@ where
             |batch, progress| {
                 step += 1;
                 let output = model.step(batch);
-                if let Some(funnel) = shared.funnel {
-                    let item =
-                        TrainingItem::new(output, progress, global.clone(), Some(step), None);
-                    funnel.valid_item(slot, epoch, step, item);
+                let item = |item| {
+                    TrainingItem::new(item, progress.clone(), global.clone(), Some(step), None)
+                };
+                match &shared.across {
+                    Some(across) => {
+                        let items = (across.valid)(output)?;
+                        if let Some(funnel) = shared.funnel {
+                            for (from, output) in items.into_iter().enumerate() {
+                                funnel.valid_item(from, epoch, step, item(output));
+                            }
+                        }
+                    }
+                    None => {
+                        if let Some(funnel) = shared.funnel {
+                            funnel.valid_item(slot, epoch, step, item(output));
+                        }
+                    }
                 }
+                Ok(())
             },
         )?;
         drop(model);

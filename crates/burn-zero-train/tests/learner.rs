@@ -19,7 +19,8 @@ use burn_train::metric::store::EventStoreClient;
 use burn_train::metric::store::{EpochSummary, MetricsUpdate, Split};
 use burn_train::metric::{LossMetric, MetricDefinition, NumericEntry};
 use burn_train::{
-    EarlyStoppingStrategy, Interrupter, Learner, SupervisedTraining, TrainingStrategy,
+    ClassificationOutput, EarlyStoppingStrategy, Interrupter, Learner, RegressionOutput,
+    SupervisedTraining, TrainingStrategy,
 };
 use burn_zero_comm::{Communicator, LocalGroup, RankContext, launch};
 use burn_zero_core::{Zero, ZeroConfig, ZeroError, shard};
@@ -508,28 +509,21 @@ fn a_failing_rank_stops_every_rank_and_names_itself() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Each rank as its own "process" (`ZeroStrategy::this_process`, here threads that share
-/// nothing but their communicators): every rank ends with the model the in-process ranks end
-/// with, and only rank 0's items reach rank 0's metrics.
-#[test]
-fn ranks_as_processes_train_like_ranks_as_threads() {
-    let corpus = Corpus::new(TEXT);
-    let threads_dir = temp_dir("threads");
-    let threads = learner_run(
-        &corpus,
-        &threads_dir,
-        Setup {
-            epochs: 2,
-            ..Default::default()
-        },
-    );
+/// Runs each of `WORLD` ranks as its own "process" (`ZeroStrategy::this_process`; here threads
+/// that share nothing but their communicators), its strategy set up by `setup`; returns each
+/// rank's run, or its panic.
+fn as_processes(
+    corpus: &Corpus,
+    name: &str,
+    setup: impl Fn(ZeroStrategy<Flex>) -> ZeroStrategy<Flex> + Sync,
+) -> Vec<std::thread::Result<Run>> {
     let groups = LocalGroup::<Flex>::new(WORLD).expect("a group");
-    let runs: Vec<Run> = std::thread::scope(|scope| {
+    std::thread::scope(|scope| {
         let handles: Vec<_> = groups
             .into_iter()
             .enumerate()
             .map(|(rank, group)| {
-                let corpus = &corpus;
+                let setup = &setup;
                 std::thread::Builder::new()
                     .name(format!("rank-{rank}"))
                     .spawn_scoped(scope, move || {
@@ -541,16 +535,18 @@ fn ranks_as_processes_train_like_ranks_as_threads() {
                             zero_config(),
                         )
                         .with_seed(3);
-                        let dir = temp_dir(&format!("process-{rank}"));
-                        let run = learner_run(
-                            corpus,
-                            &dir,
-                            Setup {
-                                strategy: Some(strategy),
-                                epochs: 2,
-                                ..Default::default()
-                            },
-                        );
+                        let dir = temp_dir(&format!("{name}-{rank}"));
+                        let run = catch_unwind(AssertUnwindSafe(|| {
+                            learner_run(
+                                corpus,
+                                &dir,
+                                Setup {
+                                    strategy: Some(setup(strategy)),
+                                    epochs: 2,
+                                    ..Default::default()
+                                },
+                            )
+                        }));
                         let _ = std::fs::remove_dir_all(dir);
                         run
                     })
@@ -559,9 +555,44 @@ fn ranks_as_processes_train_like_ranks_as_threads() {
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("the rank trains"))
+            .map(|h| h.join().expect("the rank thread"))
             .collect()
-    });
+    })
+}
+
+/// The two ranks as threads, for the processes to match.
+fn as_threads(corpus: &Corpus) -> Run {
+    let dir = temp_dir("threads");
+    let run = learner_run(
+        corpus,
+        &dir,
+        Setup {
+            epochs: 2,
+            ..Default::default()
+        },
+    );
+    let _ = std::fs::remove_dir_all(dir);
+    run
+}
+
+fn loss_values(run: &Run, split: &str, epoch: usize) -> Vec<u64> {
+    run.logged
+        .values(split, epoch)
+        .iter()
+        .map(|v| v.0.to_bits())
+        .collect()
+}
+
+/// Each rank as its own process: every rank ends with the model the in-process ranks end
+/// with, and by default only rank 0's items reach rank 0's metrics.
+#[test]
+fn ranks_as_processes_train_like_ranks_as_threads() {
+    let corpus = Corpus::new(TEXT);
+    let threads = as_threads(&corpus);
+    let runs: Vec<Run> = as_processes(&corpus, "process", |strategy| strategy)
+        .into_iter()
+        .map(|run| run.expect("the rank trains"))
+        .collect();
     for (rank, run) in runs.iter().enumerate() {
         assert_eq!(
             bits(&run.params),
@@ -573,20 +604,63 @@ fn ranks_as_processes_train_like_ranks_as_threads() {
     // Rank 0 renders and logs its own items; rank 1 logs nothing.
     assert_eq!(runs[0].logged.values("train", 1).len(), 3);
     assert!(runs[1].logged.values("train", 1).is_empty());
-    let own: Vec<f64> = runs[0]
-        .logged
-        .values("train", 1)
-        .iter()
-        .map(|v| v.0)
-        .collect();
-    let all: Vec<f64> = threads
-        .logged
-        .values("train", 1)
-        .iter()
-        .map(|v| v.0)
-        .collect();
+    let own = loss_values(&runs[0], "train", 1);
+    let all = loss_values(&threads, "train", 1);
     assert_eq!(own, all.iter().step_by(WORLD).copied().collect::<Vec<_>>());
-    let _ = std::fs::remove_dir_all(threads_dir);
+}
+
+/// With `with_items_from_every_rank`, rank 0's metrics as a process are those of the ranks as
+/// threads, bit for bit: every rank's items, in rank order, training and validation.
+#[test]
+fn ranks_as_processes_count_every_ranks_items_when_asked() {
+    let corpus = Corpus::new(TEXT);
+    let threads = as_threads(&corpus);
+    let runs: Vec<Run> = as_processes(&corpus, "items", |strategy| {
+        strategy
+            .with_items_from_every_rank::<ClassificationOutput<Train>, ClassificationOutput<Valid>>(
+            )
+    })
+    .into_iter()
+    .map(|run| run.expect("the rank trains"))
+    .collect();
+    for epoch in 1..=2 {
+        for split in ["train", "valid"] {
+            let all = loss_values(&threads, split, epoch);
+            assert!(!all.is_empty(), "{split} {epoch}: nothing logged");
+            assert_eq!(
+                loss_values(&runs[0], split, epoch),
+                all,
+                "{split} epoch {epoch}: rank 0's metrics differ from the ranks as threads"
+            );
+            assert!(runs[1].logged.values(split, epoch).is_empty());
+        }
+    }
+    for run in &runs {
+        assert_eq!(bits(&run.params), bits(&threads.params));
+    }
+}
+
+/// Output types that are not the learner's are refused by name, on every rank, before any
+/// step.
+#[test]
+fn items_from_every_rank_for_other_output_types_are_refused() {
+    let corpus = Corpus::new(TEXT);
+    let runs = as_processes(&corpus, "wrong-items", |strategy| {
+        strategy.with_items_from_every_rank::<RegressionOutput<Train>, RegressionOutput<Valid>>()
+    });
+    for (rank, run) in runs.into_iter().enumerate() {
+        let payload = run.err().expect("the rank must refuse");
+        let message = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            message.contains(&format!("rank {rank} cannot train"))
+                && message.contains("RegressionOutput")
+                && message.contains("ClassificationOutput"),
+            "{message}"
+        );
+    }
 }
 
 /// Accumulation is the optimizer's: two micro-batches per step under the Learner equal the
