@@ -16,6 +16,11 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn_zero_comm::Pending;
 
+/// The most parameter requests one pass records. Forward passes without a backward (evaluation,
+/// generation) never end a pass: past this many requests the pass stops recording, is not
+/// recorded, and the order recorded before it stays.
+const MAX_RECORDED: usize = 1 << 16;
+
 /// A gather running ahead of use.
 pub(crate) struct InFlight<B: Backend> {
     pub key: usize,
@@ -50,6 +55,8 @@ pub(crate) struct Prefetcher<B: Backend> {
     requests: Vec<usize>,
     /// This pass left the recorded order.
     diverged: bool,
+    /// This pass made more than [`MAX_RECORDED`] requests.
+    overflowed: bool,
     inflight: VecDeque<InFlight<B>>,
     inflight_bytes: usize,
     pub stats: GatherStats,
@@ -62,6 +69,7 @@ impl<B: Backend> Prefetcher<B> {
             recorded: None,
             requests: Vec::new(),
             diverged: false,
+            overflowed: false,
             inflight: VecDeque::new(),
             inflight_bytes: 0,
             stats: GatherStats::default(),
@@ -76,20 +84,36 @@ impl<B: Backend> Prefetcher<B> {
     /// leaves the recorded order (for the memory accounting).
     pub fn request(&mut self, key: usize) -> usize {
         let position = self.requests.len();
+        if position == MAX_RECORDED {
+            self.overflowed = true;
+            return self.leave_order(key, position);
+        }
+        if self.overflowed {
+            return 0;
+        }
         self.requests.push(key);
         match &self.recorded {
             Some(recorded) if !self.diverged && recorded.get(position) != Some(&key) => {
-                self.diverged = true;
-                self.stats.diverged_passes += 1;
-                tracing::debug!(
-                    key,
-                    position,
-                    "a pass left the recorded gather order; prefetch stops for this pass"
-                );
-                self.discard()
+                self.leave_order(key, position)
             }
             _ => 0,
         }
+    }
+
+    /// This pass leaves the recorded order at `position`: prefetch stops for the rest of it.
+    /// Returns the bytes of the prefetches dropped.
+    fn leave_order(&mut self, key: usize, position: usize) -> usize {
+        if self.diverged {
+            return 0;
+        }
+        self.diverged = true;
+        self.stats.diverged_passes += 1;
+        tracing::debug!(
+            key,
+            position,
+            "a pass left the recorded gather order; prefetch stops for this pass"
+        );
+        self.discard()
     }
 
     /// The in-flight gather of `key` at `version`, if one was issued.
@@ -106,7 +130,11 @@ impl<B: Backend> Prefetcher<B> {
     /// The parameters the recorded order asks for next, after this request, that are neither
     /// cached (`cached(key)`) nor in flight: at most enough to fill the depth.
     pub fn upcoming(&self, cached: impl Fn(usize) -> bool) -> Vec<usize> {
-        let Some(recorded) = self.recorded.as_ref().filter(|_| !self.diverged) else {
+        let Some(recorded) = self
+            .recorded
+            .as_ref()
+            .filter(|_| !self.diverged && !self.overflowed)
+        else {
             return Vec::new();
         };
         let room = self.depth.saturating_sub(self.inflight.len());
@@ -141,13 +169,65 @@ impl<B: Backend> Prefetcher<B> {
     }
 
     /// Ends a pass (the end of backward): its order becomes the recorded one if there was
-    /// none or it left the old one. Returns the bytes of prefetches dropped.
+    /// none or it left the old one (unless it overflowed). Returns the bytes of prefetches
+    /// dropped.
     pub fn end_pass(&mut self) -> usize {
         let requests = std::mem::take(&mut self.requests);
-        if (self.recorded.is_none() || self.diverged) && !requests.is_empty() {
+        let recordable = !self.overflowed && !requests.is_empty();
+        if recordable && (self.recorded.is_none() || self.diverged) {
             self.recorded = Some(requests);
         }
         self.diverged = false;
+        self.overflowed = false;
         self.discard()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    fn pass(prefetcher: &mut Prefetcher<Flex>, keys: impl IntoIterator<Item = usize>) {
+        for key in keys {
+            prefetcher.request(key);
+        }
+        prefetcher.end_pass();
+    }
+
+    #[test]
+    fn the_first_pass_is_recorded_and_a_diverging_one_replaces_it() {
+        let mut prefetcher = Prefetcher::<Flex>::new(2);
+        assert!(
+            prefetcher.upcoming(|_| false).is_empty(),
+            "nothing recorded yet"
+        );
+        pass(&mut prefetcher, [0, 1, 2, 1, 0]);
+        prefetcher.request(0);
+        assert_eq!(prefetcher.upcoming(|_| false), [1, 2]);
+        assert_eq!(prefetcher.upcoming(|key| key == 1), [2, 0]);
+        // This pass leaves the order at its second request and is recorded in its place.
+        prefetcher.request(2);
+        assert!(prefetcher.upcoming(|_| false).is_empty());
+        prefetcher.request(1);
+        prefetcher.end_pass();
+        assert_eq!(prefetcher.stats.diverged_passes, 1);
+        prefetcher.request(0);
+        assert_eq!(prefetcher.upcoming(|_| false), [2, 1]);
+    }
+
+    #[test]
+    fn a_pass_without_end_stops_recording_and_keeps_the_old_order() {
+        let mut prefetcher = Prefetcher::<Flex>::new(1);
+        pass(&mut prefetcher, [0, 1]);
+        // Forward passes without a backward: one long pass, never ended until now.
+        for i in 0..MAX_RECORDED + 10 {
+            prefetcher.request(i % 2);
+        }
+        assert_eq!(prefetcher.requests.len(), MAX_RECORDED);
+        assert!(prefetcher.upcoming(|_| false).is_empty());
+        prefetcher.end_pass();
+        prefetcher.request(0);
+        assert_eq!(prefetcher.upcoming(|_| false), [1], "the old order stays");
     }
 }
