@@ -528,14 +528,18 @@ where
         let grad = match grad {
             ZeroTensor::Sharded(view) if sharded => flat(view.param().shard().clone()),
             ZeroTensor::Local(full) if !sharded => flat(full),
-            other => panic!(
-                "burn-zero: the gradient of parameter #{key} is {} but this stage reduces it {}",
-                if other.as_sharded().is_some() {
-                    "sharded"
-                } else {
-                    "whole"
-                },
-                if sharded { "to shards" } else { "whole" },
+            ZeroTensor::Local(_) => panic!(
+                "burn-zero: the gradient of parameter #{key} `{}` is whole, but this stage \
+                 reduces it to shards: it was not reduced. A backward pass uses up the \
+                 parameters' gradient marks and `ZeroOptimizer::step` renews them, so a second \
+                 backward pass before a step is not reduced; call `step` after every backward \
+                 (`with_accumulation(n)` accumulates n of them)",
+                self.path_of(key)
+            ),
+            ZeroTensor::Sharded(_) => panic!(
+                "burn-zero: the gradient of parameter #{key} `{}` is sharded but this stage \
+                 reduces it whole",
+                self.path_of(key)
             ),
         };
         let grad = P::to_host(grad);

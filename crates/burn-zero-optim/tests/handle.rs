@@ -134,3 +134,41 @@ fn an_unbound_optimizer_refuses_to_step_and_says_how_to_bind_it() {
         "{message}"
     );
 }
+
+/// A backward pass uses up the parameters' gradient marks and the step renews them: the
+/// gradients of a second backward pass before a step were never reduced, and at the stages
+/// that reduce them to shards the step refuses them by name instead of stepping with one
+/// rank's gradient.
+#[test]
+fn a_second_backward_before_a_step_is_refused_by_name() {
+    for stage in [1, 2, 3] {
+        let base = base_model(&Default::default());
+        let config = ZeroConfig::new()
+            .with_stage(stage)
+            .with_persist_below_numel(0);
+        let messages =
+            launch::<burn::backend::Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+                let (model, zero) = shard(base.clone(), &ctx, &config)?;
+                let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+                let (tokens, targets) = micro_batch::<Train>(ctx.rank(), ctx.device());
+                let first = model.loss(tokens.clone(), targets.clone()).backward();
+                drop(first);
+                let second = model.loss(tokens, targets).backward();
+                let grads = GradientsParams::from_grads(second, &model);
+                let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    optimizer.step(LR, model, grads);
+                }))
+                .expect_err("the step is refused");
+                Ok(panic.downcast_ref::<String>().cloned().unwrap_or_default())
+            })
+            .unwrap();
+        for message in messages {
+            assert!(
+                message.contains("it was not reduced")
+                    && message.contains("`embed.weight`")
+                    && message.contains("call `step` after every backward"),
+                "stage {stage}: {message}"
+            );
+        }
+    }
+}
