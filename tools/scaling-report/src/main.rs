@@ -1083,7 +1083,15 @@ The goal is at most 1.05× plain Burn's instructions per step: {} (worst {worst:
         "{SECTION_END}
 "
     );
-    md
+    // The literals above carry their source indentation: one space between words, and no
+    // indentation (an indented table line would be a code block).
+    let mut tidy: String = md
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    tidy.push('\n');
+    tidy
 }
 
 /// `text` with its instruction-count section replaced by `section`, or with `section` added
