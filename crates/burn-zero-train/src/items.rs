@@ -189,22 +189,44 @@ fn convert(error: burn::tensor::DataError) -> TrainError {
     TrainError::State(format!("reading a step output's values: {error:?}"))
 }
 
+/// The fields of burn-train's classification, multi-label and regression outputs: loss, output,
+/// targets.
+type Triple<B, const D: usize, K> = (Tensor<B, 1>, Tensor<B, 2>, Tensor<B, D, K>);
+
+/// Every rank's [`Triple`], in rank order.
+fn gather_triple<C, B, const D: usize, K>(
+    (loss, output, targets): Triple<B, D, K>,
+    comm: &dyn Communicator<C>,
+    device: &C::Device,
+) -> Result<Vec<Triple<B, D, K>>, TrainError>
+where
+    C: Backend,
+    B: Backend,
+    K: BasicOps<B>,
+{
+    let here = loss.device();
+    let mut packet = Packet::default();
+    packet.push(loss)?;
+    packet.push(output)?;
+    packet.push(targets)?;
+    packet
+        .all_gather(comm, device)?
+        .into_iter()
+        .map(|mut r| Ok((r.pop(&here)?, r.pop(&here)?, r.pop(&here)?)))
+        .collect()
+}
+
 impl<B: Backend> CrossRank for ClassificationOutput<B> {
     fn all_gather<C: Backend>(
         self,
         comm: &dyn Communicator<C>,
         device: &C::Device,
     ) -> Result<Vec<Self>, TrainError> {
-        let here = self.loss.device();
-        let mut packet = Packet::default();
-        packet.push(self.loss)?;
-        packet.push(self.output)?;
-        packet.push(self.targets)?;
-        packet
-            .all_gather(comm, device)?
+        let all = gather_triple((self.loss, self.output, self.targets), comm, device)?;
+        Ok(all
             .into_iter()
-            .map(|mut r| Ok(Self::new(r.pop(&here)?, r.pop(&here)?, r.pop(&here)?)))
-            .collect()
+            .map(|(loss, output, targets)| Self::new(loss, output, targets))
+            .collect())
     }
 }
 
@@ -214,22 +236,15 @@ impl<B: Backend> CrossRank for MultiLabelClassificationOutput<B> {
         comm: &dyn Communicator<C>,
         device: &C::Device,
     ) -> Result<Vec<Self>, TrainError> {
-        let here = self.loss.device();
-        let mut packet = Packet::default();
-        packet.push(self.loss)?;
-        packet.push(self.output)?;
-        packet.push(self.targets)?;
-        packet
-            .all_gather(comm, device)?
+        let all = gather_triple((self.loss, self.output, self.targets), comm, device)?;
+        Ok(all
             .into_iter()
-            .map(|mut r| {
-                Ok(Self {
-                    loss: r.pop(&here)?,
-                    output: r.pop(&here)?,
-                    targets: r.pop(&here)?,
-                })
+            .map(|(loss, output, targets)| Self {
+                loss,
+                output,
+                targets,
             })
-            .collect()
+            .collect())
     }
 }
 
@@ -239,22 +254,15 @@ impl<B: Backend> CrossRank for RegressionOutput<B> {
         comm: &dyn Communicator<C>,
         device: &C::Device,
     ) -> Result<Vec<Self>, TrainError> {
-        let here = self.loss.device();
-        let mut packet = Packet::default();
-        packet.push(self.loss)?;
-        packet.push(self.output)?;
-        packet.push(self.targets)?;
-        packet
-            .all_gather(comm, device)?
+        let all = gather_triple((self.loss, self.output, self.targets), comm, device)?;
+        Ok(all
             .into_iter()
-            .map(|mut r| {
-                Ok(Self {
-                    loss: r.pop(&here)?,
-                    output: r.pop(&here)?,
-                    targets: r.pop(&here)?,
-                })
+            .map(|(loss, output, targets)| Self {
+                loss,
+                output,
+                targets,
             })
-            .collect()
+            .collect())
     }
 }
 
