@@ -1,7 +1,11 @@
 //! `DistEnv`: who this process is in a multi-process job, read from the environment variables
 //! that `zero-run` (and PyTorch's `torchrun`) set for every rank.
 
+pub mod hostlist;
+
 use std::fmt;
+
+pub use hostlist::{HostListError, expand_hostlist};
 
 /// Global rank of this process, `0..WORLD_SIZE`.
 pub const RANK: &str = "RANK";
