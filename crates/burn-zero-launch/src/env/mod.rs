@@ -1,11 +1,45 @@
-//! `DistEnv`: who this process is in a multi-process job, read from the environment variables
-//! that `zero-run` (and PyTorch's `torchrun`) set for every rank.
+//! `DistEnv`: who this process is in a multi-process job, read from the variables of the
+//! launcher that started it: zero-run or torchrun, Kubeflow's PyTorchJob, Open MPI, MPICH or
+//! Intel MPI (PMI), LSF's jsrun, or Slurm's srun ([`EnvSource`]).
+//!
+//! [`DistEnv::detect`] finds the launcher; [`DistEnv::from_source`] reads a named one. When
+//! launchers nest (zero-run under `srun`, `mpirun` in a batch script) the innermost wins, in
+//! the order of [`EnvSource::ALL`]: torchrun-style variables, Kubeflow, Open MPI, PMI, jsrun,
+//! Slurm; an outer launcher's leftovers are ignored. `BURN_ZERO_LAUNCHER` names the launcher
+//! (or `none`) instead of detecting it.
+//!
+//! Where the launcher gives no master address or port, they are derived: Slurm's rank 0 runs
+//! on the first node of the step's node list, on port [`derived_port`] of the job and step
+//! ids; jsrun's on the first compute host of `LSB_MCPU_HOSTS`, on a port from `LSB_JOBID`; an
+//! MPI job whose ranks are all on this node meets on the loopback, at port 29500. Otherwise
+//! `MASTER_ADDR` must say. `MASTER_ADDR` and `MASTER_PORT` always override.
+//!
+//! Every value is checked before any network call: a malformed or contradictory environment
+//! is an [`EnvError`] naming the launcher and the variable, never a rendezvous that waits out
+//! its timeout.
 
+mod error;
 pub mod hostlist;
+pub mod lsf;
+mod master;
+pub mod mpi;
+pub mod slurm;
+mod source;
+mod torchrun;
+mod vars;
 
 use std::fmt;
 
+pub use error::EnvError;
 pub use hostlist::{HostListError, expand_hostlist};
+pub use master::{
+    DEFAULT_PORT, DERIVED_PORT_BASE, DERIVED_PORT_SPAN, MASTER_ADDR, MASTER_PORT, MasterOrigin,
+    derived_port,
+};
+pub use source::{EnvSource, KUBERNETES_SERVICE_HOST, LAUNCHER};
+
+use master::Derived;
+use vars::{Counted, Vars};
 
 /// Global rank of this process, `0..WORLD_SIZE`.
 pub const RANK: &str = "RANK";
@@ -15,10 +49,6 @@ pub const WORLD_SIZE: &str = "WORLD_SIZE";
 pub const LOCAL_RANK: &str = "LOCAL_RANK";
 /// Number of processes on this node (optional: `torchrun` sets it, older launchers do not).
 pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
-/// Host name or address of the rank-0 process, where the others meet.
-pub const MASTER_ADDR: &str = "MASTER_ADDR";
-/// TCP port rank 0 listens on for the rendezvous.
-pub const MASTER_PORT: &str = "MASTER_PORT";
 
 /// The launcher's variables, parsed and checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,122 +67,100 @@ pub struct DistEnv {
     pub master_port: u16,
 }
 
-/// A launcher variable that is missing or malformed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EnvError {
-    /// A required variable is not set.
-    #[error(
-        "environment variable {var} is not set: start the ranks with `zero-run` (or torchrun), \
-         or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT yourself"
-    )]
-    Missing {
-        /// The variable.
-        var: &'static str,
-    },
-    /// A variable whose value does not parse or is out of its range.
-    #[error("environment variable {var}={value:?} is invalid: {reason}")]
-    Invalid {
-        /// The variable.
-        var: &'static str,
-        /// Its value (lossily decoded when it is not UTF-8).
-        value: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// Two variables that contradict each other.
-    #[error("inconsistent launcher environment: {0}")]
-    Inconsistent(String),
+/// A [`DistEnv`] with the launcher it was read from and where its master came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detected {
+    /// The launcher whose variables were read.
+    pub source: EnvSource,
+    /// This rank's place in the job.
+    pub env: DistEnv,
+    /// Whether the master's address and port were given or derived, and how.
+    pub master_origin: MasterOrigin,
+}
+
+impl fmt::Display for Detected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} from {} ({})",
+            self.env, self.source, self.master_origin
+        )
+    }
+}
+
+/// What one launcher's variables say, before the common checks and the master.
+pub(crate) struct Reading {
+    pub rank: Counted,
+    pub world_size: Counted,
+    pub local_rank: Counted,
+    pub local_world_size: Option<Counted>,
+    pub addr: Derived<String>,
+    pub port: Derived<u16>,
 }
 
 impl DistEnv {
-    /// Reads the variables of this process.
+    /// Reads this process's launcher environment ([`DistEnv::detect`]), without the source.
     pub fn from_env() -> Result<Self, EnvError> {
-        Self::from_lookup(|var| {
-            std::env::var_os(var).map(|value| match value.into_string() {
-                Ok(text) => Ok(text),
-                Err(raw) => Err(raw.to_string_lossy().into_owned()),
-            })
-        })
+        Self::detect().map(|detected| detected.env)
     }
 
-    /// Whether this process looks like one rank of a launched job (`RANK` and `WORLD_SIZE` are
-    /// set); a program can fall back to a single-process run otherwise.
+    /// Finds the launcher that started this process and reads its variables; logs the result.
+    pub fn detect() -> Result<Detected, EnvError> {
+        let detected = Self::detect_with(process_lookup)?;
+        log_detected(&detected);
+        Ok(detected)
+    }
+
+    /// Reads the variables of `source`, whatever else is set; logs the result.
+    pub fn from_source(source: EnvSource) -> Result<Detected, EnvError> {
+        let detected = Self::from_source_with(source, process_lookup)?;
+        log_detected(&detected);
+        Ok(detected)
+    }
+
+    /// Whether this process looks like one rank of a launched job (some launcher's variables
+    /// are set, and `BURN_ZERO_LAUNCHER` is not `none`); a program can fall back to a
+    /// single-process run otherwise. A malformed environment counts as launched, so that
+    /// [`DistEnv::from_env`] reports it.
     pub fn is_launched() -> bool {
-        std::env::var_os(RANK).is_some() && std::env::var_os(WORLD_SIZE).is_some()
+        source::detect(&process_lookup).map_or(true, |source| source.is_some())
     }
 
     /// Parses the variables from `lookup`, which answers `None` for an unset variable and
-    /// `Err(lossy text)` for a value that is not valid UTF-8. Used by [`DistEnv::from_env`] and
-    /// by tests.
+    /// `Err(lossy text)` for a value that is not valid UTF-8: [`DistEnv::detect_with`] without
+    /// the source. Used by [`DistEnv::from_env`] and by tests.
     pub fn from_lookup<L>(lookup: L) -> Result<Self, EnvError>
     where
         L: Fn(&str) -> Option<Result<String, String>>,
     {
-        let read = |var: &'static str| -> Result<Option<String>, EnvError> {
-            match lookup(var) {
-                None => Ok(None),
-                Some(Ok(text)) => Ok(Some(text)),
-                Some(Err(lossy)) => Err(EnvError::Invalid {
-                    var,
-                    value: lossy,
-                    reason: "not valid UTF-8".into(),
-                }),
-            }
-        };
-        let required = |var: &'static str| read(var)?.ok_or(EnvError::Missing { var });
+        Self::detect_with(lookup).map(|detected| detected.env)
+    }
 
-        let world_size = parse_count(WORLD_SIZE, &required(WORLD_SIZE)?, 1)?;
-        let rank = parse_count(RANK, &required(RANK)?, 0)?;
-        if rank >= world_size {
-            return Err(EnvError::Invalid {
-                var: RANK,
-                value: rank.to_string(),
-                reason: format!("must be below WORLD_SIZE={world_size}"),
-            });
+    /// [`DistEnv::detect`] on the variables `lookup` answers (as in [`DistEnv::from_lookup`]).
+    pub fn detect_with<L>(lookup: L) -> Result<Detected, EnvError>
+    where
+        L: Fn(&str) -> Option<Result<String, String>>,
+    {
+        match source::detect(&lookup)? {
+            Some(source) => Self::from_source_with(source, lookup),
+            None => Err(EnvError::NotLaunched),
         }
-        let local_rank = parse_count(LOCAL_RANK, &required(LOCAL_RANK)?, 0)?;
-        let local_world_size = read(LOCAL_WORLD_SIZE)?
-            .map(|text| parse_count(LOCAL_WORLD_SIZE, &text, 1))
-            .transpose()?;
-        if let Some(local_world_size) = local_world_size {
-            if local_rank >= local_world_size {
-                return Err(EnvError::Inconsistent(format!(
-                    "LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_world_size}"
-                )));
-            }
-            if local_world_size > world_size {
-                return Err(EnvError::Inconsistent(format!(
-                    "LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE={world_size}"
-                )));
-            }
-        }
-        let master_addr = required(MASTER_ADDR)?;
-        if master_addr.trim().is_empty() {
-            return Err(EnvError::Invalid {
-                var: MASTER_ADDR,
-                value: master_addr,
-                reason: "empty host name".into(),
-            });
-        }
-        let port_text = required(MASTER_PORT)?;
-        let master_port = match port_text.trim().parse::<u16>() {
-            Ok(0) | Err(_) => {
-                return Err(EnvError::Invalid {
-                    var: MASTER_PORT,
-                    value: port_text,
-                    reason: "expected a TCP port, 1 to 65535".into(),
-                });
-            }
-            Ok(port) => port,
+    }
+
+    /// [`DistEnv::from_source`] on the variables `lookup` answers.
+    pub fn from_source_with<L>(source: EnvSource, lookup: L) -> Result<Detected, EnvError>
+    where
+        L: Fn(&str) -> Option<Result<String, String>>,
+    {
+        let vars = Vars::new(&lookup, source);
+        let reading = match source {
+            EnvSource::Torchrun => torchrun::read(&vars)?,
+            EnvSource::Kubeflow => torchrun::read_kubeflow(&vars)?,
+            EnvSource::OpenMpi | EnvSource::Pmi => mpi::read(&vars)?,
+            EnvSource::Lsf => lsf::read(&vars)?,
+            EnvSource::Slurm => slurm::read(&vars)?,
         };
-        Ok(DistEnv {
-            rank,
-            world_size,
-            local_rank,
-            local_world_size,
-            master_addr: master_addr.trim().to_string(),
-            master_port,
-        })
+        finish(&vars, reading)
     }
 
     /// The environment of a single-process job (rank 0 of 1, master on the loopback).
@@ -206,21 +214,59 @@ impl fmt::Display for DistEnv {
     }
 }
 
-/// Parses a non-negative integer that must be at least `min`.
-fn parse_count(var: &'static str, text: &str, min: usize) -> Result<usize, EnvError> {
-    match text.trim().parse::<usize>() {
-        Ok(value) if value >= min => Ok(value),
-        Ok(_) => Err(EnvError::Invalid {
-            var,
-            value: text.to_string(),
-            reason: format!("must be at least {min}"),
-        }),
-        Err(_) => Err(EnvError::Invalid {
-            var,
-            value: text.to_string(),
-            reason: "expected a non-negative integer".into(),
-        }),
+/// The checks every launcher shares, then the master.
+fn finish(vars: &Vars<'_>, reading: Reading) -> Result<Detected, EnvError> {
+    let Reading {
+        rank,
+        world_size,
+        local_rank,
+        local_world_size,
+        addr,
+        port,
+    } = reading;
+    vars.check_below(rank, world_size.value, world_size.var)?;
+    if let Some(local) = local_world_size {
+        vars.check_below(local_rank, local.value, local.var)?;
+        if local.value > world_size.value {
+            return Err(vars.inconsistent(format!(
+                "{}={} is larger than {}={}",
+                local.var, local.value, world_size.var, world_size.value
+            )));
+        }
     }
+    let (master_addr, master_port, master_origin) = master::resolve(vars, addr, port)?;
+    Ok(Detected {
+        source: vars.launcher(),
+        env: DistEnv {
+            rank: rank.value,
+            world_size: world_size.value,
+            local_rank: local_rank.value,
+            local_world_size: local_world_size.map(|local| local.value),
+            master_addr,
+            master_port,
+        },
+        master_origin,
+    })
+}
+
+fn log_detected(detected: &Detected) {
+    tracing::info!(
+        launcher = %detected.source,
+        rank = detected.env.rank,
+        world_size = detected.env.world_size,
+        local_rank = detected.env.local_rank,
+        master = %detected.env.master_endpoint(),
+        origin = %detected.master_origin,
+        "launcher environment read"
+    );
+}
+
+/// The process environment, as [`Lookup`] answers.
+fn process_lookup(var: &str) -> Option<Result<String, String>> {
+    std::env::var_os(var).map(|value| match value.into_string() {
+        Ok(text) => Ok(text),
+        Err(raw) => Err(raw.to_string_lossy().into_owned()),
+    })
 }
 
 #[cfg(test)]
@@ -291,7 +337,13 @@ mod tests {
     fn missing_variables_are_named() {
         for var in [RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT] {
             let error = parse_owned(&with(var, None)).unwrap_err();
-            assert_eq!(error, EnvError::Missing { var });
+            assert_eq!(
+                error,
+                EnvError::Missing {
+                    launcher: EnvSource::Torchrun,
+                    var
+                }
+            );
             assert!(error.to_string().contains(var), "{error}");
         }
     }
@@ -318,23 +370,36 @@ mod tests {
     #[test]
     fn rank_must_be_below_world_size() {
         let error = parse_owned(&with(RANK, Some("8"))).unwrap_err();
-        assert!(
-            error.to_string().contains("must be below WORLD_SIZE=8"),
-            "{error}"
+        assert_eq!(
+            error.to_string(),
+            "zero-run/torchrun: RANK=8 is not below 8 (WORLD_SIZE)"
         );
     }
 
     #[test]
     fn local_rank_must_fit_the_node() {
         let error = parse_owned(&with(LOCAL_RANK, Some("2"))).unwrap_err();
-        assert!(matches!(error, EnvError::Inconsistent(_)), "{error}");
+        assert!(
+            matches!(
+                error,
+                EnvError::OutOfRange {
+                    var: LOCAL_RANK,
+                    size_of: LOCAL_WORLD_SIZE,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        let error = parse_owned(&with(LOCAL_WORLD_SIZE, Some("9"))).unwrap_err();
+        assert!(matches!(error, EnvError::Inconsistent { .. }), "{error}");
     }
 
     #[test]
     fn non_utf8_values_are_reported() {
         let error = DistEnv::from_lookup(|var| match var {
             "RANK" => Some(Err("\u{fffd}".into())),
-            _ => Some(Ok("1".into())),
+            "WORLD_SIZE" | "LOCAL_RANK" | "MASTER_ADDR" | "MASTER_PORT" => Some(Ok("1".into())),
+            _ => None,
         })
         .unwrap_err();
         assert!(
@@ -348,5 +413,10 @@ mod tests {
         let mut env = DistEnv::single_process(1234);
         env.master_addr = "::1".into();
         assert_eq!(env.master_endpoint(), "[::1]:1234");
+    }
+
+    #[test]
+    fn nothing_set_is_not_launched() {
+        assert_eq!(parse(&[]), Err(EnvError::NotLaunched));
     }
 }
