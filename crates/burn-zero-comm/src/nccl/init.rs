@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use burn_zero_launch::DistEnv;
+use burn_zero_launch::env::DeviceChoiceError;
 use cubecl_cuda::CudaDevice;
 use cudarc::driver::CudaContext;
 
@@ -111,13 +112,36 @@ impl NcclGroup {
             .collect()
     }
 
-    /// This process's rank of a multi-process job started by `zero-run` (or torchrun): reads
-    /// [`DistEnv`] from the environment, uses GPU `LOCAL_RANK`, and meets the other ranks at
-    /// `MASTER_ADDR:MASTER_PORT` to share the NCCL unique id.
+    /// This process's rank of a multi-process job, from whichever launcher started it:
+    /// zero-run, torchrun, `srun`, `mpirun`, `jsrun` or a Kubeflow pod ([`DistEnv::detect`]).
+    /// The GPU is the one the process sees when it sees exactly one (schedulers that bind a
+    /// GPU to each task show it as device 0, whatever the local rank), else GPU `LOCAL_RANK`
+    /// ([`DistEnv::device_index`]); then the ranks meet at the master to share the NCCL
+    /// unique id.
     pub fn from_env(options: &NcclOptions) -> Result<NcclGroup, CommError> {
-        let env = DistEnv::from_env().map_err(|e| CommError::Rendezvous(e.to_string()))?;
-        let device = CudaDevice::new(env.local_rank);
-        NcclGroup::init(&env, device, options)
+        let detected = DistEnv::detect().map_err(|e| CommError::Rendezvous(e.to_string()))?;
+        let env = &detected.env;
+        // Counting devices loads libcuda, which cudarc cannot do without panicking when it is
+        // missing: check the libraries by name first.
+        ensure_nccl()?;
+        let visible = CudaContext::device_count()
+            .map_err(|error| CommError::Device {
+                rank: env.rank,
+                reason: format!("CUDA: {error}"),
+            })?
+            .max(0) as usize;
+        let index = env
+            .device_index(visible)
+            .map_err(|error| device_choice_error(env.rank, error))?;
+        tracing::info!(
+            launcher = %detected.source,
+            rank = env.rank,
+            local_rank = env.local_rank,
+            visible,
+            device = index,
+            "GPU chosen"
+        );
+        NcclGroup::init(env, CudaDevice::new(index), options)
     }
 
     /// Rank `env.rank` of a multi-process job on `device`: rank 0 makes the NCCL unique id and
@@ -272,6 +296,16 @@ fn context(rank: usize, device: &CudaDevice) -> Result<Arc<CudaContext>, CommErr
         rank,
         reason: format!("CUDA on {device:?}: {error}"),
     })
+}
+
+/// No device, or a device layout that names none for this rank.
+fn device_choice_error(rank: usize, error: DeviceChoiceError) -> CommError {
+    match error {
+        DeviceChoiceError::NoDevice => CommError::Unavailable(format!("rank {rank}: {error}")),
+        DeviceChoiceError::Ambiguous { .. } => {
+            CommError::InvalidGroup(format!("rank {rank}: {error}"))
+        }
+    }
 }
 
 fn setup_error(rank: usize, during: &str, failure: sys::Failure) -> CommError {

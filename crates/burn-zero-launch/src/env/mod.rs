@@ -18,6 +18,7 @@
 //! is an [`EnvError`] naming the launcher and the variable, never a rendezvous that waits out
 //! its timeout.
 
+mod device;
 mod error;
 pub mod hostlist;
 pub mod lsf;
@@ -30,6 +31,7 @@ mod vars;
 
 use std::fmt;
 
+pub use device::{DeviceChoiceError, choose_device};
 pub use error::EnvError;
 pub use hostlist::{HostListError, expand_hostlist};
 pub use master::{
@@ -198,6 +200,12 @@ impl DistEnv {
         } else {
             format!("{}:{}", self.master_addr, self.master_port)
         }
+    }
+
+    /// This rank's device among the `visible` ones ([`choose_device`]): 0 when the process
+    /// sees one device, its local rank when it sees one per rank of its node.
+    pub fn device_index(&self, visible: usize) -> Result<usize, DeviceChoiceError> {
+        choose_device(visible, self.local_rank, self.local_world_size)
     }
 }
 
