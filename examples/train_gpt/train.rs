@@ -16,6 +16,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn_zero::checkpoint::{SaveOptions, load, save};
 use burn_zero::comm::{RankContext, ReduceOp, launch};
 use burn_zero::core::GatherStats;
+use burn_zero::launcher::sync::lock;
 use burn_zero::optim::LossScalerConfig;
 use burn_zero::{MemoryReport, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 
@@ -276,9 +277,7 @@ pub fn train_with<B: Backend>(
     // so that two runs in one process (tests run in parallel) cannot interleave their draws.
     let base_device = device.clone();
     let base: Gpt<Train<B>> = {
-        let _init = SEEDED_INIT
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let _init = lock(&SEEDED_INIT);
         <Train<B> as Backend>::seed(&device, config.seed);
         let base = gpt.init(&device);
         let base = match config.adapter_rank {

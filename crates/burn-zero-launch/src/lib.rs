@@ -1,8 +1,9 @@
 //! Multi-process launch for burn-zero, std only (no Burn, no CUDA):
 //!
-//! - [`DistEnv`]: this process's place in the job (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
-//!   `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, as `torchrun` sets them), with a clear
-//!   [`EnvError`] for a missing or malformed variable.
+//! - [`DistEnv`]: this process's place in the job, read from whichever launcher started it
+//!   ([`EnvSource`]: zero-run and torchrun, Slurm's `srun`, Open MPI and PMI launchers, LSF's
+//!   `jsrun`, Kubeflow), with a clear [`EnvError`], naming the launcher, for a missing or
+//!   malformed variable.
 //! - [`Rendezvous`]: rank 0 hands an opaque blob (the NCCL unique id) to every other rank over
 //!   TCP, with a timeout, retries while the master starts, and clear errors for an unreachable
 //!   master, a world-size mismatch, a duplicate rank and missing ranks.
@@ -12,6 +13,7 @@
 //! - [`supervisor`]: what the `zero-run` binary does: start this node's ranks with that
 //!   environment, prefix their output with the rank, forward SIGINT/SIGTERM, and when one rank
 //!   fails stop the others and exit with its code.
+//! - [`sync`]: locks that a panicking rank does not poison for the others.
 //!
 //! ```no_run
 //! use burn_zero_launch::{DistEnv, Rendezvous};
@@ -28,8 +30,9 @@ pub mod output;
 pub mod rendezvous;
 pub mod signals;
 pub mod supervisor;
+pub mod sync;
 
 pub use control::{ControlClient, ControlError, ControlFailure, ControlServer, establish};
-pub use env::{DistEnv, EnvError};
+pub use env::{Detected, DistEnv, EnvError, EnvSource};
 pub use rendezvous::{Rendezvous, RendezvousError, RendezvousListener};
 pub use supervisor::{Exit, Outcome, RunConfig, SupervisorError, run};

@@ -12,6 +12,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use burn_zero_comm::sync::{into_inner, lock};
+
 use burn_train::{EventProcessorTraining, LearnerEvent, TrainingItem};
 
 /// Which part of an epoch an event belongs to.
@@ -64,9 +66,7 @@ where
     fn lock(&self) -> std::sync::MutexGuard<'_, State<P, TO, VO>> {
         // A rank that panicked while holding the lock leaves the state as consistent as any
         // event boundary: keep going, the run is being stopped anyway.
-        self.state
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        lock(&self.state)
     }
 
     /// Rank `slot`'s training item of `iteration` in `epoch`.
@@ -135,10 +135,7 @@ where
 
     /// The processor, once every rank is done.
     pub(crate) fn into_processor(self) -> P {
-        self.state
-            .into_inner()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .processor
+        into_inner(self.state).processor
     }
 }
 

@@ -19,6 +19,7 @@ use burn_train::{
     Learner, LearnerOptimizerRecord, LearnerSchedulerRecord, LearningCheckpointer,
     LearningComponentsTypes,
 };
+use burn_zero_comm::sync::lock;
 
 use crate::error::TrainError;
 
@@ -34,7 +35,7 @@ where
 {
     fn save(&self, _epoch: usize, record: R) -> Result<(), CheckpointerError> {
         if let Some(sender) = &self.sender {
-            let sender = sender.lock().unwrap_or_else(|p| p.into_inner());
+            let sender = lock(sender);
             sender
                 .send(record)
                 .map_err(|_| CheckpointerError::Unknown("the record's receiver is gone".into()))?;

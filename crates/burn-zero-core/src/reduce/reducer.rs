@@ -32,8 +32,8 @@ use crate::reduce::slot::GradSlot;
 use crate::reduce::stats::ReductionStats;
 use crate::reduce::thread::CommThread;
 use crate::store::ParamStore;
-use crate::store::param_store::lock;
 use crate::tensor::ZeroTensor;
+use burn_zero_comm::sync::lock;
 
 /// One rank's gradient reduction for a sharded module: the static bucket layout, the
 /// communication thread (if reduction overlaps backward) and the state of the backward pass

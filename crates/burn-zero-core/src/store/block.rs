@@ -6,6 +6,8 @@
 
 use std::sync::{Arc, RwLock};
 
+use burn_zero_comm::sync::{read, write};
+
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorMetadata};
 
@@ -54,35 +56,24 @@ impl<B: Backend> Block<B> {
     /// When the block was released after backward (`ZeroConfig::reuse_fp16_shard`) and no
     /// optimizer step has written a new one yet.
     pub fn values(&self) -> B::FloatTensorPrimitive {
-        self.values
-            .read()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .clone()
-            .unwrap_or_else(|| {
-                panic!(
-                    "burn-zero: parameter #{} was released after backward (reuse_fp16_shard): \
+        read(&self.values).clone().unwrap_or_else(|| {
+            panic!(
+                "burn-zero: parameter #{} was released after backward (reuse_fp16_shard): \
                      its values live in the optimizer's fp32 master until the next optimizer \
                      step; step before the next forward",
-                    self.key
-                )
-            })
+                self.key
+            )
+        })
     }
 
     /// Whether the block was released.
     pub fn is_released(&self) -> bool {
-        self.values
-            .read()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .is_none()
+        read(&self.values).is_none()
     }
 
     /// Frees the values: their memory is then the gradient shard's to use.
     pub(crate) fn release(&self) {
-        let freed = self
-            .values
-            .write()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .take();
+        let freed = write(&self.values).take();
         if let Some(values) = freed {
             self.memory.sub(self.kind, primitive_bytes(&values));
         }

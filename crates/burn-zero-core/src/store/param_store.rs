@@ -3,12 +3,13 @@
 //! memory accounting and the live parameter blocks.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::{DType, Shape, Slice, Tensor, TensorPrimitive};
+use burn_zero_comm::sync::lock;
 use burn_zero_comm::{CommError, Communicator, OrderedComm};
 
 use crate::config::ZeroConfig;
@@ -56,12 +57,6 @@ impl<B: Backend> std::fmt::Debug for ParamStore<B> {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
-}
-
-/// Locks `mutex`, whether or not a thread panicked while holding it (every value behind the
-/// store's locks stays consistent between statements).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
 impl<B: Backend> ParamStore<B> {

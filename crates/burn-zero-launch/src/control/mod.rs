@@ -28,7 +28,7 @@ use std::collections::BTreeSet;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,7 @@ use wire::{ToRank, ToStore, send};
 
 use crate::env::DistEnv;
 use crate::rendezvous::{Rendezvous, RendezvousError, RendezvousListener};
+use crate::sync::lock;
 
 /// How long the store waits for a connected client to say who it is.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -171,10 +172,6 @@ struct ServerState {
     peers: Vec<Option<TcpStream>>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
-}
-
 impl ControlServer {
     /// Starts the store for `world_size` ranks on a port the system picks, on every interface
     /// of `host`'s address family.
@@ -245,7 +242,7 @@ impl ControlServer {
                 .shared
                 .changed
                 .wait_timeout(state, remaining)
-                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
         self.shared.stopping.store(true, Ordering::SeqCst);
@@ -672,7 +669,7 @@ impl ControlClient {
                 .shared
                 .changed
                 .wait_timeout(state, timeout - waited)
-                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
     }
