@@ -9,27 +9,46 @@ use std::thread;
 use std::time::Duration;
 
 use burn::tensor::backend::Backend;
+use burn_zero_launch::sync::{into_inner, lock};
 
 use crate::communicator::Communicator;
 use crate::error::{LaunchError, RankFailure};
 use crate::local::{GroupOptions, LocalGroup};
+use crate::ordered::OrderedComm;
 
 /// What a rank's closure receives: who it is, where it computes, and how it talks to the others.
+///
+/// The context owns the rank's one issuing thread ([`OrderedComm`]): every collective made
+/// through [`Self::comm`] — by the training loop, by every module sharded with this context,
+/// by their gradient-reduction threads and prefetches — runs on that thread, in the order the
+/// calling threads take their positions. Two modules sharded separately and used in one
+/// backward pass therefore keep one order of collectives on every rank, which NCCL requires.
+/// The thread starts with the first collective and ends when the context and everything
+/// sharded with it are gone.
 pub struct RankContext<B: Backend> {
     rank: usize,
     world_size: usize,
     device: B::Device,
+    /// The engine underneath, outside the rank's order.
+    engine: Arc<dyn Communicator<B>>,
+    ordered: OrderedComm<B>,
+    /// `ordered` as a trait object.
     comm: Arc<dyn Communicator<B>>,
 }
 
 impl<B: Backend> RankContext<B> {
-    /// Builds a context from its parts (for engines other than the launcher's own).
+    /// Builds a context from its parts (for engines other than the launcher's own). The
+    /// context puts `comm` behind the rank's issuing thread; give each rank one context and
+    /// share it (by reference) rather than building a second one on the same communicator.
     pub fn new(device: B::Device, comm: Arc<dyn Communicator<B>>) -> Self {
+        let ordered = OrderedComm::new(comm.clone());
         Self {
             rank: comm.rank(),
             world_size: comm.world_size(),
             device,
-            comm,
+            comm: Arc::new(ordered.clone()),
+            ordered,
+            engine: comm,
         }
     }
 
@@ -48,9 +67,22 @@ impl<B: Backend> RankContext<B> {
         &self.device
     }
 
-    /// The communicator of this rank's group.
+    /// The communicator of this rank's group, behind the rank's issuing thread.
     pub fn comm(&self) -> &Arc<dyn Communicator<B>> {
         &self.comm
+    }
+
+    /// The same communicator with its ordering handle, for code that reserves positions in
+    /// the rank's order ahead of its calls (gradient buckets, prefetches).
+    pub fn ordered(&self) -> &OrderedComm<B> {
+        &self.ordered
+    }
+
+    /// The engine itself, outside the rank's order: a collective issued here from a second
+    /// thread can interleave differently on different ranks. For engine-specific work and for
+    /// tests of the ordering itself.
+    pub fn engine(&self) -> &Arc<dyn Communicator<B>> {
+        &self.engine
     }
 }
 
@@ -143,17 +175,17 @@ where
     let record = |rank: usize, failure: RankFailure, comm: &C| {
         tracing::error!(rank, %failure, "rank failed");
         let reason = failure.to_string();
-        failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((rank, failure));
+        lock(&failures).push((rank, failure));
         comm.abort(&reason);
     };
 
+    // One handle kept to ask the group, at the end, which rank failed first on its own account.
+    let mut witness: Option<Arc<C>> = None;
     let results: Vec<Option<T>> = thread::scope(|scope| {
         let mut handles = Vec::with_capacity(world_size);
         for (rank, comm) in ranks.into_iter().enumerate() {
             let comm = Arc::new(comm);
+            witness.get_or_insert_with(|| comm.clone());
             let device = devices[rank % devices.len()].clone();
             let (rank_fn, record, leave) = (&rank_fn, &record, &leave);
             let spawned = thread::Builder::new()
@@ -180,10 +212,7 @@ where
                 Err(error) => {
                     // The ranks already running must not wait for this one.
                     let failure = RankFailure::Errored(format!("could not start thread: {error}"));
-                    failures
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((rank, failure));
+                    lock(&failures).push((rank, failure));
                     break;
                 }
             }
@@ -194,7 +223,7 @@ where
             .collect()
     });
 
-    let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut failures = into_inner(failures);
     if failures.is_empty() && results.len() == world_size {
         return Ok(results
             .into_iter()
@@ -206,7 +235,13 @@ where
             "not every rank could be started".into(),
         ));
     }
-    let (rank, failure) = failures.remove(0);
+    // The cause: the first rank that reported a failure of its own to the group (before the
+    // others could learn of it), whichever rank's closure happened to return first.
+    let cause = witness
+        .and_then(|comm| comm.first_failure())
+        .and_then(|(rank, _)| failures.iter().position(|(failed, _)| *failed == rank))
+        .unwrap_or(0);
+    let (rank, failure) = failures.remove(cause);
     Err(LaunchError::RankFailed {
         rank,
         failure,

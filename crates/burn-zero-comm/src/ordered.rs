@@ -44,6 +44,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use burn_zero_launch::sync::lock;
 use std::thread::JoinHandle;
 
 use burn::tensor::Tensor;
@@ -79,27 +81,76 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.queue)
     }
 }
 
-/// The issuing thread; stopped when the last handle goes.
+/// The issuing thread, started by the first collective and stopped when the last handle goes.
 struct Issuer {
     shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The name the thread gets (it carries the rank).
+    name: String,
+    thread: Mutex<Started>,
+}
+
+/// Whether the issuing thread runs.
+enum Started {
+    /// No collective has been queued yet.
+    Not,
+    /// Running.
+    Running(JoinHandle<()>),
+    /// The system refused a thread: every collective fails with this reason.
+    Failed(String),
+    /// Stopped and joined.
+    Joined,
+}
+
+impl Issuer {
+    /// Starts the thread unless it runs: a rank that never issues a collective costs no
+    /// thread.
+    fn ensure_started(&self) -> Result<(), CommError> {
+        let mut thread = lock(&self.thread);
+        match &*thread {
+            Started::Running(_) => Ok(()),
+            Started::Failed(reason) => Err(CommError::InvalidGroup(reason.clone())),
+            Started::Joined => Err(stopped()),
+            Started::Not => {
+                let serving = self.shared.clone();
+                match std::thread::Builder::new()
+                    .name(self.name.clone())
+                    .spawn(move || issue(&serving))
+                {
+                    Ok(handle) => {
+                        *thread = Started::Running(handle);
+                        Ok(())
+                    }
+                    Err(error) => {
+                        let reason =
+                            format!("could not start the collective issuing thread: {error}");
+                        *thread = Started::Failed(reason.clone());
+                        Err(CommError::InvalidGroup(reason))
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl Drop for Issuer {
     fn drop(&mut self) {
         self.shared.lock().stopping = true;
         self.shared.changed.notify_all();
-        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(thread) = thread
+        let thread = std::mem::replace(&mut *lock(&self.thread), Started::Joined);
+        if let Started::Running(thread) = thread
             && thread.join().is_err()
         {
             tracing::error!("the collective issuing thread panicked");
         }
     }
+}
+
+fn stopped() -> CommError {
+    CommError::InvalidGroup("the collective issuing thread has stopped".into())
 }
 
 /// A rank's communicator behind its issuing thread: every collective of every clone (and of
@@ -126,8 +177,9 @@ impl<B: Backend> Clone for OrderedComm<B> {
 }
 
 impl<B: Backend> OrderedComm<B> {
-    /// Starts the issuing thread of `inner`'s rank.
-    pub fn new(inner: Arc<dyn Communicator<B>>) -> std::io::Result<Self> {
+    /// The ordered handle of `inner`'s rank. The issuing thread starts with the first
+    /// collective and ends when the last handle (clones, split groups, reservations) goes.
+    pub fn new(inner: Arc<dyn Communicator<B>>) -> Self {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 next_ticket: 0,
@@ -136,17 +188,20 @@ impl<B: Backend> OrderedComm<B> {
             }),
             changed: Condvar::new(),
         });
-        let serving = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("burn-zero-issue-{}", inner.rank()))
-            .spawn(move || issue(&serving))?;
-        Ok(OrderedComm {
-            inner,
+        OrderedComm {
             issuer: Arc::new(Issuer {
                 shared,
-                thread: Mutex::new(Some(thread)),
+                name: format!("burn-zero-issue-{}", inner.rank()),
+                thread: Mutex::new(Started::Not),
             }),
-        })
+            inner,
+        }
+    }
+
+    /// Whether `other` is a handle on the same issuing thread (a clone, or a group split from
+    /// this one).
+    pub fn same_order(&self, other: &OrderedComm<B>) -> bool {
+        Arc::ptr_eq(&self.issuer, &other.issuer)
     }
 
     /// The engine underneath.
@@ -189,7 +244,7 @@ impl<B: Backend> OrderedComm<B> {
             open: Arc::new(Open {
                 ticket,
                 shared: self.issuer.shared.clone(),
-                _issuer: self.issuer.clone(),
+                issuer: self.issuer.clone(),
             }),
         }
     }
@@ -244,7 +299,7 @@ struct Open {
     ticket: u64,
     shared: Arc<Shared>,
     /// Keeps the issuing thread alive while the reservation is open.
-    _issuer: Arc<Issuer>,
+    issuer: Arc<Issuer>,
 }
 
 impl Drop for Open {
@@ -271,7 +326,8 @@ impl<B: Backend> Reservation<B> {
     pub fn on_group(&self, group: &OrderedComm<B>) -> Result<Reservation<B>, CommError> {
         if !Arc::ptr_eq(&self.shared, &group.issuer.shared) {
             return Err(CommError::InvalidGroup(
-                "a reservation can carry the collectives of groups behind its own issuing                  thread only"
+                "a reservation can carry the collectives of groups behind its own issuing \
+                 thread only"
                     .into(),
             ));
         }
@@ -318,6 +374,7 @@ impl<B: Backend> Reservation<B> {
         &self,
         collective: impl FnOnce(&dyn Communicator<B>) -> Result<T, CommError> + Send + 'static,
     ) -> Result<Receiver<Result<T, CommError>>, CommError> {
+        self.open.issuer.ensure_started()?;
         let (answer, result) = sync_channel(1);
         let comm = self.inner.clone();
         let call: Call = Box::new(move || {
@@ -337,11 +394,7 @@ impl<B: Backend> Reservation<B> {
             let mut queue = self.shared.lock();
             match queue.slots.get_mut(&self.ticket) {
                 Some(slot) => slot.calls.push_back(call),
-                None => {
-                    return Err(CommError::InvalidGroup(
-                        "the collective issuing thread has stopped".into(),
-                    ));
-                }
+                None => return Err(stopped()),
             }
         }
         self.shared.changed.notify_all();
@@ -367,11 +420,7 @@ pub struct Pending<T> {
 impl<T> Pending<T> {
     /// Waits for the collective's result.
     pub fn wait(self) -> Result<T, CommError> {
-        self.result.recv().unwrap_or_else(|_| {
-            Err(CommError::InvalidGroup(
-                "the collective issuing thread has stopped".into(),
-            ))
-        })
+        self.result.recv().unwrap_or_else(|_| Err(stopped()))
     }
 }
 
@@ -423,6 +472,14 @@ impl<B: Backend> Communicator<B> for Reservation<B> {
     fn abort(&self, reason: &str) {
         self.inner.abort(reason);
     }
+
+    fn report_failure(&self, reason: &str) {
+        self.inner.report_failure(reason);
+    }
+
+    fn first_failure(&self) -> Option<(usize, String)> {
+        self.inner.first_failure()
+    }
 }
 
 impl<B: Backend> Communicator<B> for OrderedComm<B> {
@@ -468,5 +525,13 @@ impl<B: Backend> Communicator<B> for OrderedComm<B> {
 
     fn abort(&self, reason: &str) {
         self.inner.abort(reason);
+    }
+
+    fn report_failure(&self, reason: &str) {
+        self.inner.report_failure(reason);
+    }
+
+    fn first_failure(&self) -> Option<(usize, String)> {
+        self.inner.first_failure()
     }
 }

@@ -27,7 +27,7 @@ fn two_threads_per_rank_use_independent_sequences() {
     // thread, 50 all-gathers on the duplicate. The interleaving differs from rank to rank; the
     // results must not.
     let results = launch::<B, _, _, CommError>(3, &[Default::default()], |ctx| {
-        let comm = ctx.comm();
+        let comm = ctx.engine();
         let side = comm.duplicate()?;
         let rank = ctx.rank() as f32;
         let device = *ctx.device();
@@ -67,7 +67,7 @@ fn two_threads_per_rank_use_independent_sequences() {
 #[test]
 fn a_duplicate_of_a_duplicate_works() {
     let results = launch::<B, _, _, CommError>(2, &[Default::default()], |ctx| {
-        let second = ctx.comm().duplicate()?;
+        let second = ctx.engine().duplicate()?;
         let third = second.duplicate()?;
         let x = Tensor::<B, 1>::from_floats([ctx.rank() as f32 + 1.0; 4], ctx.device());
         Ok(values(third.reduce_scatter(x, ReduceOp::Sum)?))
@@ -80,7 +80,7 @@ fn a_duplicate_of_a_duplicate_works() {
 fn a_failure_on_the_duplicate_ends_the_original_and_back() {
     let options = LaunchOptions::with_timeout(Duration::from_secs(30));
     let errors = launch_with::<B, _, _, CommError>(2, &[Default::default()], &options, |ctx| {
-        let comm = ctx.comm();
+        let comm = ctx.engine();
         let side = comm.duplicate()?;
         if ctx.rank() == 0 {
             // Rank 0 fails on the duplicate; rank 1 waits on the original group.
@@ -135,7 +135,7 @@ fn a_failure_on_the_duplicate_ends_the_original_and_back() {
 fn duplicate_is_checked_against_the_schedule() {
     let options = LaunchOptions::with_timeout(Duration::from_secs(30));
     let errors = launch_with::<B, _, _, CommError>(2, &[Default::default()], &options, |ctx| {
-        let comm = ctx.comm();
+        let comm = ctx.engine();
         let outcome = if ctx.rank() == 0 {
             comm.duplicate().map(drop)
         } else {
@@ -165,7 +165,7 @@ fn split_groups_of_contiguous_ranks_and_across_them_reduce_in_member_order() {
         let world = 6;
         let len = 12;
         let results = launch::<B, _, _, CommError>(world, &[Default::default()], |ctx| {
-            let comm = ctx.comm();
+            let comm = ctx.engine();
             let (group, position) = hybrid(ctx.rank(), shard);
             let within = comm.split(group)?;
             let across = comm.split(position)?;
@@ -215,7 +215,7 @@ fn split_groups_of_contiguous_ranks_and_across_them_reduce_in_member_order() {
 fn a_color_may_leave_a_rank_alone() {
     let results = launch::<B, _, _, CommError>(3, &[Default::default()], |ctx| {
         let alone = ctx.rank() == 1;
-        let group = ctx.comm().split(usize::from(alone))?;
+        let group = ctx.engine().split(usize::from(alone))?;
         let x = Tensor::<B, 1>::from_floats([ctx.rank() as f32 + 1.0; 2], ctx.device());
         Ok((
             group.world_size(),
@@ -235,8 +235,8 @@ fn split_groups_of_an_ordered_comm_issue_from_its_one_thread() {
     let seen = launch::<B, _, _, CommError>(4, &[Default::default()], |ctx| {
         let log = CallLog::default();
         let engine: Arc<dyn Communicator<B>> =
-            Arc::new(RecordingComm::new(ctx.comm().clone(), log.clone()));
-        let ordered = OrderedComm::new(engine).expect("an issuing thread");
+            Arc::new(RecordingComm::new(ctx.engine().clone(), log.clone()));
+        let ordered = OrderedComm::new(engine);
         let within = ordered.split(ctx.rank() / 2)?;
         let across = ordered.split(ctx.rank() % 2)?;
         let one = Tensor::<B, 1>::from_floats([1.0, 1.0], ctx.device());
@@ -274,7 +274,7 @@ fn split_groups_of_an_ordered_comm_issue_from_its_one_thread() {
 fn a_failure_in_a_split_group_ends_the_parent() {
     let options = LaunchOptions::with_timeout(Duration::from_secs(30));
     let errors = launch_with::<B, _, _, CommError>(4, &[Default::default()], &options, |ctx| {
-        let comm = ctx.comm();
+        let comm = ctx.engine();
         let within = comm.split(ctx.rank() / 2)?;
         if ctx.rank() == 3 {
             within.abort("rank 3's pack kernel failed");

@@ -67,8 +67,8 @@ fn run(ordered: bool) -> Vec<Seen> {
         let device = *ctx.device();
         let log = Arc::new(Mutex::new(Vec::new()));
         let engine: Arc<dyn Communicator<B>> =
-            Arc::new(RecordingComm::new(ctx.comm().clone(), log.clone()));
-        let order = OrderedComm::new(engine.clone()).unwrap();
+            Arc::new(RecordingComm::new(ctx.engine().clone(), log.clone()));
+        let order = OrderedComm::new(engine.clone());
         let side = if ordered {
             None
         } else {
@@ -184,7 +184,7 @@ fn without_the_layer_the_same_race_gives_ranks_different_orders() {
 #[test]
 fn an_unused_reservation_is_skipped() {
     launch_with::<B, _, _, _>(2, &[Default::default()], &LaunchOptions::default(), |ctx| {
-        let order = OrderedComm::new(ctx.comm().clone()).unwrap();
+        let order = OrderedComm::new(ctx.engine().clone());
         drop(order.reserve());
         let total = order.all_reduce(Tensor::<B, 1>::ones([3], ctx.device()), ReduceOp::Sum)?;
         assert_eq!(total.into_data().to_vec::<f32>().unwrap(), vec![2.0; 3]);
@@ -200,7 +200,7 @@ fn a_failure_in_one_rank_reaches_the_others_through_the_layer() {
         &[Default::default()],
         &LaunchOptions::with_timeout(Duration::from_secs(20)),
         |ctx| {
-            let order = OrderedComm::new(ctx.comm().clone()).unwrap();
+            let order = OrderedComm::new(ctx.engine().clone());
             if ctx.rank() == 1 {
                 return Err(CommError::InvalidGroup("rank 1 gives up".into()));
             }

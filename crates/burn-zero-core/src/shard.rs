@@ -6,7 +6,7 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
-use burn_zero_comm::{CommError, OrderedComm, RankContext};
+use burn_zero_comm::{CommError, RankContext, agree};
 
 use crate::backend::Zero;
 use crate::config::ZeroConfig;
@@ -23,7 +23,7 @@ use crate::tensor::{ShardedView, ZeroTensor};
 /// Dimensions a parameter may have for the cross-rank shape check.
 const MAX_DIMS: usize = 12;
 /// Length of one parameter's description: ndims, dtype, trainable, then each dim as two
-/// 16-bit halves (exact in f32).
+/// 16-bit halves ([`agree::halves`]).
 const DESC_LEN: usize = 3 + 2 * MAX_DIMS;
 
 /// Shards every float parameter of `module` across the ranks of `ctx`'s communicator (or,
@@ -65,22 +65,13 @@ where
     let shard_size = config
         .shard_group_size_for(ctx.world_size())
         .map_err(ZeroError::InvalidConfig)?;
-    // With a communication thread beside the training thread, every collective of the rank
-    // goes through one issuing thread in the order the training thread fixes (NCCL deadlocks
-    // when ranks interleave two threads' collectives differently); the shard and replica
-    // groups of hybrid sharding are split from it and keep that one order.
-    // Prefetched gathers take their positions in that order too.
-    let (groups, ordered) = if config.overlaps_reduction() || config.prefetches() {
-        let order = OrderedComm::new(ctx.comm().clone()).map_err(|error| {
-            ZeroError::Comm(CommError::InvalidGroup(format!(
-                "could not start the collective issuing thread: {error}"
-            )))
-        })?;
-        let (groups, ordered) = Groups::split_ordered(&order, shard_size)?;
-        (groups, Some(ordered))
-    } else {
-        (Groups::split(ctx.comm().clone(), shard_size)?, None)
-    };
+    // Every collective of the rank goes through the context's one issuing thread, in the
+    // order the training thread fixes, whatever thread submits it: the gradient communication
+    // thread and prefetches of this module and of every other module sharded with `ctx` (NCCL
+    // deadlocks when ranks interleave two threads' collectives differently). The shard and
+    // replica groups of hybrid sharding are split from it and keep that one order.
+    let (groups, ordered) = Groups::split_ordered(ctx.ordered(), shard_size)?;
+    let ordered = Some(ordered).filter(|_| config.overlaps_reduction() || config.prefetches());
     let prefetch_on = ordered.as_ref().map(|ordered| ordered.shard.clone());
     let store = Arc::new(ParamStore::new(
         groups,
@@ -202,32 +193,32 @@ impl<B: Backend> Sharder<B> {
                 desc[1] = dtype_code(dtype);
                 desc[2] = if trainable { 1.0 } else { 0.0 };
                 for (i, &d) in shape.iter().enumerate() {
-                    desc[3 + 2 * i] = (d >> 16) as f32;
-                    desc[4 + 2 * i] = (d & 0xFFFF) as f32;
+                    match agree::halves(d) {
+                        Ok(halves) => desc[3 + 2 * i..5 + 2 * i].copy_from_slice(&halves),
+                        Err(error) => {
+                            self.error = Some(error.into());
+                            return false;
+                        }
+                    }
                 }
             }
             None => desc[0] = -1.0,
         }
         let device = self.store.device().clone();
-        let mine = Tensor::<B, 1>::from_floats(desc.as_slice(), &device);
         // Every rank of the job agrees, across shard groups too.
-        let all = match self.store.groups().world.all_gather(mine) {
-            Ok(all) => all
-                .into_data()
-                .convert::<f32>()
-                .to_vec::<f32>()
-                .expect("data converted to f32 reads as f32"),
+        let all = match agree::exchange(self.store.groups().world.as_ref(), &device, &desc) {
+            Ok(all) => all,
             Err(e) => {
                 self.error = Some(e.into());
                 return false;
             }
         };
-        let ranks: Vec<&[f32]> = all.chunks(DESC_LEN).collect();
+        let ranks: Vec<&[f32]> = all.iter().map(Vec::as_slice).collect();
         let rank = self.store.groups().world.rank();
         let read = |d: &[f32]| -> Option<String> {
             (d[0] >= 0.0).then(|| {
                 let dims: Vec<usize> = (0..d[0] as usize)
-                    .map(|i| ((d[3 + 2 * i] as usize) << 16) | d[4 + 2 * i] as usize)
+                    .map(|i| agree::from_halves(&d[3 + 2 * i..]))
                     .collect();
                 let dtype = match d[1] as u32 {
                     1 => "f64",

@@ -35,7 +35,7 @@ fn stage_three_overlap_issues_one_order_on_every_rank_from_one_thread() {
         }
         let recorder = Arc::new(recorder);
         let ctx = RankContext::new(*ctx.device(), recorder);
-        let (model, _) = shard(base.clone(), &ctx, &config)?;
+        let (model, _zero) = shard(base.clone(), &ctx, &config)?;
         let (_, grads) = loss_and_grads(&model, ctx.rank(), ctx.device());
         drop(model);
         let log = log.lock().unwrap().clone();

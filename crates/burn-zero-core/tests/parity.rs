@@ -18,7 +18,7 @@ fn check_parity(world_size: usize, config: &ZeroConfig) {
 
     let per_rank = launch::<Flex, _, _, ZeroError>(world_size, &[device], |ctx| {
         let model = base.clone();
-        let (model, _) = shard(model, &ctx, config)?;
+        let (model, _zero) = shard(model, &ctx, config)?;
         Ok(loss_and_grads(&model, ctx.rank(), ctx.device()))
     })
     .unwrap_or_else(|e| panic!("world {world_size}: {e}"));

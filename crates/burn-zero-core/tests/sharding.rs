@@ -210,7 +210,7 @@ fn rank_dependent_parameter_use_is_a_clear_error_not_a_hang() {
     // uses makes the ranks' collective schedules diverge, which both ranks report.
     let config = ZeroConfig::new().with_persist_below_numel(0);
     let result = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
-        let (model, _) = shard(Mlp::<Train>::new(6, false, ctx.device()), &ctx, &config)?;
+        let (model, _zero) = shard(Mlp::<Train>::new(6, false, ctx.device()), &ctx, &config)?;
         let loss = model
             .forward(input(0, ctx.device()), ctx.rank() == 0)
             .powi_scalar(2)
@@ -309,7 +309,7 @@ fn a_tied_embedding_is_gathered_once_per_forward_when_it_fits_the_cache() {
             let model = Tied::<Train> {
                 embed: burn::nn::EmbeddingConfig::new(11, 6).init(ctx.device()),
             };
-            let (model, _) = shard(model, &ctx, &config)?;
+            let (model, _zero) = shard(model, &ctx, &config)?;
             let before = counting.gathers.load(std::sync::atomic::Ordering::Relaxed);
             let tokens =
                 Tensor::from_data(TensorData::new(vec![1i64, 4, 7, 10], [2, 2]), ctx.device());
@@ -333,7 +333,7 @@ fn unshard_restores_the_full_parameters() {
     let config = ZeroConfig::new().with_persist_below_numel(4);
     let per_rank = launch::<Flex, _, _, ZeroError>(3, &[Default::default()], |ctx| {
         let model = Mlp::<Train>::new(7, false, ctx.device());
-        let (model, _) = shard(model, &ctx, &config)?;
+        let (model, _zero) = shard(model, &ctx, &config)?;
         let full = burn_zero_core::unshard(model.clone());
         let weight = full.a.weight.val().inner().into_primitive().tensor();
         assert!(

@@ -74,7 +74,7 @@ fn an_optimizer_refuses_a_module_another_shard_call_sharded() {
     let config = ZeroConfig::new().with_persist_below_numel(0);
     let result = launch::<_, _, _, CommError>(1, &[Default::default()], |ctx| {
         let (_first, zero) = shard(base.clone(), &ctx, &config).expect("sharded");
-        let (second, _) = shard(base.clone(), &ctx, &config).expect("sharded");
+        let (second, _second_zero) = shard(base.clone(), &ctx, &config).expect("sharded");
         let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
         let (tokens, targets) = micro_batch::<Train>(0, ctx.device());
         let grads = GradientsParams::from_grads(second.loss(tokens, targets).backward(), &second);

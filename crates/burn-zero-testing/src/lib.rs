@@ -16,8 +16,9 @@ use burn::nn::attention::{
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::optim::GradientsParams;
+use burn::tensor::ElementConversion;
 use burn::tensor::activation::gelu;
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn_zero_core::Zero;
 
@@ -112,8 +113,8 @@ impl ModuleVisitor<Train> for Grads<'_> {
 /// Forces lazy parameter initialisation.
 pub struct Materialise;
 
-impl ModuleVisitor<Train> for Materialise {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Train, D>>) {
+impl<B: Backend> ModuleVisitor<B> for Materialise {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let _ = param.val();
     }
 }
@@ -167,7 +168,12 @@ pub fn reference(model: &Block<Train>, world_size: usize) -> (Vec<f32>, Vec<Vec<
 
 /// A freshly initialised block with every parameter materialised (clones share the values).
 pub fn base_model(device: &FlexDevice) -> Block<Train> {
-    let model = Block::<Train>::new(device);
+    base_model_on::<Flex>(device)
+}
+
+/// [`base_model`] for ranks that compute on `X`.
+pub fn base_model_on<X: Backend>(device: &X::Device) -> Block<Autodiff<Zero<X>>> {
+    let model = Block::<Autodiff<Zero<X>>>::new(device);
     model.visit(&mut Materialise);
     model
 }
@@ -189,17 +195,20 @@ pub fn param_values<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<f32>> {
 
 /// The rank-order mean of each parameter's gradient over `grads` (one per micro-batch), as
 /// the collectives compute it: added left to right, then divided once.
-pub fn average_grads(model: &Block<Train>, grads: &[GradientsParams]) -> GradientsParams {
+pub fn average_grads<AB: AutodiffBackend, M: Module<AB>>(
+    model: &M,
+    grads: &[GradientsParams],
+) -> GradientsParams {
     struct Average<'a> {
         grads: &'a [GradientsParams],
         out: GradientsParams,
     }
-    impl ModuleVisitor<Train> for Average<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Train, D>>) {
+    impl<AB: AutodiffBackend> ModuleVisitor<AB> for Average<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
             let mut parts = self
                 .grads
                 .iter()
-                .filter_map(|g| g.get::<Inner, D>(param.id));
+                .filter_map(|g| g.get::<AB::InnerBackend, D>(param.id));
             let Some(first) = parts.next() else { return };
             let sum = parts.fold(first, |acc, g| acc + g);
             let mean = if self.grads.len() > 1 {
@@ -207,7 +216,7 @@ pub fn average_grads(model: &Block<Train>, grads: &[GradientsParams]) -> Gradien
             } else {
                 sum
             };
-            self.out.register::<Inner, D>(param.id, mean);
+            self.out.register::<AB::InnerBackend, D>(param.id, mean);
         }
     }
     let mut average = Average {
@@ -235,18 +244,19 @@ impl ModuleMapper<Train> for CastParams {
 
 /// Single-rank view of one data-parallel step: the gradients of the `world_size` micro-batches
 /// of `step` (indices `step · world_size + rank`), averaged in rank order, and their mean loss.
-pub fn step_mean_grads(
-    model: &Block<Train>,
+pub fn step_mean_grads<X: Backend>(
+    model: &Block<Autodiff<Zero<X>>>,
     step: usize,
     world_size: usize,
-    device: &FlexDevice,
+    device: &X::Device,
 ) -> (GradientsParams, f32) {
     let mut loss_sum = 0.0;
     let grads: Vec<GradientsParams> = (0..world_size)
         .map(|rank| {
-            let (tokens, targets) = micro_batch::<Train>(step * world_size + rank, device);
+            let (tokens, targets) =
+                micro_batch::<Autodiff<Zero<X>>>(step * world_size + rank, device);
             let loss = model.loss(tokens, targets);
-            loss_sum += loss.clone().into_scalar();
+            loss_sum += loss.clone().into_scalar().elem::<f32>();
             GradientsParams::from_grads(loss.backward(), model)
         })
         .collect();

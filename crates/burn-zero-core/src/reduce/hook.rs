@@ -5,11 +5,16 @@
 //! rank the same device id, so the device cannot tell ranks apart. Nothing else looks here:
 //! the optimizer and checkpoints reach a sharded module's state through
 //! [`crate::ZeroState`], which works on any thread.
+//!
+//! The registry only points at reducers (weakly): it keeps nothing alive. A sharded module's
+//! reducer lives as long as its [`crate::ZeroState`] (and the optimizer built from it), so a
+//! program that shards model after model on one thread frees each one, with its threads,
+//! when it drops the model and its state.
 
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::{DistributedParamId, DistributedParams};
@@ -20,7 +25,7 @@ use crate::tensor::ZeroTensor;
 
 /// A registered reducer and the parameter marks it answers for.
 struct Entry {
-    reducer: Arc<dyn Any + Send + Sync>,
+    reducer: Weak<dyn Any + Send + Sync>,
     params: HashSet<DistributedParamId>,
 }
 
@@ -28,16 +33,18 @@ thread_local! {
     static REDUCERS: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Makes `reducer` known to this thread's gradient hooks. The registry holds the reducer
-/// (below stage 3 no tensor does); a reducer whose parameters a newer one re-registers (the
-/// same model sharded again) is dropped.
+/// Makes `reducer` known to this thread's gradient hooks, without keeping it alive. Entries
+/// of reducers that are gone, and of reducers whose parameters a newer one registers (the same
+/// model sharded again), are removed.
 pub(crate) fn register<B: Backend>(reducer: &Arc<GradientReducer<B>>) {
     let params = reducer.store().param_ids();
+    let any: Arc<dyn Any + Send + Sync> = reducer.clone();
     REDUCERS.with(|reducers| {
         let mut reducers = reducers.borrow_mut();
-        reducers.retain(|entry| entry.params.is_disjoint(&params));
+        reducers
+            .retain(|entry| entry.reducer.strong_count() > 0 && entry.params.is_disjoint(&params));
         reducers.push(Entry {
-            reducer: reducer.clone(),
+            reducer: Arc::downgrade(&any),
             params,
         });
     });
@@ -49,7 +56,13 @@ fn reducers<B: Backend>() -> Vec<Arc<GradientReducer<B>>> {
         reducers
             .borrow()
             .iter()
-            .filter_map(|entry| entry.reducer.clone().downcast::<GradientReducer<B>>().ok())
+            .filter_map(|entry| {
+                entry
+                    .reducer
+                    .upgrade()?
+                    .downcast::<GradientReducer<B>>()
+                    .ok()
+            })
             .collect()
     })
 }
@@ -61,8 +74,10 @@ fn find<B: Backend>(id: &DistributedParamId) -> (Arc<GradientReducer<B>>, usize)
         .find_map(|reducer| reducer.store().key_of(id).map(|key| (reducer, key)))
         .unwrap_or_else(|| {
             panic!(
-                "burn-zero: a gradient hook fired for a parameter that no `shard` on this thread \
-                 knows; shard the module on the thread that runs backward"
+                "burn-zero: a gradient hook fired for a parameter that no live `shard` on this \
+                 thread knows: shard the module on the thread that runs backward, and keep the \
+                 `ZeroState` that `shard` returned (or the `ZeroOptimizer` built from it) as long \
+                 as the module trains"
             )
         })
 }

@@ -1,0 +1,87 @@
+//! Sharding a model and dropping it frees everything it held: a notebook or a sweep that
+//! shards model after model on one thread does not accumulate stores, reducers or threads.
+//!
+//! Alone in its test binary, so that no other test's threads or allocations move the counts:
+//! the process's threads are read from `/proc/self/task` and its heap from a counting global
+//! allocator, before and after 100 models are sharded, trained one step and dropped on each of
+//! two ranks.
+
+use std::time::Duration;
+
+use burn::backend::Flex;
+use burn::optim::{AdamConfig, GradientsParams};
+use burn_zero_comm::{LaunchOptions, launch_with};
+use burn_zero_core::{ZeroConfig, ZeroError, shard};
+use burn_zero_optim::ZeroOptimizer;
+use burn_zero_testing::alloc::CountingAllocator;
+use burn_zero_testing::{Train, base_model, micro_batch};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator::new();
+
+const MODELS: usize = 100;
+
+/// Threads of this process now (Linux).
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task lists the process's threads")
+        .count()
+}
+
+/// Shards the model with a gradient-reduction thread and prefetch on, trains one step and
+/// drops model, optimizer and state.
+fn shard_train_drop(
+    ctx: &burn_zero_comm::RankContext<Flex>,
+    base: &burn_zero_testing::Block<Train>,
+) -> Result<(), ZeroError> {
+    let config = ZeroConfig::new()
+        .with_stage(3)
+        .with_persist_below_numel(0)
+        .with_overlap_comm(true)
+        .with_prefetch(2);
+    let (model, zero) = shard(base.clone(), ctx, &config)?;
+    let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+    let (tokens, targets) = micro_batch::<Train>(ctx.rank(), ctx.device());
+    let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+    let model = optimizer.step(1e-3, model, grads);
+    drop((model, optimizer, zero));
+    Ok(())
+}
+
+#[test]
+fn sharding_and_dropping_a_hundred_models_returns_threads_and_heap() {
+    let base = base_model(&Default::default());
+    let options = LaunchOptions::with_timeout(Duration::from_secs(120));
+    let counts = launch_with::<Flex, _, _, ZeroError>(2, &[Default::default()], &options, |ctx| {
+        // One model first, so that buffer pools, the issuing thread and lazily made statics
+        // exist before the baseline.
+        shard_train_drop(&ctx, &base)?;
+        ctx.comm().barrier()?;
+        let before = (threads(), ALLOCATOR.live());
+        ctx.comm().barrier()?;
+        for _ in 0..MODELS {
+            shard_train_drop(&ctx, &base)?;
+        }
+        ctx.comm().barrier()?;
+        let after = (threads(), ALLOCATOR.live());
+        ctx.comm().barrier()?;
+        Ok((before, after))
+    })
+    .unwrap();
+    for (rank, ((threads_before, heap_before), (threads_after, heap_after))) in
+        counts.into_iter().enumerate()
+    {
+        assert_eq!(
+            threads_after, threads_before,
+            "rank {rank}: {MODELS} sharded and dropped models left threads behind"
+        );
+        // A model with its masters, Adam state and store holds tens of kilobytes of heap here:
+        // a leak of even one model per hundred shows.
+        let grown = heap_after.saturating_sub(heap_before);
+        assert!(
+            grown < 16 * 1024,
+            "rank {rank}: the heap grew by {grown} bytes over {MODELS} models ({heap_before} → \
+             {heap_after})"
+        );
+    }
+}
