@@ -69,12 +69,14 @@ pub enum CheckpointError {
         reason: String,
     },
     /// Another rank failed; its own error says why.
-    #[error("rank {rank}: {what} failed on another rank (see that rank's error)")]
+    #[error("rank {rank}: {what} failed on rank(s) {} (see that rank's error)", ranks(.failed))]
     OtherRank {
         /// This rank.
         rank: usize,
         /// Save or load.
         what: &'static str,
+        /// The ranks whose own save or load failed.
+        failed: Vec<usize>,
     },
     /// A collective among the ranks failed.
     #[error(transparent)]
@@ -97,4 +99,12 @@ impl CheckpointError {
             CheckpointError::Io { path, source }
         }
     }
+}
+
+fn ranks(ranks: &[usize]) -> String {
+    ranks
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, ElementConversion, Tensor, TensorData, TensorMetadata};
-use burn_zero_comm::{Communicator, ReduceOp};
+use burn::tensor::{DType, Tensor, TensorData, TensorMetadata};
+use burn_zero_comm::{Communicator, agree};
 use burn_zero_core::{ParamInfo, Zero, ZeroState, ZeroTensor};
 
 use crate::error::CheckpointError;
@@ -147,7 +147,9 @@ pub(crate) fn tensor_from_bytes<B: Backend>(
 }
 
 /// Every rank learns whether every rank succeeded: a rank's own error is returned as is, and a
-/// rank that succeeded while another failed returns [`CheckpointError::OtherRank`].
+/// rank that succeeded while another failed returns [`CheckpointError::OtherRank`] naming the
+/// ranks that failed. A failing rank reports its error to the group before the others learn of
+/// it, so the job's error names it as the cause.
 pub(crate) fn agree<B: Backend, T>(
     zero: &ZeroState<B>,
     result: Result<T, CheckpointError>,
@@ -164,15 +166,18 @@ pub(crate) fn agree_on<B: Backend, T>(
     result: Result<T, CheckpointError>,
     what: &'static str,
 ) -> Result<T, CheckpointError> {
-    let failed = if result.is_err() { 1.0f32 } else { 0.0 };
-    let flag = Tensor::<B, 1>::from_floats([failed], device);
-    let total = comm.all_reduce(flag, ReduceOp::Sum);
+    let failure = result
+        .as_ref()
+        .err()
+        .map(|error| format!("{what} failed: {error}"));
+    let failed = agree::failed_ranks(comm, device, failure.as_deref());
     let result = result?;
-    let total = total?.into_scalar().elem::<f32>();
-    if total > 0.0 {
+    let failed = failed?;
+    if !failed.is_empty() {
         return Err(CheckpointError::OtherRank {
             rank: comm.rank(),
             what,
+            failed,
         });
     }
     Ok(result)

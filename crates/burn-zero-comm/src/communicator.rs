@@ -58,6 +58,25 @@ pub trait Communicator<B: Backend>: Send + Sync {
     fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError>;
 
     /// Ends the group on behalf of this rank (it failed): every rank's pending and later
-    /// collectives return [`CommError::PeerFailed`] with `reason`.
+    /// collectives return [`CommError::PeerFailed`] with `reason`. Counts as a report of the
+    /// failure ([`Communicator::report_failure`]).
     fn abort(&self, reason: &str);
+
+    /// Records that this rank failed on its own account (`reason`) without ending the group:
+    /// the rank is about to tell the others through a collective (an agreement such as
+    /// [`crate::agree::failed_ranks`]), and they will stop because of it. Whoever reports the
+    /// job's failure ([`crate::launch`], the launcher of a training framework) then names the
+    /// first rank that reported, the cause, rather than whichever rank happened to stop first.
+    ///
+    /// Engines that cannot share the record ignore it (the default).
+    fn report_failure(&self, reason: &str) {
+        let _ = reason;
+    }
+
+    /// The first rank of the job that reported a failure or aborted the group, numbered as
+    /// the group everything was split from numbers it, with its reason; `None` when none did
+    /// or the engine keeps no record (the default).
+    fn first_failure(&self) -> Option<(usize, String)> {
+        None
+    }
 }

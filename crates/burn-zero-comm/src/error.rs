@@ -171,8 +171,10 @@ pub enum LaunchError {
     /// The arguments do not describe a runnable group.
     #[error("cannot launch: {0}")]
     Invalid(String),
-    /// A rank failed. `rank` is the first rank that failed on its own account; ranks that only
-    /// failed because of it are listed in `others`.
+    /// A rank failed. `rank` is the first rank that failed on its own account (the first to
+    /// abort the group or report its failure to it, see
+    /// [`crate::Communicator::report_failure`]); ranks that only failed because of it are
+    /// listed in `others`.
     #[error("rank {rank} {failure}{}", others_suffix(.others))]
     RankFailed {
         /// The rank whose failure came first.

@@ -35,6 +35,7 @@
 //! assert_eq!(sums, vec![vec![3.0; 4]; 3]);
 //! ```
 
+pub mod agree;
 pub mod call;
 pub mod communicator;
 pub mod control;
@@ -46,6 +47,8 @@ pub mod local;
 pub mod nccl;
 pub mod ordered;
 
+/// Locks that a panicking rank does not poison for the others.
+pub use burn_zero_launch::sync;
 pub use call::{CollectiveCall, CollectiveOp, ReduceOp};
 pub use communicator::Communicator;
 pub use control::JobControl;

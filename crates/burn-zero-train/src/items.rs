@@ -19,7 +19,7 @@ use burn::tensor::{BasicOps, DType, Tensor, TensorData};
 use burn_train::{
     ClassificationOutput, MultiLabelClassificationOutput, RegressionOutput, SequenceOutput,
 };
-use burn_zero_comm::Communicator;
+use burn_zero_comm::{Communicator, agree};
 
 use crate::error::TrainError;
 
@@ -97,13 +97,12 @@ impl Packet {
         let world = comm.world_size();
         // The header: the value count, then every dim, each as two exact 16-bit halves.
         let mut header = Vec::new();
-        let mut halves = |n: usize| {
-            header.push((n >> 16) as f32);
-            header.push((n & 0xffff) as f32);
-        };
-        halves(self.values.len());
-        for (shape, _) in &self.layouts {
-            shape.iter().for_each(|&d| halves(d));
+        for n in std::iter::once(self.values.len()).chain(
+            self.layouts
+                .iter()
+                .flat_map(|(shape, _)| shape.iter().copied()),
+        ) {
+            header.extend(agree::halves(n)?);
         }
         let width = header.len();
         let headers = gather_f32(comm, device, header)?;
@@ -114,10 +113,7 @@ impl Packet {
                 headers.len()
             )));
         }
-        let read = |at: usize, rank: usize| {
-            let h = &headers[rank * width + at * 2..];
-            ((h[0] as usize) << 16) | h[1] as usize
-        };
+        let read = |at: usize, rank: usize| agree::from_halves(&headers[rank * width + at * 2..]);
         let lengths: Vec<usize> = (0..world).map(|r| read(0, r)).collect();
         let longest = lengths.iter().copied().max().unwrap_or(0);
         let mut values = self.values;
@@ -343,7 +339,8 @@ impl ErasedExchange {
     ) -> Result<&Exchange<B, TO, VO>, TrainError> {
         self.exchange.downcast_ref().ok_or_else(|| {
             TrainError::Invalid(format!(
-                "`with_items_from_every_rank` was set for outputs `{}` and `{}`, but the                  learner's model steps to `{}` and `{}`",
+                "`with_items_from_every_rank` was set for outputs `{}` and `{}`, but the \
+                 learner's model steps to `{}` and `{}`",
                 self.names.0,
                 self.names.1,
                 type_name::<TO>(),

@@ -8,7 +8,6 @@ use burn::data::dataloader::{DataLoaderIterator, Progress};
 use burn::module::AutodiffModule;
 use burn::optim::SimpleOptimizer;
 use burn::optim::lr_scheduler::LrScheduler;
-use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn_train::metric::store::EventStoreClient;
 use burn_train::{
@@ -17,7 +16,8 @@ use burn_train::{
     TrainingItem, ValidLoader,
 };
 use burn_zero_checkpoint::{SaveOptions, list, load_record, read_metadata, save_record};
-use burn_zero_comm::RankContext;
+use burn_zero_comm::sync::lock;
+use burn_zero_comm::{RankContext, agree};
 use burn_zero_core::{Zero, ZeroConfig, ZeroState, shard, unshard};
 use burn_zero_optim::{Placement, ZeroOptimizer, ZeroOptimizerRecord};
 
@@ -112,15 +112,12 @@ fn agree<B: Backend>(
     stop: bool,
 ) -> Result<Next, TrainError> {
     let flag = |b: bool| if b { 1.0f32 } else { 0.0 };
-    let mine = Tensor::<B, 1>::from_floats([flag(has_batch), flag(stop)], ctx.device());
-    let all = ctx
-        .comm()
-        .all_gather(mine)?
-        .into_data()
-        .convert::<f32>()
-        .to_vec::<f32>()
-        .map_err(|e| TrainError::State(format!("reading the ranks' agreement: {e:?}")))?;
-    let ranks: Vec<(bool, bool)> = all.chunks(2).map(|c| (c[0] > 0.5, c[1] > 0.5)).collect();
+    let all = agree::exchange(
+        ctx.comm().as_ref(),
+        ctx.device(),
+        &[flag(has_batch), flag(stop)],
+    )?;
+    let ranks: Vec<(bool, bool)> = all.iter().map(|c| (c[0] > 0.5, c[1] > 0.5)).collect();
     if ranks.iter().any(|&(_, stop)| stop) {
         return Ok(Next::Stop);
     }
@@ -159,10 +156,7 @@ where
     O: SimpleOptimizer<P::Host> + 'static,
 {
     let rank = ctx.rank();
-    let mut learner = shared
-        .learners
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    let mut learner = lock(&shared.learners)
         .get_mut(slot)
         .and_then(Option::take)
         .ok_or_else(|| TrainError::Invalid(format!("no learner for rank {rank}")))?;
@@ -195,11 +189,7 @@ where
         )?;
     }
 
-    let has_early_stopping = shared
-        .early_stopping
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .is_some();
+    let has_early_stopping = lock(&shared.early_stopping).is_some();
     for epoch in shared.starting_epoch..=shared.num_epochs {
         let index = epoch - shared.starting_epoch;
         let global = Progress::new(epoch, shared.num_epochs);
@@ -302,10 +292,7 @@ where
             // for the metrics); rank 0 decides for all.
             ctx.comm().barrier()?;
             let stop = rank == 0
-                && shared
-                    .early_stopping
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                && lock(&shared.early_stopping)
                     .as_mut()
                     .is_some_and(|strategy| strategy.should_stop(epoch, shared.event_store));
             if agree(&ctx, true, stop)? == Next::Stop {

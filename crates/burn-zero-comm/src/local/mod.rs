@@ -378,10 +378,19 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
     }
 
     fn abort(&self, reason: &str) {
+        self.rendezvous.report(self.rank, reason);
         self.rendezvous.fail(CommError::PeerFailed {
             rank: self.rendezvous.origin(self.rank),
             reason: reason.to_string(),
         });
+    }
+
+    fn report_failure(&self, reason: &str) {
+        self.rendezvous.report(self.rank, reason);
+    }
+
+    fn first_failure(&self) -> Option<(usize, String)> {
+        self.rendezvous.cause()
     }
 }
 

@@ -2,8 +2,10 @@
 //! their call and leave with every rank's payload, or with the error that ended the group.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use burn_zero_launch::sync::lock;
 
 use crate::call::CollectiveCall;
 use crate::error::CommError;
@@ -48,6 +50,9 @@ pub(crate) struct Rendezvous<P> {
     children: Mutex<HashMap<u64, Arc<Rendezvous<P>>>>,
     /// Groups being split from this one, by the sequence number of the `split` call.
     splits: Mutex<HashMap<u64, Split<P>>>,
+    /// The first rank (numbered as in the group everything was split from) that reported a
+    /// failure of its own, with its reason; kept by that root group only.
+    cause: Mutex<Option<(usize, String)>>,
 }
 
 /// One `split` call in progress: every rank's color, and the group of each color, created by
@@ -65,10 +70,7 @@ impl<P: Clone> Rendezvous<P> {
     /// The group over the same ranks as `parent`, with its own sequence of rounds, made by the
     /// `duplicate` call number `seq`: created by the first rank to ask.
     pub fn child(parent: &Arc<Self>, seq: u64) -> Arc<Self> {
-        parent
-            .children
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        lock(&parent.children)
             .entry(seq)
             .or_insert_with(|| {
                 Arc::new(Self::with_parent(
@@ -82,19 +84,13 @@ impl<P: Clone> Rendezvous<P> {
 
     /// Drops the parent's record of child `seq` once every rank has taken it.
     pub fn forget_child(&self, seq: u64) {
-        self.children
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .remove(&seq);
+        lock(&self.children).remove(&seq);
     }
 
     /// Records `rank`'s color for the `split` call number `seq`, before the call's first
     /// exchange (after which every rank's color is recorded).
     pub fn note_color(&self, seq: u64, rank: usize, color: usize) {
-        let mut splits = self
-            .splits
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let mut splits = lock(&self.splits);
         let split = splits.entry(seq).or_insert_with(|| Split {
             colors: vec![None; self.world_size],
             children: HashMap::new(),
@@ -106,10 +102,7 @@ impl<P: Clone> Rendezvous<P> {
     /// it (its place among the ranks of that color, in this group's order). Called once every
     /// rank's color is recorded.
     pub fn split_child(parent: &Arc<Self>, seq: u64, rank: usize) -> (Arc<Self>, usize) {
-        let mut splits = parent
-            .splits
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let mut splits = lock(&parent.splits);
         let split = splits
             .get_mut(&seq)
             .unwrap_or_else(|| unreachable!("every rank recorded its color before the exchange"));
@@ -140,10 +133,7 @@ impl<P: Clone> Rendezvous<P> {
     /// Drops the parent's record of the `split` call number `seq` once every rank has taken
     /// its group.
     pub fn forget_split(&self, seq: u64) {
-        self.splits
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .remove(&seq);
+        lock(&self.splits).remove(&seq);
     }
 
     fn with_parent(origins: Vec<usize>, timeout: Duration, parent: Option<Arc<Self>>) -> Self {
@@ -161,15 +151,37 @@ impl<P: Clone> Rendezvous<P> {
             parent,
             children: Mutex::new(HashMap::new()),
             splits: Mutex::new(HashMap::new()),
+            cause: Mutex::new(None),
+        }
+    }
+
+    /// Records that `rank` (of this group) failed on its own account, unless a rank of the
+    /// job did so before.
+    pub fn report(&self, rank: usize, reason: &str) {
+        self.report_origin(self.origins[rank], reason);
+    }
+
+    fn report_origin(&self, origin: usize, reason: &str) {
+        match &self.parent {
+            Some(parent) => parent.report_origin(origin, reason),
+            None => {
+                lock(&self.cause).get_or_insert_with(|| (origin, reason.to_string()));
+            }
+        }
+    }
+
+    /// The first rank of the job that reported a failure of its own, with its reason.
+    pub fn cause(&self) -> Option<(usize, String)> {
+        match &self.parent {
+            Some(parent) => parent.cause(),
+            None => lock(&self.cause).clone(),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, State<P>> {
         // Nothing panics while holding the lock, but never let a poisoned mutex hide the
         // group's real failure.
-        self.state
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        lock(&self.state)
     }
 
     pub fn world_size(&self) -> usize {
@@ -317,7 +329,7 @@ impl<P: Clone> Rendezvous<P> {
             state = self
                 .changed
                 .wait_timeout(state, wait)
-                .unwrap_or_else(|poison| poison.into_inner())
+                .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
 

@@ -110,4 +110,12 @@ where
     fn abort(&self, reason: &str) {
         Communicator::<Plain<F, I, BT>>::abort(self, reason)
     }
+
+    fn report_failure(&self, reason: &str) {
+        self.note_failure(reason);
+    }
+
+    fn first_failure(&self) -> Option<(usize, String)> {
+        self.cause()
+    }
 }

@@ -9,6 +9,7 @@ use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, FloatElement, IntElement};
+use burn_zero_launch::sync::lock;
 use cubecl_cuda::{CudaDevice, CudaRuntime};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
@@ -67,6 +68,8 @@ pub struct NcclGroup {
     /// The job's control connection, for ranks in several processes.
     control: Option<Arc<JobControl>>,
     issued: AtomicU64,
+    /// This rank as the group everything was split from numbers it.
+    job_rank: usize,
 }
 
 /// What the groups of one job in this process share.
@@ -76,13 +79,12 @@ pub(crate) struct FamilyState {
     failure: Mutex<Option<CommError>>,
     /// For each rank that finished its work: how many collectives it had issued.
     departed: Mutex<Vec<Option<u64>>>,
+    /// The first rank (numbered as the group everything was split from numbers it) that
+    /// reported a failure of its own, with its reason.
+    cause: Mutex<Option<(usize, String)>>,
 }
 
 pub(crate) type Family = Arc<FamilyState>;
-
-fn guard<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The communicator and what it needs to run one collective at a time.
 struct Link {
@@ -118,7 +120,7 @@ impl NcclGroup {
         family: Family,
         control: Option<Arc<JobControl>>,
     ) -> Result<Self, CommError> {
-        guard(&family.departed).resize(world_size, None);
+        lock(&family.departed).resize(world_size, None);
         let device_error = |error: cudarc::driver::DriverError| CommError::Device {
             rank,
             reason: format!("CUDA: {error}"),
@@ -157,6 +159,7 @@ impl NcclGroup {
             family,
             control,
             issued: AtomicU64::new(0),
+            job_rank: rank,
         })
     }
 
@@ -170,7 +173,7 @@ impl NcclGroup {
     /// out its timeout. [`crate::nccl::launch_nccl`] calls it when a rank's work succeeded.
     pub fn leave(&self) {
         let issued = self.issued.load(Ordering::Relaxed);
-        if let Some(slot) = guard(&self.family.departed).get_mut(self.rank) {
+        if let Some(slot) = lock(&self.family.departed).get_mut(self.rank) {
             *slot = Some(issued);
         }
         if let Some(control) = &self.control
@@ -376,7 +379,7 @@ impl NcclGroup {
                     let mut link = self.lock();
                     self.fail(&mut link, error)
                 })?;
-        NcclGroup::from_parts(
+        let mut group = NcclGroup::from_parts(
             rank,
             members.len(),
             self.device.clone(),
@@ -385,11 +388,24 @@ impl NcclGroup {
             child,
             self.family.clone(),
             self.duplicate_control(),
-        )
+        )?;
+        group.job_rank = self.job_rank;
+        Ok(group)
+    }
+
+    /// [`Communicator::report_failure`] for both backends this engine serves.
+    pub(crate) fn note_failure(&self, reason: &str) {
+        lock(&self.family.cause).get_or_insert_with(|| (self.job_rank, reason.to_string()));
+    }
+
+    /// [`Communicator::first_failure`] for both backends this engine serves. Ranks in other
+    /// processes report to theirs: this sees the ranks of this process.
+    pub(crate) fn cause(&self) -> Option<(usize, String)> {
+        lock(&self.family.cause).clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, Link> {
-        self.link.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.link)
     }
 
     /// The live communicator, or the error that ended the group (an abort requested while
@@ -403,7 +419,7 @@ impl NcclGroup {
             self.fail(link, error);
         }
         if link.failure.is_none() {
-            let family = guard(&self.family.failure).clone();
+            let family = lock(&self.family.failure).clone();
             if let Some(error) = family {
                 // Another rank of this process, a duplicate or the group this one came from
                 // failed: end this one too.
@@ -447,7 +463,7 @@ impl NcclGroup {
         tracing::error!(rank = self.rank, %error, "NCCL group failed; aborting the communicator");
         link.comm = None; // Drop aborts.
         link.failure = Some(error.clone());
-        guard(&self.family.failure).get_or_insert_with(|| error.clone());
+        lock(&self.family.failure).get_or_insert_with(|| error.clone());
         if let Some(control) = &self.control {
             // Every other process hears of it (the store keeps only the job's first failure).
             control.abort(&error.to_string());
@@ -466,7 +482,7 @@ impl NcclGroup {
     /// A rank of this process that finished its work before reaching `call`, which it will
     /// therefore never join.
     fn departed_before(&self, call: &CollectiveCall) -> Option<CommError> {
-        guard(&self.family.departed)
+        lock(&self.family.departed)
             .iter()
             .enumerate()
             .find(|&(peer, issued)| peer != self.rank && issued.is_some_and(|n| n < call.seq))
@@ -697,10 +713,7 @@ impl NcclGroup {
     }
 
     fn take_abort_request(&self) -> Option<String> {
-        self.abort_request
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
+        lock(&self.abort_request).take()
     }
 
     fn reduce_kind(op: ReduceOp) -> RedOp {
@@ -820,7 +833,16 @@ where
         Ok(Arc::new(self.split_group(color)?))
     }
 
+    fn report_failure(&self, reason: &str) {
+        self.note_failure(reason);
+    }
+
+    fn first_failure(&self) -> Option<(usize, String)> {
+        self.cause()
+    }
+
     fn abort(&self, reason: &str) {
+        self.note_failure(reason);
         match self.link.try_lock() {
             Ok(mut link) => {
                 let error = CommError::PeerFailed {
@@ -831,8 +853,7 @@ where
             }
             // A collective is running on another thread: it sees the request while it polls.
             Err(_) => {
-                *self.abort_request.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some(reason.to_string());
+                *lock(&self.abort_request) = Some(reason.to_string());
             }
         }
     }
