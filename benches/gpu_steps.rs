@@ -69,10 +69,12 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
 
 fn main() {
     let args = Args::parse();
-    let result = if cuda_device_count() == 0 {
-        Ok(serde_json::json!({ "skipped": "no CUDA device visible", "stage": args.stage }))
-    } else {
-        run(&args)
+    let result = match cuda_device_count() {
+        Ok(0) => {
+            Ok(serde_json::json!({ "skipped": "no CUDA device visible", "stage": args.stage }))
+        }
+        Ok(_) => run(&args),
+        Err(error) => Err(error.to_string()),
     };
     let result = result.and_then(|value| gpu_steps::emit(&args.steps, &value));
     if let Err(error) = result {

@@ -56,7 +56,10 @@ fn measure(
 }
 
 fn main() {
-    let count = cuda_device_count();
+    let count = cuda_device_count().unwrap_or_else(|error| {
+        eprintln!("nccl benchmark: {error}");
+        std::process::exit(1);
+    });
     if count == 0 {
         println!("nccl benchmark: skipped, no CUDA device visible");
         write_json(&serde_json::json!({ "skipped": "no CUDA device visible" }));

@@ -130,7 +130,8 @@ fn cuda_strategy(
     use burn_zero::comm::{Communicator, RankContext};
     use burn_zero::launcher::DistEnv;
 
-    let visible = burn_zero::comm::nccl::cuda_device_count();
+    let visible =
+        burn_zero::comm::nccl::cuda_device_count().map_err(|e| format!("--backend cuda: {e}"))?;
     if visible == 0 {
         return Err("--backend cuda: no CUDA device is visible".into());
     }

@@ -1,218 +1,35 @@
 //! Training on CUDA with NCCL (feature `cuda`): `Zero` over the CUDA backend with `NcclGroup`
 //! against the same run with `LocalGroup`, in one process and as one process per GPU under
 //! `zero-run`. Every test prints `SKIPPED: <test>: <reason>` and passes when no CUDA device is
-//! visible (unless `BURN_ZERO_REQUIRE_CUDA=1`).
-//!
-//! The two engines run the same kernels on the same GPU, but the matmul kernels cubecl picks by
-//! autotuning may differ between processes, so runs are compared within a tolerance rather
-//! than bit for bit (NCCL at world size 1 moves no data: the difference measures the kernels).
+//! visible (unless `BURN_ZERO_REQUIRE_CUDA=1`), or when built without the `cuda` feature.
 
-#![cfg(feature = "cuda")]
-
+#[cfg(feature = "cuda")]
 #[allow(dead_code)]
 #[path = "../examples/train_gpt/cuda.rs"]
 mod cuda;
+#[cfg(feature = "cuda")]
 #[allow(dead_code)]
 #[path = "../examples/train_gpt/train.rs"]
 mod train;
+#[cfg(feature = "cuda")]
+#[path = "cuda/training.rs"]
+mod training;
 
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::Mutex;
+#[cfg(not(feature = "cuda"))]
+burn_zero_testing::skipped_without_feature!(
+    "cuda",
+    zero_on_nccl_trains_like_local_group_at_world_size_one,
+    zero_on_nccl_trains_like_local_group_on_every_gpu,
+    train_gpt_runs_one_process_per_gpu_under_zero_run,
+);
 
-use burn_zero::comm::launch;
-use burn_zero::comm::nccl::CudaDevice;
-use burn_zero_testing::skip;
-
-use cuda::{Backend, CudaRanks};
-use train::{RankOutcome, RunConfig, local_ranks, train_with};
-
-/// GPU tests run one at a time: NCCL collectives of two groups on the same GPUs, issued from
-/// different threads, can wait on each other.
-static GPUS: Mutex<()> = Mutex::new(());
-
-/// The tiny GPT on short sequences, `world_size` ranks, a few seconds on a GPU.
-fn short(world_size: usize, stage: u8) -> RunConfig {
-    RunConfig {
-        world_size,
-        stage,
-        steps: 20,
-        batch_size: 8 * world_size,
-        seq_len: 32,
-        sample_len: 0,
-        keep_params: true,
-        ..RunConfig::new()
-    }
-}
-
-/// The largest absolute difference between two runs' losses and final parameters.
-fn difference(a: &[RankOutcome], b: &[RankOutcome]) -> (f32, f32) {
-    assert_eq!(a.len(), b.len(), "ranks");
-    let mut losses = 0f32;
-    let mut params = 0f32;
-    for (a, b) in a.iter().zip(b) {
-        for (x, y) in a.losses.iter().zip(&b.losses) {
-            losses = losses.max((x - y).abs());
-        }
-        let (pa, pb) = (a.params.as_ref().unwrap(), b.params.as_ref().unwrap());
-        assert_eq!(pa.len(), pb.len(), "parameters");
-        for (x, y) in pa.iter().flatten().zip(pb.iter().flatten()) {
-            params = params.max((x - y).abs());
-        }
-    }
-    (losses, params)
-}
-
-/// NCCL over `devices` (one rank per GPU) against LocalGroup ranks on the same GPUs, at every
-/// stage.
-fn nccl_against_local_group(devices: Vec<CudaDevice>) {
-    let world = devices.len();
-    for stage in 0..=3 {
-        let config = short(world, stage);
-        let nccl = train_with::<Backend>(
-            &config,
-            devices[0].clone(),
-            |_| {},
-            |rank_fn| CudaRanks::Devices(devices.clone()).run(rank_fn),
-        )
-        .unwrap_or_else(|e| panic!("NCCL, stage {stage}, {world} GPU(s): {e}"));
-        let local = train_with::<Backend>(
-            &config,
-            devices[0].clone(),
-            |_| {},
-            |rank_fn| {
-                launch::<Backend, _, _, train::RankError>(world, &devices, rank_fn)
-                    .map_err(|e| e.to_string())
-            },
-        )
-        .unwrap_or_else(|e| panic!("LocalGroup, stage {stage}, {world} GPU(s): {e}"));
-        let (losses, params) = difference(&nccl, &local);
-        println!(
-            "stage {stage}, {world} GPU(s): NCCL vs LocalGroup: losses differ by at most {losses:e}, \
-             parameters by {params:e}"
-        );
-        assert!(
-            losses <= 1e-4 && params <= 1e-4,
-            "stage {stage}, {world} GPU(s): NCCL and LocalGroup diverge (loss {losses:e}, \
-             parameters {params:e})"
-        );
-        let first = nccl[0].losses[0];
-        let last = *nccl[0].losses.last().unwrap();
-        assert!(last < first - 0.3, "stage {stage}: loss {first} -> {last}");
-    }
-}
-
+/// The list above names every test of `training.rs`.
+#[cfg(feature = "cuda")]
 #[test]
-fn zero_on_nccl_trains_like_local_group_at_world_size_one() {
-    let test = "zero_on_nccl_trains_like_local_group_at_world_size_one";
-    if skip::cuda_devices(test, 1).is_none() {
-        return;
-    }
-    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
-    nccl_against_local_group(vec![CudaDevice::new(0)]);
-}
-
-#[test]
-fn zero_on_nccl_trains_like_local_group_on_every_gpu() {
-    let test = "zero_on_nccl_trains_like_local_group_on_every_gpu";
-    let Some(count) = skip::cuda_devices(test, 2) else {
-        return;
-    };
-    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
-    nccl_against_local_group((0..count).map(CudaDevice::new).collect());
-}
-
-/// A built program: `$variable` when set (a test binary carried to another machine is told
-/// where the programs are), otherwise `relative` to the target folder this test runs from.
-fn program(variable: &str, relative: &str) -> PathBuf {
-    if let Some(path) = std::env::var_os(variable) {
-        return path.into();
-    }
-    // This binary is <target>/<profile>/deps/cuda-<hash>.
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let path = profile.join(relative);
-    assert!(
-        path.exists(),
-        "{} is missing: build it (cargo build --features cuda --example train_gpt; cargo build \
-         -p burn-zero-launch --bin zero-run) or set {variable}",
-        path.display()
+fn every_test_is_reported_when_built_without_cuda() {
+    use burn_zero_testing::skip::{skipped_names, test_names};
+    assert_eq!(
+        skipped_names(include_str!("cuda.rs")),
+        test_names(include_str!("cuda/training.rs"))
     );
-    path
-}
-
-#[test]
-fn train_gpt_runs_one_process_per_gpu_under_zero_run() {
-    let test = "train_gpt_runs_one_process_per_gpu_under_zero_run";
-    let Some(count) = skip::cuda_devices(test, 1) else {
-        return;
-    };
-    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
-    let config = short(count, 3);
-    let dir = std::env::temp_dir().join(format!("burn-zero-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let report = dir.join("memory.json");
-    let output = Command::new(program("ZERO_RUN", "zero-run"))
-        .arg("--nproc-per-node")
-        .arg(count.to_string())
-        .arg("--master-port")
-        .arg(free_port().to_string())
-        .arg("--")
-        .arg(program("TRAIN_GPT", "examples/train_gpt"))
-        .args(["--backend", "cuda", "--stage", "3"])
-        .args(["--steps", &config.steps.to_string()])
-        .args(["--batch-size", &config.batch_size.to_string()])
-        .args(["--seq-len", &config.seq_len.to_string()])
-        .args(["--sample-len", "0"])
-        .arg("--memory-report")
-        .arg(&report)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "zero-run failed:\n{stdout}\n{stderr}"
-    );
-    let rank0 = if count == 1 {
-        report.clone()
-    } else {
-        dir.join("memory-rank0.json")
-    };
-    let entries: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&rank0).unwrap()).unwrap();
-    let entry = &entries[0];
-    assert_eq!(entry["rank"], 0);
-    assert_eq!(entry["world_size"], count);
-    assert_eq!(entry["backend"], "cuda");
-    let first = entry["first_loss"].as_f64().unwrap() as f32;
-    let last = entry["last_loss"].as_f64().unwrap() as f32;
-
-    // The reference: the same run on LocalGroup ranks sharing GPU 0, in this process.
-    let local = train_with::<Backend>(
-        &config,
-        CudaDevice::new(0),
-        |_| {},
-        local_ranks::<Backend>(count, CudaDevice::new(0)),
-    )
-    .unwrap();
-    let (local_first, local_last) = (local[0].losses[0], *local[0].losses.last().unwrap());
-    println!(
-        "zero-run × {count}: loss {first} -> {last}; LocalGroup: {local_first} -> {local_last}"
-    );
-    assert!(
-        (first - local_first).abs() <= 1e-4 && (last - local_last).abs() <= 1e-3,
-        "zero-run: {first} -> {last}; LocalGroup: {local_first} -> {local_last}"
-    );
-    assert!(last < first - 0.3, "loss {first} -> {last}");
-    std::fs::remove_dir_all(&dir).ok();
-}
-
-/// A TCP port nobody listens on right now, for the rendezvous.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

@@ -30,7 +30,7 @@ impl CudaRanks {
     /// This process's ranks: from the launcher's environment when there is one, otherwise
     /// `world_size` GPUs of this machine.
     pub fn new(world_size: usize) -> Result<Self, String> {
-        let visible = cuda_device_count();
+        let visible = cuda_device_count().map_err(|e| format!("--backend cuda: {e}"))?;
         if visible == 0 {
             return Err("--backend cuda: no CUDA device is visible".into());
         }

@@ -235,8 +235,9 @@ mod tests {
             .filter(|&library| !candidates(library).iter().any(|name| loads(name)))
             .collect();
         if absent.is_empty() {
-            println!(
-                "SKIPPED: check_names_an_absent_library: every CUDA library is installed here"
+            burn_zero_testing::skip::skip(
+                "check_names_an_absent_library",
+                "every CUDA library is installed here",
             );
             return;
         }

@@ -219,6 +219,9 @@ fn ndarray_results_survive_buffer_reuse() {
 /// back to back, each checked, make any such window show.
 #[test]
 fn wgpu_back_to_back_collectives() {
+    if !burn_zero_testing::skip::wgpu_adapter("wgpu_back_to_back_collectives") {
+        return;
+    }
     type B = burn::backend::Wgpu;
     let device = burn::backend::wgpu::WgpuDevice::default();
     let world = 2;

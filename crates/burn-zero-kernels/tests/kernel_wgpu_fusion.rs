@@ -1,7 +1,8 @@
 //! The kernels under Burn's fusion layer, `Fusion<CubeBackend<WgpuRuntime>>` (what
 //! `burn::backend::Wgpu` is with Burn's default features), on Mesa lavapipe where there is no
 //! GPU: the kernel path is taken, and its buckets and unpacked members are bitwise those of the
-//! fused fallback and of the plain `CubeBackend` kernels.
+//! fused fallback and of the plain `CubeBackend` kernels. Without a wgpu adapter every test says
+//! it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1` (CI) makes that a failure.
 
 mod common;
 
@@ -11,6 +12,7 @@ use burn::tensor::ops::FloatTensorOps;
 use burn::tensor::{DType, TensorData};
 use burn_fusion::Fusion;
 use burn_zero_kernels::{BucketSpec, MemberSpec, PackPath, Packer, kernel_available, unpack};
+use burn_zero_testing::skip;
 use common::{Case, Grad, assert_bitwise, read, reference_unpack};
 
 type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
@@ -18,6 +20,11 @@ type Fused = Fusion<Plain>;
 
 fn device() -> WgpuDevice {
     WgpuDevice::default()
+}
+
+/// Whether `test` can run: wgpu has an adapter here (checked before any backend call).
+fn runs(test: &str) -> bool {
+    skip::wgpu_adapter(test)
 }
 
 fn pack<B: Backend<Device = WgpuDevice>>(case: &Case, path: PackPath) -> TensorData {
@@ -97,6 +104,9 @@ fn check(case: &Case) {
 
 #[test]
 fn the_fused_backend_takes_the_kernel_path() {
+    if !runs("the_fused_backend_takes_the_kernel_path") {
+        return;
+    }
     assert!(kernel_available::<Fused>());
     assert!(kernel_available::<burn::backend::Wgpu>());
     assert!(kernel_available::<
@@ -117,6 +127,9 @@ fn the_fused_backend_takes_the_kernel_path() {
 
 #[test]
 fn f32_odd_sizes_rows_and_divisors() {
+    if !runs("f32_odd_sizes_rows_and_divisors") {
+        return;
+    }
     let numels = [1, 7, 1023, 8, 5];
     let extra = [0, 2, 1, 0, 3];
     let grads = [
@@ -143,8 +156,15 @@ fn f32_odd_sizes_rows_and_divisors() {
 
 #[test]
 fn f16_buckets_where_the_adapter_has_f16() {
-    if !Plain::supports_dtype(&device(), DType::F16) {
-        println!("SKIPPED: f16_buckets_where_the_adapter_has_f16: this wgpu adapter has no f16");
+    let test = "f16_buckets_where_the_adapter_has_f16";
+    if !runs(test)
+        || !skip::dtype_supported(
+            test,
+            Plain::supports_dtype(&device(), DType::F16),
+            "f16",
+            "",
+        )
+    {
         return;
     }
     for (dtype, grad) in [(DType::F16, DType::F32), (DType::F32, DType::F16)] {
@@ -164,6 +184,9 @@ fn f16_buckets_where_the_adapter_has_f16() {
 /// computed before the kernel reads it, and the packed bucket feeds later fused operations.
 #[test]
 fn pending_fused_work_is_run_first_and_results_flow_on() {
+    if !runs("pending_fused_work_is_run_first_and_results_flow_on") {
+        return;
+    }
     let device = device();
     let spec = BucketSpec {
         rows: 1,

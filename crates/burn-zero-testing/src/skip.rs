@@ -85,10 +85,12 @@ pub fn wgpu_adapter(test: &str) -> bool {
 /// skipped (or fails under `BURN_ZERO_REQUIRE_CUDA=1`, unless the machine has some devices but
 /// fewer than `needed`: one GPU cannot run a two-GPU test) and `None` is returned.
 ///
-/// Never panics without a driver: the count is 0 when `libcuda` cannot be loaded.
+/// No driver library, or a driver that reports no device, is a skip; any other driver error
+/// fails the test, naming the error: a broken driver must not pass as a machine without GPUs.
 #[cfg(feature = "cuda")]
 pub fn cuda_devices(test: &str, needed: usize) -> Option<usize> {
-    let count = burn_zero_comm::nccl::cuda_device_count();
+    let count =
+        burn_zero_comm::nccl::cuda_device_count().unwrap_or_else(|error| panic!("{test}: {error}"));
     if count >= needed.max(1) {
         return Some(count);
     }
@@ -101,4 +103,76 @@ pub fn cuda_devices(test: &str, needed: usize) -> Option<usize> {
         );
     }
     None
+}
+
+/// Whether the device of `test` has `dtype`; when it does not, `test` says it was skipped
+/// (naming what it did check instead, if anything) and `false` is returned. A missing dtype is
+/// a property of the adapter, not a missing driver, so the `REQUIRE` variables do not apply.
+pub fn dtype_supported(
+    test: &str,
+    supported: bool,
+    dtype: impl Display,
+    checked_instead: &str,
+) -> bool {
+    if !supported {
+        let also = if checked_instead.is_empty() {
+            String::new()
+        } else {
+            format!(" (checked only {checked_instead})")
+        };
+        skip(test, format!("this device has no {dtype}{also}"));
+    }
+    supported
+}
+
+/// One `#[test]` per name that says it was skipped because the test binary was built without
+/// `feature`: for test files whose tests need a feature to compile, so that a build without it
+/// reports them as skipped instead of leaving them out silently.
+#[macro_export]
+macro_rules! skipped_without_feature {
+    ($feature:literal, $($test:ident),+ $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                $crate::skip::skip(
+                    stringify!($test),
+                    concat!(
+                        "built without the `", $feature, "` feature (cargo test --features ",
+                        $feature, ")"
+                    ),
+                );
+            }
+        )+
+    };
+}
+
+/// The names listed by the `skipped_without_feature!` invocation in `source` (a test file's
+/// text), for the build with the feature to check them against its tests ([`test_names`]).
+pub fn skipped_names(source: &str) -> Vec<String> {
+    let Some(start) = source.find("skipped_without_feature!(") else {
+        return Vec::new();
+    };
+    let list = &source[start..];
+    let list = &list[list.find('(').unwrap_or(0) + 1..list.find(");").unwrap_or(list.len())];
+    list.split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty() && !name.starts_with('"'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The `#[test]` functions of a test source file, in order: what a
+/// `skipped_without_feature!` list must name.
+pub fn test_names(source: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut after_attribute = false;
+    for line in source.lines().map(str::trim) {
+        if line == "#[test]" {
+            after_attribute = true;
+        } else if after_attribute && let Some(rest) = line.strip_prefix("fn ") {
+            names.push(rest.split('(').next().unwrap_or_default().to_string());
+            after_attribute = false;
+        }
+    }
+    names
 }

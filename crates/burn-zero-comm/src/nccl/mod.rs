@@ -82,15 +82,23 @@ impl NcclOptions {
     }
 }
 
-/// Number of CUDA devices visible to this process; 0 when there is no driver or no device
-/// (never an error: meant for deciding whether to use the engine, or to skip a test).
-pub fn cuda_device_count() -> usize {
+/// Number of CUDA devices visible to this process: 0 when there is no driver library or the
+/// driver reports no device (`CUDA_ERROR_NO_DEVICE`, as with `CUDA_VISIBLE_DEVICES=""`).
+///
+/// Any other driver error is returned, naming the driver's code: a driver that is installed
+/// but broken (a version too old for this build, a device in a bad state) must not read as
+/// "this machine has no GPU", or a GPU test would be skipped instead of failing.
+pub fn cuda_device_count() -> Result<usize, CommError> {
     if !sys::driver_present() {
-        return 0;
+        return Ok(0);
     }
-    cudarc::driver::CudaContext::device_count()
-        .map(|n| n.max(0) as usize)
-        .unwrap_or(0)
+    match cudarc::driver::CudaContext::device_count() {
+        Ok(count) => Ok(count.max(0) as usize),
+        Err(error) if error.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => Ok(0),
+        Err(error) => Err(CommError::Unavailable(format!(
+            "the CUDA driver failed to count the devices: {error:?}"
+        ))),
+    }
 }
 
 /// Whether the NCCL engine can run here: the CUDA driver, NVRTC and NCCL load (under the names

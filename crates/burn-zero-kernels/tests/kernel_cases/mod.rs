@@ -11,6 +11,8 @@ use burn_zero_kernels::{
     BucketSpec, KernelError, MemberSpec, PackPath, Packer, kernel_available, unpack,
 };
 
+use burn_zero_testing::skip;
+
 use crate::common::{self, Case, Grad, assert_bitwise, read, reference_unpack};
 
 /// Packs `case` on `path`; `strided` as in [`grad_for`].
@@ -214,8 +216,10 @@ pub fn f32_large_member<B: Backend>(device: &B::Device) {
 
 /// A half-precision `dtype` (f16 or bf16) as the bucket dtype, the gradient dtype, or both; where
 /// the device lacks it, the kernel path must refuse it rather than pack wrongly.
-fn half_precision<B: Backend>(half: DType, device: &B::Device) {
-    if !B::supports_dtype(device, half) {
+/// Where the device lacks it, the test (`test`) is reported as skipped: only the refusal ran.
+fn half_precision<B: Backend>(test: &str, half: DType, device: &B::Device) {
+    let supported = B::supports_dtype(device, half);
+    if !supported {
         let error = Packer::<B>::new(small_spec(half), device, PackPath::Kernel)
             .err()
             .unwrap();
@@ -226,7 +230,8 @@ fn half_precision<B: Backend>(half: DType, device: &B::Device) {
                 path: "kernel"
             }
         );
-        eprintln!("this device has no {half:?}: checked the refusal only");
+    }
+    if !skip::dtype_supported(test, supported, format!("{half:?}"), "the kernel's refusal") {
         return;
     }
     for (dtype, grad) in [(half, DType::F32), (DType::F32, half), (half, half)] {
@@ -249,12 +254,12 @@ fn half_precision<B: Backend>(half: DType, device: &B::Device) {
 
 /// f16 buckets and gradients (or the refusal where the device has no f16).
 pub fn f16<B: Backend>(device: &B::Device) {
-    half_precision::<B>(DType::F16, device);
+    half_precision::<B>("f16", DType::F16, device);
 }
 
 /// bf16 buckets and gradients (or the refusal where the device has no bf16).
 pub fn bf16<B: Backend>(device: &B::Device) {
-    half_precision::<B>(DType::BF16, device);
+    half_precision::<B>("bf16", DType::BF16, device);
 }
 
 /// A gradient on `other` (another device of the same backend) is refused on both paths.
