@@ -153,6 +153,8 @@ struct Bytes {
     world: AtomicU64,
     shard: AtomicU64,
     replicas: AtomicU64,
+    /// Reduce-scatters and all-reduces on the world, the shard group and the replica group.
+    reductions: [AtomicU64; 3],
 }
 
 /// Counts into the counter of the group it is: the world, or (from its splits, in the order
@@ -166,6 +168,10 @@ struct Counting {
 }
 
 impl Counting {
+    fn reduction(&self) {
+        self.bytes.reductions[self.group.min(2)].fetch_add(1, Ordering::SeqCst);
+    }
+
     fn add(&self, bytes: usize) {
         let counter = match self.group {
             0 => &self.bytes.world,
@@ -197,6 +203,7 @@ impl Communicator<Flex> for Counting {
         op: ReduceOp,
     ) -> Result<Tensor<Flex, 1>, CommError> {
         self.add(bytes_of(&input));
+        self.reduction();
         self.inner.reduce_scatter(input, op)
     }
     fn all_reduce(
@@ -205,6 +212,7 @@ impl Communicator<Flex> for Counting {
         op: ReduceOp,
     ) -> Result<Tensor<Flex, 1>, CommError> {
         self.add(2 * bytes_of(&input));
+        self.reduction();
         self.inner.all_reduce(input, op)
     }
     fn broadcast(
@@ -265,6 +273,13 @@ fn bytes_inside_and_across_groups_and_model_state_follow_the_shard_group_size() 
         let moved: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
         let report = zero.memory_report();
         let infos = zero.params();
+        // The reductions the engine saw in the last step, against the reducer's own count.
+        let reductions: u64 = bytes
+            .reductions
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .sum();
+        let counted = 2 * zero.last_reduction().collectives as u64;
         drop(model);
         Ok((
             moved,
@@ -272,10 +287,20 @@ fn bytes_inside_and_across_groups_and_model_state_follow_the_shard_group_size() 
             optimizer.state_bytes(),
             zero.replica(),
             infos,
+            (reductions, counted),
         ))
     })
     .unwrap();
-    for (rank, (moved, report, state, replica, infos)) in per_rank.iter().enumerate() {
+    for (rank, (moved, report, state, replica, infos, (reductions, counted))) in
+        per_rank.iter().enumerate()
+    {
+        // Two steps, each reducing every bucket inside the shard group and then across the
+        // groups: the statistics count both collectives of a bucket.
+        assert_eq!(
+            reductions, counted,
+            "rank {rank}: reductions the engine saw over two steps against twice the last \
+             step's count"
+        );
         // Predicted from the parameter list (f32, 4 bytes an element): a sharded parameter is
         // gathered once in forward (kept for backward by the gather cache) and its gradient
         // reduce-scattered inside the group, padded to S blocks; its block of the sum is then

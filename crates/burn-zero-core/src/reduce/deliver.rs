@@ -29,9 +29,15 @@ pub(crate) fn deliver<B: Backend>(
     to: Destinations<'_, B>,
     stats: &mut ReductionStats,
 ) {
+    // With hybrid sharding a bucket is reduced in its shard group, then across the groups.
+    let per_bucket = if store.groups().replicas.is_some() {
+        2
+    } else {
+        1
+    };
     for Reduced { bucket, values } in reduced {
         let bucket = &buckets[bucket];
-        stats.collectives += 1;
+        stats.collectives += per_bucket;
         stats.bytes += bucket.bytes(store.world_size());
         let mode = bucket.mode;
         for (member, value) in bucket.members.iter().zip(values) {

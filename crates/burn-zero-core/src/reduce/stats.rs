@@ -3,7 +3,8 @@
 /// What the last backward pass spent on gradient reduction, on this rank.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ReductionStats {
-    /// Collectives issued (one per bucket).
+    /// Collectives issued: one per bucket, two with hybrid sharding (the reduction inside the
+    /// shard group, then the all-reduce across the groups).
     pub collectives: usize,
     /// Bytes this rank put into them (all ranks' rows of every bucket).
     pub bytes: usize,
