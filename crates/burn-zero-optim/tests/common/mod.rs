@@ -1,0 +1,174 @@
+//! End-to-end training parity on any backend: the transformer block of `burn-zero-testing`
+//! trained with its global batch split across ranks (`ZeroOptimizer`, Adam) against one rank
+//! training unsharded with Burn's Adam on the same micro-batches, their gradients averaged in
+//! rank order.
+//!
+//! Bitwise where the backend is deterministic; where it is not, within a tolerance fixed here
+//! from the measured run-to-run difference of the single-rank reference itself (see
+//! [`Tolerance`]), never from the result being checked.
+
+#![allow(dead_code)]
+
+use burn::backend::Autodiff;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::Backend;
+use burn_zero_comm::{LaunchOptions, launch_with};
+use burn_zero_core::{Zero, ZeroConfig, ZeroError, shard};
+use burn_zero_optim::ZeroOptimizer;
+use burn_zero_testing::{Block, micro_batch, param_values, step_mean_grads};
+
+pub const LR: f64 = 1e-2;
+
+/// The training backend of ranks that compute on `X`.
+pub type Train<X> = Autodiff<Zero<X>>;
+
+/// Single rank, no sharding, Burn's Adam: each of `steps` steps averages the gradients of
+/// `world_size` micro-batches in rank order. Returns every parameter's final values.
+pub fn reference<X: Backend>(
+    base: &Block<Train<X>>,
+    world_size: usize,
+    steps: usize,
+    device: &X::Device,
+) -> Vec<Vec<f32>> {
+    let mut model = base.clone();
+    let mut optim = AdamConfig::new().init();
+    for step in 0..steps {
+        let (mean, _) = step_mean_grads::<X>(&model, step, world_size, device);
+        model = optim.step(LR, model, mean);
+    }
+    param_values(&model)
+}
+
+/// `world_size` ranks on `device` (threads of this process, `LocalGroup`), each training its
+/// micro-batches with `ZeroOptimizer` over Adam. Returns each rank's final parameters.
+pub fn sharded<X: Backend>(
+    base: &Block<Train<X>>,
+    world_size: usize,
+    steps: usize,
+    config: &ZeroConfig,
+    device: &X::Device,
+) -> Vec<Vec<Vec<f32>>> {
+    let options = LaunchOptions::with_timeout(std::time::Duration::from_secs(300));
+    launch_with::<X, _, _, ZeroError>(world_size, std::slice::from_ref(device), &options, |ctx| {
+        let (mut model, zero) = shard(base.clone(), &ctx, config)?;
+        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        for step in 0..steps {
+            let (tokens, targets) =
+                micro_batch::<Train<X>>(step * world_size + ctx.rank(), ctx.device());
+            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+            model = optimizer.step(LR, model, grads);
+        }
+        Ok(param_values(&model))
+    })
+    .unwrap_or_else(|e| panic!("world {world_size}, stage {}: {e}", config.stage))
+}
+
+/// The configurations checked: stages 0–3, small buckets, most parameters sharded at stage 3.
+pub fn configs() -> Vec<ZeroConfig> {
+    (0..=3)
+        .map(|stage| {
+            ZeroConfig::new()
+                .with_stage(stage)
+                .with_persist_below_numel(12)
+                .with_bucket_size_mb(0.001)
+        })
+        .collect()
+}
+
+/// How close the sharded runs must come to the reference.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Tolerance {
+    /// The reference is bitwise reproducible: bit for bit.
+    Bitwise,
+    /// The reference is not: within this absolute difference, [`NOISE_FACTOR`] times the
+    /// largest difference measured between its runs.
+    Absolute(f32),
+}
+
+/// How many times the reference's own run-to-run difference the sharded runs may differ by.
+/// Fixed before any sharded run was compared: the sharded ranks run the same kernels on the
+/// same micro-batches, so their only other source of difference is that same noise.
+pub const NOISE_FACTOR: f32 = 10.0;
+
+/// Runs the reference `runs` times and derives the tolerance from how much its runs differ.
+/// Returns the first run's values with it.
+pub fn measure_reference<X: Backend>(
+    base: &Block<Train<X>>,
+    world_size: usize,
+    steps: usize,
+    device: &X::Device,
+    runs: usize,
+) -> (Vec<Vec<f32>>, Tolerance) {
+    let first = reference::<X>(base, world_size, steps, device);
+    let (mut noise, mut bitwise) = (0f32, true);
+    for _ in 1..runs {
+        let again = reference::<X>(base, world_size, steps, device);
+        noise = noise.max(max_difference(&first, &again));
+        bitwise &= bitwise_same(&first, &again);
+    }
+    let tolerance = if bitwise {
+        Tolerance::Bitwise
+    } else {
+        Tolerance::Absolute(NOISE_FACTOR * noise)
+    };
+    (first, tolerance)
+}
+
+/// The largest absolute difference between two runs' parameters.
+pub fn max_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0, f32::max)
+}
+
+fn bitwise_same(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+        })
+}
+
+/// Asserts every rank's parameters against the reference under `tolerance`.
+pub fn assert_close(got: &[Vec<Vec<f32>>], want: &[Vec<f32>], tolerance: Tolerance, what: &str) {
+    for (rank, params) in got.iter().enumerate() {
+        match tolerance {
+            Tolerance::Bitwise => assert!(
+                bitwise_same(params, want),
+                "{what}, rank {rank}: not bitwise equal to single-rank training (largest \
+                 difference {})",
+                max_difference(params, want)
+            ),
+            Tolerance::Absolute(limit) => {
+                let difference = max_difference(params, want);
+                assert!(
+                    difference <= limit,
+                    "{what}, rank {rank}: differs from single-rank training by {difference}, \
+                     more than {limit} ({NOISE_FACTOR} × the reference's own run-to-run \
+                     difference)"
+                );
+            }
+        }
+    }
+}
+
+/// The whole check at 2 and 4 ranks, stages 0–3. Returns the tolerance used per world size.
+pub fn check_parity<X: Backend>(
+    base: &Block<Train<X>>,
+    steps: usize,
+    device: &X::Device,
+    name: &str,
+) -> Vec<(usize, Tolerance)> {
+    let mut used = Vec::new();
+    for world_size in [2, 4] {
+        let (want, tolerance) = measure_reference::<X>(base, world_size, steps, device, 3);
+        for config in configs() {
+            let got = sharded::<X>(base, world_size, steps, &config, device);
+            let what = format!("{name}, world {world_size}, stage {}", config.stage);
+            assert_close(&got, &want, tolerance, &what);
+        }
+        used.push((world_size, tolerance));
+    }
+    used
+}
