@@ -307,11 +307,16 @@ fn run<B: Backend>(
         println!("resumed from the checkpoint of step {step}");
     }
     if first.losses.is_empty() {
-        println!(
-            "nothing left to train: the checkpoint is at step {}",
-            config.steps
-        );
-        return Ok(());
+        return match first.resumed_from {
+            Some(step) => {
+                println!(
+                    "nothing left to train: the checkpoint is at step {step} and --steps is {}",
+                    config.steps
+                );
+                Ok(())
+            }
+            None => Err("nothing to train: --steps is 0 (give at least 1)".into()),
+        };
     }
     if config.sample_len > 0 {
         println!(
