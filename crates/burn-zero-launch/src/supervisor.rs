@@ -1,15 +1,30 @@
 //! The supervisor behind `zero-run`: starts this node's ranks with the launcher environment,
-//! prefixes their output, forwards SIGINT/SIGTERM, and when one rank fails, stops the others
-//! and reports that rank's exit code.
+//! prefixes their output, forwards SIGINT/SIGTERM, and when ranks fail, stops the others and
+//! reports the rank whose failure caused the rest, with its reason and exit code.
+//!
+//! Which rank process exits first says little about which rank failed first: a rank that
+//! fails tells the others through a collective, and they may well return, print their
+//! consequence and exit before it does. The job's control store, in rank 0's process, knows
+//! better: it keeps the first rank that reported its failure or aborted
+//! ([`crate::control::FirstCause`]). The supervisor gives every rank the path of a fresh file
+//! ([`CAUSE_FILE_VAR`]), the store writes the cause there, and once the other ranks had their
+//! grace to end (before any is killed, which the store would record as a lost rank), the
+//! supervisor reads it and names that rank. Without the file (a node other than rank 0's, or a
+//! program that runs no control store) it names the first rank to exit with a failure, and
+//! says so.
 
 use std::ffi::OsString;
 use std::fmt;
+use std::fs::{self, DirBuilder};
 use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::control::{CAUSE_FILE_VAR, FirstCause};
 use crate::env::DistEnv;
 use crate::output::{self, Sink};
 use crate::signals::{self, SIGKILL, SIGTERM};
@@ -36,6 +51,10 @@ pub struct RunConfig {
     pub args: Vec<OsString>,
     /// How long ranks get to exit after SIGTERM (or a forwarded signal) before SIGKILL.
     pub stop_timeout: Duration,
+    /// How long the other ranks get to end by themselves once a rank failed, before they are
+    /// sent SIGTERM: ranks that fail together (one failed, the others learned of it) then
+    /// print their own errors and exit with their own codes, rather than being cut short.
+    pub failure_grace: Duration,
     /// Prefix each output line with `[rank N] `.
     pub prefix_output: bool,
 }
@@ -52,6 +71,7 @@ impl RunConfig {
             program: program.into(),
             args: Vec::new(),
             stop_timeout: Duration::from_secs(10),
+            failure_grace: Duration::from_secs(3),
             prefix_output: true,
         }
     }
@@ -150,12 +170,23 @@ impl fmt::Display for Exit {
 pub enum Outcome {
     /// Every rank exited with code 0.
     Succeeded,
-    /// A rank failed first (the others were stopped).
+    /// Ranks failed (the others were stopped).
     RankFailed {
-        /// The global rank.
+        /// The global rank whose failure caused the others: the first rank of the job that
+        /// reported its failure to the control store or aborted the job (`reason` is then
+        /// set), or, when no report reached this node, the first of this node's ranks to exit
+        /// with a failure.
         rank: usize,
-        /// How it ended.
+        /// How that rank ended. When the cause is a rank of another node (`on_this_node` is
+        /// false), how the first of this node's ranks to fail ended.
         exit: Exit,
+        /// The reason the rank gave the job's control store; `None` when no report reached
+        /// this node.
+        reason: Option<String>,
+        /// This node's other ranks that failed or were stopped: consequences of the cause.
+        consequences: Vec<usize>,
+        /// Whether the cause is one of this node's ranks.
+        on_this_node: bool,
     },
     /// The supervisor received a signal and passed it on to the ranks.
     Interrupted {
@@ -176,6 +207,60 @@ impl Outcome {
             },
             Outcome::Interrupted { signal } => 128 + signal,
         }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Succeeded => write!(f, "every rank succeeded"),
+            Outcome::Interrupted { signal } => write!(
+                f,
+                "interrupted by {}; the ranks were stopped",
+                signals::signal_name(*signal)
+            ),
+            Outcome::RankFailed {
+                rank,
+                exit,
+                reason,
+                consequences,
+                on_this_node,
+            } => {
+                match (reason, on_this_node) {
+                    (Some(reason), true) => write!(
+                        f,
+                        "rank {rank} failed ({exit}) and caused the job's failure: {reason}"
+                    )?,
+                    (Some(reason), false) => write!(
+                        f,
+                        "rank {rank}, on another node, failed and caused the job's failure: \
+                         {reason}"
+                    )?,
+                    (None, _) => write!(
+                        f,
+                        "rank {rank} failed ({exit}), the first rank to exit; no rank reported \
+                         a cause to this node, so it may itself be a consequence"
+                    )?,
+                }
+                if !consequences.is_empty() {
+                    let listed = rank_list(consequences);
+                    match reason {
+                        Some(_) => write!(f, "; {listed} stopped as a consequence")?,
+                        None => write!(f, "; {listed} also failed or were stopped")?,
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `rank 3` or `ranks 0, 2`.
+fn rank_list(ranks: &[usize]) -> String {
+    let numbers: Vec<String> = ranks.iter().map(usize::to_string).collect();
+    match numbers.as_slice() {
+        [one] => format!("rank {one}"),
+        _ => format!("ranks {}", numbers.join(", ")),
     }
 }
 
@@ -222,12 +307,18 @@ pub fn run(config: &RunConfig) -> Result<Outcome, SupervisorError> {
         %program,
         "starting ranks"
     );
+    let cause_dir = CauseDir::create()
+        .inspect_err(|error| {
+            tracing::warn!(%error, "no cause file: a failure will be blamed on the first rank to exit");
+        })
+        .ok();
+    let cause_file = cause_dir.as_ref().map(CauseDir::file);
 
     let mut ranks: Vec<Rank> = Vec::with_capacity(config.nproc_per_node);
     let mut forwarders: Vec<JoinHandle<()>> = Vec::new();
     for local_rank in 0..config.nproc_per_node {
         let env = config.rank_env(local_rank);
-        match spawn_rank(config, &env, &mut forwarders) {
+        match spawn_rank(config, &env, cause_file.as_deref(), &mut forwarders) {
             Ok(child) => ranks.push(Rank {
                 rank: env.rank,
                 child,
@@ -245,29 +336,135 @@ pub fn run(config: &RunConfig) -> Result<Outcome, SupervisorError> {
         }
     }
 
-    let outcome = supervise(&mut ranks, config.stop_timeout);
+    let ended = supervise(&mut ranks, config, cause_file.as_deref());
     join_all(forwarders);
+    let outcome = match ended {
+        Ended::Succeeded => Outcome::Succeeded,
+        Ended::Interrupted(signal) => Outcome::Interrupted { signal },
+        Ended::Failed { first, cause } => {
+            if cause.is_none() && config.world_size() > 1 {
+                tracing::warn!("{}", no_cause_explanation(config));
+            }
+            let exits: Vec<(usize, Option<Exit>)> =
+                ranks.iter().map(|r| (r.rank, r.exit)).collect();
+            blame(&exits, first, cause)
+        }
+    };
     match &outcome {
-        Outcome::Succeeded => tracing::info!("every rank succeeded"),
-        Outcome::RankFailed { rank, exit } => {
-            tracing::error!(rank, %exit, "rank failed; the other ranks were stopped")
-        }
-        Outcome::Interrupted { signal } => {
-            tracing::warn!(signal = %signals::signal_name(*signal), "interrupted; ranks stopped")
-        }
+        Outcome::Succeeded => tracing::info!("{outcome}"),
+        Outcome::RankFailed { .. } => tracing::error!("{outcome}"),
+        Outcome::Interrupted { .. } => tracing::warn!("{outcome}"),
     }
     Ok(outcome)
+}
+
+/// Why no cause was read, for the log.
+fn no_cause_explanation(config: &RunConfig) -> String {
+    let why = if config.node_rank == 0 {
+        "no rank reported its failure to the job's control store (the program may run none)"
+    } else {
+        "the job's control store runs with rank 0 on node 0 and writes the cause there, not on \
+         this node"
+    };
+    format!("{why}: naming the first rank to exit with a failure")
+}
+
+/// The cause the store wrote, if any; a file that cannot be read is logged and ignored.
+fn read_cause(path: &Path) -> Option<FirstCause> {
+    FirstCause::read_from(path)
+        .inspect_err(|error| tracing::warn!(%error, "ignoring the cause file"))
+        .ok()
+        .flatten()
+}
+
+/// The outcome once every rank has ended: `exits` holds how each of this node's ranks ended,
+/// `first` is the first rank to exit with a failure and `cause` what the job's control store
+/// recorded.
+fn blame(exits: &[(usize, Option<Exit>)], first: usize, cause: Option<FirstCause>) -> Outcome {
+    let exit_of = |rank: usize| {
+        exits
+            .iter()
+            .find(|(r, _)| *r == rank)
+            .and_then(|(_, exit)| *exit)
+    };
+    let failed = |except: usize| -> Vec<usize> {
+        exits
+            .iter()
+            .filter(|(r, exit)| *r != except && exit.is_some_and(|exit| !exit.success()))
+            .map(|(r, _)| *r)
+            .collect()
+    };
+    let first_exit = exit_of(first).unwrap_or(Exit::Code(1));
+    match cause {
+        Some(FirstCause { rank, reason }) => {
+            let here = exit_of(rank);
+            Outcome::RankFailed {
+                rank,
+                exit: here.unwrap_or(first_exit),
+                reason: Some(reason),
+                consequences: failed(rank),
+                on_this_node: here.is_some(),
+            }
+        }
+        None => Outcome::RankFailed {
+            rank: first,
+            exit: first_exit,
+            reason: None,
+            consequences: failed(first),
+            on_this_node: true,
+        },
+    }
+}
+
+/// A directory of this zero-run invocation, only its user may enter, removed when dropped:
+/// where rank 0's control store writes the job's first cause.
+struct CauseDir {
+    path: PathBuf,
+}
+
+impl CauseDir {
+    fn create() -> io::Result<Self> {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.subsec_nanos());
+        let base = std::env::temp_dir();
+        let mut attempt = 0u32;
+        loop {
+            let path = base.join(format!("zero-run-{}-{nanos}-{attempt}", std::process::id()));
+            match DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => return Ok(CauseDir { path }),
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists && attempt < 100 => {
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    fn file(&self) -> PathBuf {
+        self.path.join("cause")
+    }
+}
+
+impl Drop for CauseDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
 }
 
 fn spawn_rank(
     config: &RunConfig,
     env: &DistEnv,
+    cause_file: Option<&Path>,
     forwarders: &mut Vec<JoinHandle<()>>,
 ) -> io::Result<Child> {
     let mut command = Command::new(&config.program);
     command.args(&config.args).stdin(Stdio::null());
     for (var, value) in env.to_vars() {
         command.env(var, value);
+    }
+    if let Some(file) = cause_file {
+        command.env(CAUSE_FILE_VAR, file);
     }
     if config.prefix_output {
         command.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -287,46 +484,95 @@ fn spawn_rank(
     Ok(child)
 }
 
-/// Waits for the ranks; stops them all on the first failure or signal.
-fn supervise(ranks: &mut [Rank], stop_timeout: Duration) -> Outcome {
+/// How the ranks ended.
+enum Ended {
+    Succeeded,
+    Interrupted(i32),
+    /// `first` was the first rank to exit with a failure; every rank has ended since. `cause`
+    /// is what the job's control store had recorded when the supervisor began to stop ranks.
+    Failed {
+        first: usize,
+        cause: Option<FirstCause>,
+    },
+}
+
+/// Waits for the ranks. On a signal, passes it on and stops them; on the first failure, gives
+/// the others [`RunConfig::failure_grace`] to end by themselves, then stops them.
+fn supervise(ranks: &mut [Rank], config: &RunConfig, cause_file: Option<&Path>) -> Ended {
     loop {
         if let Some(signal) = signals::take_pending() {
             tracing::warn!(signal = %signals::signal_name(signal), "forwarding signal to every rank");
-            stop(ranks, signal, stop_timeout);
-            return Outcome::Interrupted { signal };
+            stop(ranks, signal, config.stop_timeout);
+            return Ended::Interrupted(signal);
         }
-        let mut running = 0;
-        let mut failed = None;
-        for rank in ranks.iter_mut() {
-            if rank.exit.is_some() {
-                continue;
-            }
-            match rank.child.try_wait() {
-                Ok(Some(status)) => {
-                    let exit = Exit::from_status(status);
-                    rank.exit = Some(exit);
-                    if exit.success() {
-                        tracing::debug!(rank = rank.rank, "rank finished");
-                    } else if failed.is_none() {
-                        failed = Some((rank.rank, exit));
-                    }
-                }
-                Ok(None) => running += 1,
-                Err(error) => {
-                    tracing::error!(rank = rank.rank, %error, "cannot wait for rank");
-                    if failed.is_none() {
-                        failed = Some((rank.rank, Exit::Code(1)));
-                    }
-                }
-            }
-        }
+        let (running, failed) = poll(ranks);
         if let Some((rank, exit)) = failed {
-            tracing::error!(rank, %exit, "rank failed; stopping the other ranks");
-            stop(ranks, SIGTERM, stop_timeout);
-            return Outcome::RankFailed { rank, exit };
+            tracing::warn!(
+                rank,
+                %exit,
+                "a rank exited with a failure; the others get {:?} to end, then are stopped",
+                config.failure_grace
+            );
+            let cause = settle(ranks, config, cause_file);
+            return Ended::Failed { first: rank, cause };
         }
         if running == 0 {
-            return Outcome::Succeeded;
+            return Ended::Succeeded;
+        }
+        thread::sleep(POLL);
+    }
+}
+
+/// Notes the ranks that ended since the last look. Returns how many still run and the first
+/// of them that failed, if one did.
+fn poll(ranks: &mut [Rank]) -> (usize, Option<(usize, Exit)>) {
+    let mut running = 0;
+    let mut failed = None;
+    for rank in ranks.iter_mut().filter(|r| r.exit.is_none()) {
+        let exit = match rank.child.try_wait() {
+            Ok(Some(status)) => Exit::from_status(status),
+            Ok(None) => {
+                running += 1;
+                continue;
+            }
+            Err(error) => {
+                tracing::error!(rank = rank.rank, %error, "cannot wait for rank");
+                Exit::Code(1)
+            }
+        };
+        rank.exit = Some(exit);
+        if exit.success() {
+            tracing::debug!(rank = rank.rank, "rank finished");
+        } else {
+            tracing::debug!(rank = rank.rank, %exit, "rank failed");
+            failed.get_or_insert((rank.rank, exit));
+        }
+    }
+    (running, failed)
+}
+
+/// After a failure: waits up to the grace for the other ranks to end, then stops the rest
+/// (at once when a signal arrives meanwhile, with that signal). Returns the cause recorded in
+/// `cause_file`, read before any rank is stopped: a rank the supervisor kills is one the
+/// store would record as lost, and it must not pass for the cause.
+fn settle(ranks: &mut [Rank], config: &RunConfig, cause_file: Option<&Path>) -> Option<FirstCause> {
+    let deadline = Instant::now() + config.failure_grace;
+    let read = || cause_file.and_then(read_cause);
+    loop {
+        if let Some(signal) = signals::take_pending() {
+            let cause = read();
+            stop(ranks, signal, config.stop_timeout);
+            return cause;
+        }
+        let (running, _) = poll(ranks);
+        if running == 0 {
+            return read();
+        }
+        if Instant::now() >= deadline {
+            let cause = read();
+            tracing::warn!(running, "stopping the ranks still running");
+            stop(ranks, SIGTERM, config.stop_timeout);
+            return cause;
         }
         thread::sleep(POLL);
     }
@@ -420,9 +666,87 @@ mod tests {
     #[test]
     fn exit_codes_follow_the_shell() {
         assert_eq!(Outcome::Succeeded.exit_code(), 0);
-        let failed = |exit| Outcome::RankFailed { rank: 1, exit };
+        let failed = |exit| Outcome::RankFailed {
+            rank: 1,
+            exit,
+            reason: None,
+            consequences: Vec::new(),
+            on_this_node: true,
+        };
         assert_eq!(failed(Exit::Code(3)).exit_code(), 3);
         assert_eq!(failed(Exit::Signal(9)).exit_code(), 137);
         assert_eq!(Outcome::Interrupted { signal: 2 }.exit_code(), 130);
+    }
+
+    fn cause(rank: usize, reason: &str) -> Option<FirstCause> {
+        Some(FirstCause {
+            rank,
+            reason: reason.into(),
+        })
+    }
+
+    #[test]
+    fn the_reported_cause_is_named_whichever_rank_exited_first() {
+        // Rank 5 exited first; rank 6 reported the failure; rank 7 succeeded.
+        let exits = [
+            (4, Some(Exit::Signal(SIGTERM))),
+            (5, Some(Exit::Code(4))),
+            (6, Some(Exit::Code(3))),
+            (7, Some(Exit::Code(0))),
+        ];
+        let outcome = blame(&exits, 5, cause(6, "disk full"));
+        assert_eq!(
+            outcome,
+            Outcome::RankFailed {
+                rank: 6,
+                exit: Exit::Code(3),
+                reason: Some("disk full".into()),
+                consequences: vec![4, 5],
+                on_this_node: true,
+            }
+        );
+        assert_eq!(outcome.exit_code(), 3);
+        assert_eq!(
+            outcome.to_string(),
+            "rank 6 failed (exit code 3) and caused the job's failure: disk full; ranks 4, 5 \
+             stopped as a consequence"
+        );
+    }
+
+    #[test]
+    fn a_cause_on_another_node_leaves_every_rank_here_a_consequence() {
+        let exits = [(2, Some(Exit::Code(4))), (3, Some(Exit::Signal(SIGTERM)))];
+        let outcome = blame(&exits, 2, cause(9, "out of memory"));
+        assert_eq!(outcome.exit_code(), 4);
+        assert_eq!(
+            outcome.to_string(),
+            "rank 9, on another node, failed and caused the job's failure: out of memory; ranks \
+             2, 3 stopped as a consequence"
+        );
+    }
+
+    #[test]
+    fn without_a_report_the_first_rank_to_exit_is_named_and_said_to_be_a_guess() {
+        let exits = [(0, Some(Exit::Code(0))), (1, Some(Exit::Code(2)))];
+        let outcome = blame(&exits, 1, None);
+        assert_eq!(outcome.exit_code(), 2);
+        assert_eq!(
+            outcome.to_string(),
+            "rank 1 failed (exit code 2), the first rank to exit; no rank reported a cause to \
+             this node, so it may itself be a consequence"
+        );
+    }
+
+    #[test]
+    fn the_cause_directory_is_private_and_removed() {
+        let dir = CauseDir::create().unwrap();
+        let path = dir.path.clone();
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&path).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o700);
+        assert_eq!(dir.file().parent(), Some(path.as_path()));
+        fs::write(dir.file(), "rank 0\nx").unwrap();
+        drop(dir);
+        assert!(!path.exists());
     }
 }

@@ -1,5 +1,6 @@
 //! `zero-run` with a small rank program: the environment each rank sees, prefixed output, a
-//! failing rank stopping the others, and Ctrl-C forwarding.
+//! failing rank stopping the others, the rank whose failure caused the others named with its
+//! reason, and Ctrl-C forwarding.
 
 mod common;
 
@@ -109,10 +110,163 @@ fn a_failing_rank_stops_the_others_and_sets_the_exit_code() {
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
     assert!(stderr.contains("[rank 1] failing on purpose"), "{stderr}");
-    assert!(stderr.contains("rank failed"), "{stderr}");
+    // The probe runs no control store: zero-run says that it names the first rank to exit.
+    assert!(
+        stderr.contains("no rank reported its failure to the job's control store"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "rank 1 failed (exit code 7), the first rank to exit; no rank reported a cause to \
+             this node, so it may itself be a consequence; ranks 0, 2 also failed or were stopped"
+        ),
+        "{stderr}"
+    );
     // The other ranks sleep for a minute unless stopped.
     assert!(!stdout.contains("not stopped"), "{stdout}");
     assert!(elapsed < Duration::from_secs(20), "took {elapsed:?}");
+}
+
+/// zero-run over two probe ranks in `cause CAUSE_RANK HOW` mode, with its temporary files
+/// under `tmp`. Returns its exit code and standard error.
+fn run_cause(cause_rank: usize, how: &str, tmp: &std::path::Path) -> (Option<i32>, String) {
+    run_cause_with(&["--nproc-per-node", "2"], cause_rank, how, tmp)
+}
+
+/// [`run_cause`] with zero-run's `options`.
+fn run_cause_with(
+    options: &[&str],
+    cause_rank: usize,
+    how: &str,
+    tmp: &std::path::Path,
+) -> (Option<i32>, String) {
+    let cause_rank = cause_rank.to_string();
+    let (_, [output]) = with_port(|port| {
+        let port = port.to_string();
+        let mut options = options.to_vec();
+        options.extend(["--master-port", &port]);
+        [zero_run(&options, &["cause", &cause_rank, how])
+            .env("TMPDIR", tmp)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap()]
+    });
+    let (stdout, stderr) = texts(&output);
+    // The cause's rank prints last, well after the other rank exited: the order of exits
+    // would blame the other one.
+    let code = output.status.code();
+    (code, format!("{stderr}\nstdout:\n{stdout}"))
+}
+
+/// A scratch directory for zero-run's temporary files, empty.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("zero-run-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Ranks that fail together: rank `cause` reports its failure to the control store, both
+/// ranks then exit with a failure, the other first. zero-run names the one that reported, with
+/// its reason and exit code, and the other as a consequence; it leaves no file behind.
+fn the_reporting_rank_is_named(cause: usize) {
+    let tmp = scratch(&format!("report-{cause}"));
+    let (code, stderr) = run_cause(cause, "report", &tmp);
+    let other = 1 - cause;
+    assert_eq!(code, Some(5), "{stderr}");
+    let expected = format!(
+        "rank {cause} failed (exit code 5) and caused the job's failure: disk full on rank \
+         {cause} (on purpose); rank {other} stopped as a consequence"
+    );
+    assert!(
+        stderr.contains(&expected),
+        "missing {expected:?} in\n{stderr}"
+    );
+    // The other rank did exit first.
+    let first = stderr.find(&format!("[rank {other}] stopped:"));
+    let last = stderr.find(&format!("[rank {cause}] failing on purpose"));
+    assert!(first.is_some() && first < last, "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    assert!(left.is_empty(), "zero-run left {left:?}");
+}
+
+#[test]
+fn a_failure_reported_by_rank_1_is_named_though_rank_0_exits_first() {
+    the_reporting_rank_is_named(1);
+}
+
+#[test]
+fn a_failure_reported_by_rank_0_is_named_though_rank_1_exits_first() {
+    the_reporting_rank_is_named(0);
+}
+
+#[test]
+fn a_rank_that_panics_without_a_report_is_named() {
+    for cause in [1, 0] {
+        let tmp = scratch(&format!("panic-{cause}"));
+        let (code, stderr) = run_cause(cause, "panic", &tmp);
+        assert_eq!(code, Some(101), "{stderr}");
+        let expected = format!(
+            "rank {cause} failed (exit code 101) and caused the job's failure: rank {cause} \
+             panicked (see its output for the message); rank {} stopped as a consequence",
+            1 - cause
+        );
+        assert!(
+            stderr.contains(&expected),
+            "missing {expected:?} in\n{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("rank {cause} panics on purpose")),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_aborts_without_a_word_is_named() {
+    let tmp = scratch("abort");
+    let (code, stderr) = run_cause(1, "abort", &tmp);
+    assert_eq!(code, Some(134), "{stderr}");
+    let expected = "rank 1 failed (killed by SIGABRT) and caused the job's failure: rank 1 is \
+                    gone: its control connection closed without a goodbye";
+    assert!(
+        stderr.contains(expected),
+        "missing {expected:?} in\n{stderr}"
+    );
+    assert!(
+        stderr.contains("rank 0 stopped as a consequence"),
+        "{stderr}"
+    );
+}
+
+/// A rank that fails without a word leaves no cause on record; the ranks zero-run then kills
+/// are recorded as lost by rank 0's store (rank 0 ignores SIGTERM and outlives them), and must
+/// not pass for the cause.
+#[test]
+fn a_rank_the_supervisor_stopped_is_never_the_cause() {
+    let tmp = scratch("quiet");
+    let (code, stderr) = run_cause_with(
+        &[
+            "--nproc-per-node",
+            "3",
+            "--failure-grace",
+            "0.2",
+            "--stop-timeout",
+            "1",
+        ],
+        1,
+        "quiet",
+        &tmp,
+    );
+    assert_eq!(code, Some(7), "{stderr}");
+    assert!(
+        stderr.contains(
+            "rank 1 failed (exit code 7), the first rank to exit; no rank reported a cause to \
+             this node, so it may itself be a consequence; ranks 0, 2 also failed or were \
+             stopped"
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]

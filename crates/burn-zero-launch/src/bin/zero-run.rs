@@ -17,8 +17,15 @@ use tracing::Level;
 ///
 /// Every rank runs PROGRAM with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
 /// MASTER_PORT set. Output lines are prefixed with `[rank N] `. Ctrl-C (SIGINT) and SIGTERM are
-/// passed on to the ranks (a second one kills them). When a rank fails, the others are stopped
-/// and zero-run exits with the failed rank's exit code (128 + signal if a signal killed it).
+/// passed on to the ranks (a second one kills them).
+///
+/// When ranks fail, the others get --failure-grace seconds to end, then are stopped. zero-run
+/// names the rank whose failure caused the others (the first to report it to the job's control
+/// store, which runs in rank 0's process and writes it to the file BURN_ZERO_CAUSE_FILE names)
+/// with its reason, lists the other failed ranks as consequences, and exits with the cause's
+/// exit code (128 + signal if a signal killed it). Where no report arrives (on a node other than
+/// rank 0's, or for a program without a control store), it names the first rank to exit with a
+/// failure and says so.
 #[derive(Debug, Parser)]
 #[command(name = "zero-run", version)]
 struct Cli {
@@ -40,6 +47,10 @@ struct Cli {
     /// Seconds the ranks get to exit after a stop signal before they are killed.
     #[arg(long, default_value_t = 10.0)]
     stop_timeout: f64,
+    /// Seconds the other ranks get to end by themselves once a rank failed, before they are
+    /// sent SIGTERM (so that ranks failing together exit with their own codes and messages).
+    #[arg(long, default_value_t = 3.0)]
+    failure_grace: f64,
     /// Pass the ranks' output through without the `[rank N] ` prefix.
     #[arg(long)]
     no_prefix: bool,
@@ -59,9 +70,14 @@ fn main() -> ExitCode {
         .with_target(false)
         .init();
 
-    if !(cli.stop_timeout.is_finite() && cli.stop_timeout >= 0.0) {
-        eprintln!("zero-run: --stop-timeout must be a non-negative number of seconds");
-        return ExitCode::from(2);
+    for (flag, seconds) in [
+        ("--stop-timeout", cli.stop_timeout),
+        ("--failure-grace", cli.failure_grace),
+    ] {
+        if !(seconds.is_finite() && seconds >= 0.0) {
+            eprintln!("zero-run: {flag} must be a non-negative number of seconds");
+            return ExitCode::from(2);
+        }
     }
     let mut command = cli.command.into_iter();
     let program = command.next().unwrap_or_default();
@@ -74,6 +90,7 @@ fn main() -> ExitCode {
         program,
         args: command.collect(),
         stop_timeout: Duration::from_secs_f64(cli.stop_timeout),
+        failure_grace: Duration::from_secs_f64(cli.failure_grace),
         prefix_output: !cli.no_prefix,
     };
     match run(&config) {

@@ -1,10 +1,10 @@
 //! The store's decisions, without any I/O: which ranks reached which collective with which
-//! fingerprint, who aborted, who left. The server feeds it what it reads and sends what it
+//! fingerprint, who aborted, who left, and which rank's failure came first. The server feeds it what it reads and sends what it
 //! answers; keeping the rules here makes them testable on their own.
 
 use std::collections::BTreeMap;
 
-use super::ControlFailure;
+use super::{ControlFailure, FirstCause};
 
 /// What the store tells the ranks after an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +34,9 @@ pub(crate) struct Board {
     world_size: usize,
     pending: BTreeMap<u64, Pending>,
     failure: Option<ControlFailure>,
+    /// The first rank that failed on its own account: the first report, or else the first
+    /// failure of the job. Kept apart from `failure` because a report does not end the job.
+    cause: Option<FirstCause>,
     left: Vec<bool>,
 }
 
@@ -43,6 +46,7 @@ impl Board {
             world_size,
             pending: BTreeMap::new(),
             failure: None,
+            cause: None,
             left: vec![false; world_size],
         }
     }
@@ -50,6 +54,11 @@ impl Board {
     /// The failure that ended the job, if any.
     pub fn failure(&self) -> Option<&ControlFailure> {
         self.failure.as_ref()
+    }
+
+    /// The job's first cause of failure, if any rank has failed or reported a failure.
+    pub fn cause(&self) -> Option<&FirstCause> {
+        self.cause.as_ref()
     }
 
     /// Whether every rank has left in good order.
@@ -96,6 +105,14 @@ impl Board {
         self.fail(ControlFailure::Aborted { rank, reason })
     }
 
+    /// Rank `rank` failed on its own account with `reason` and is about to tell the others
+    /// through a collective (they will stop because of it). Recorded as the job's cause
+    /// unless a rank came first; the job goes on.
+    pub fn report(&mut self, rank: usize, reason: String) -> Verdict {
+        self.cause.get_or_insert(FirstCause { rank, reason });
+        Verdict::Wait
+    }
+
     /// Rank `rank` finished after `issued` collectives and closed its connection in order.
     pub fn leave(&mut self, rank: usize, issued: u64) -> Verdict {
         self.left[rank] = true;
@@ -115,9 +132,32 @@ impl Board {
         if self.failure.is_some() {
             return Verdict::Wait;
         }
+        // A failure that ends the job is also a report, by the rank it names, unless one came
+        // before it.
+        self.cause.get_or_insert_with(|| failure_cause(&failure));
         self.failure = Some(failure.clone());
         self.pending.clear();
         Verdict::Failed(failure)
+    }
+}
+
+/// The rank a failure that ended the job is blamed on, and why.
+fn failure_cause(failure: &ControlFailure) -> FirstCause {
+    let rank = match failure {
+        ControlFailure::Aborted { rank, reason } => {
+            return FirstCause {
+                rank: *rank,
+                reason: reason.clone(),
+            };
+        }
+        // The rank whose fingerprint disagreed with the first one seen; the reason names both.
+        ControlFailure::Diverged { rank, .. } | ControlFailure::Lost { rank } => *rank,
+        // Only a rank hears of this one, never the store.
+        ControlFailure::StoreGone { .. } => 0,
+    };
+    FirstCause {
+        rank,
+        reason: failure.to_string(),
     }
 }
 
@@ -165,6 +205,54 @@ mod tests {
         assert_eq!(
             board.lost(0),
             Verdict::Failed(ControlFailure::Lost { rank: 0 })
+        );
+    }
+
+    #[test]
+    fn the_first_report_is_the_cause_and_the_job_goes_on() {
+        let mut board = Board::new(3);
+        assert_eq!(board.cause(), None);
+        assert_eq!(board.report(2, "disk full".into()), Verdict::Wait);
+        // Later reports and the abort that follows are consequences.
+        assert_eq!(
+            board.report(0, "save failed on rank 2".into()),
+            Verdict::Wait
+        );
+        assert_eq!(board.failure(), None);
+        assert_eq!(board.check(1, 1, b"ag".to_vec()), Verdict::Wait);
+        assert!(matches!(
+            board.abort(1, "stopped".into()),
+            Verdict::Failed(ControlFailure::Aborted { rank: 1, .. })
+        ));
+        assert_eq!(
+            board.cause(),
+            Some(&FirstCause {
+                rank: 2,
+                reason: "disk full".into()
+            })
+        );
+    }
+
+    #[test]
+    fn an_abort_or_a_lost_rank_without_a_report_is_the_cause() {
+        let mut board = Board::new(2);
+        board.abort(1, "out of memory".into());
+        assert_eq!(
+            board.cause(),
+            Some(&FirstCause {
+                rank: 1,
+                reason: "out of memory".into()
+            })
+        );
+        let mut board = Board::new(2);
+        board.lost(1);
+        board.report(0, "late".into());
+        let cause = board.cause().unwrap();
+        assert_eq!(cause.rank, 1);
+        assert!(
+            cause.reason.contains("without a goodbye"),
+            "{}",
+            cause.reason
         );
     }
 }

@@ -15,6 +15,16 @@
 //!   [`ControlFailure::Diverged`], which names both ranks and both fingerprints, before any
 //!   buffer of the diverged collective is touched.
 //!
+//! It also keeps the job's **first cause**: the first rank that failed on its own account, with
+//! its reason ([`FirstCause`]). A rank that fails and is about to tell the others through a
+//! collective (an agreement among the ranks) reports its failure first
+//! ([`ControlClient::report`]); an abort counts as a report, and so does a rank lost or a
+//! diverged schedule when no rank reported before. The other ranks then stop because of it, in
+//! whatever order their processes end; the store remembers who came first, tells every rank
+//! ([`ControlClient::cause`]), and writes it to the file named by [`CAUSE_FILE_VAR`] when the
+//! rank's launcher set it. That file is how `zero-run` names the cause rather than whichever
+//! rank process happened to exit first.
+//!
 //! The store listens on a port the system picks (port 0) and that port travels to the other
 //! ranks inside the rendezvous blob ([`establish`]): nothing needs a second fixed port.
 //!
@@ -25,8 +35,12 @@ mod board;
 mod wire;
 
 use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fmt;
+use std::fs;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
@@ -45,6 +59,102 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long rank 0, done with its work, keeps the store open for ranks still finishing.
 const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// How long a rank that reports its failure (or aborts) waits for the store to record it. A
+/// round trip normally; bounded so that a store that is gone cannot hold a failing rank.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The environment variable naming the file where rank 0's store writes the job's first
+/// cause ([`FirstCause::write_to`]). `zero-run` sets it for every rank it starts and reads the
+/// file when a rank failed; without it the store writes nothing.
+pub const CAUSE_FILE_VAR: &str = "BURN_ZERO_CAUSE_FILE";
+
+/// The cause file named by [`CAUSE_FILE_VAR`] in this process's environment, if set.
+pub fn cause_file_from_env() -> Option<PathBuf> {
+    std::env::var_os(CAUSE_FILE_VAR)
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The first rank of the job that failed on its own account, and why: the rank whose failure
+/// caused the others to stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirstCause {
+    /// The rank.
+    pub rank: usize,
+    /// Its error or panic message, or the store's account of how it failed.
+    pub reason: String,
+}
+
+impl fmt::Display for FirstCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {}: {}", self.rank, self.reason)
+    }
+}
+
+/// Why a cause file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CauseFileError {
+    /// The file exists but could not be read.
+    #[error("cannot read the cause file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// The file does not hold `rank N` on its first line.
+    #[error("the cause file {path} does not start with a `rank N` line: {first_line:?}")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What its first line holds.
+        first_line: String,
+    },
+}
+
+impl FirstCause {
+    /// The file's text: `rank N` on the first line, the reason verbatim after it (so that a
+    /// reason of several lines needs no escaping).
+    pub fn to_text(&self) -> String {
+        format!("rank {}\n{}", self.rank, self.reason)
+    }
+
+    /// Writes the cause to `path` whole: to a file beside it first, then renamed over it, so a
+    /// reader never sees half of it.
+    pub fn write_to(&self, path: &Path) -> io::Result<()> {
+        let mut partial = OsString::from(path.as_os_str());
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        fs::write(&partial, self.to_text())?;
+        fs::rename(&partial, path)
+    }
+
+    /// Reads a cause written by [`FirstCause::write_to`]; `Ok(None)` when there is no file
+    /// (no rank failed, or no store of this job writes there).
+    pub fn read_from(path: &Path) -> Result<Option<Self>, CauseFileError> {
+        let text = match fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(CauseFileError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        let (first, reason) = text.split_once('\n').unwrap_or((&text, ""));
+        match first.strip_prefix("rank ").and_then(|n| n.parse().ok()) {
+            Some(rank) => Ok(Some(FirstCause {
+                rank,
+                reason: reason.to_string(),
+            })),
+            None => Err(CauseFileError::Malformed {
+                path: path.to_path_buf(),
+                first_line: first.to_string(),
+            }),
+        }
+    }
+}
 
 /// Why the job stopped, as every rank hears it from the store.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -160,6 +270,8 @@ pub struct ControlServer {
 
 struct ServerShared {
     world_size: usize,
+    /// Where to write the job's first cause once it is known.
+    cause_file: Option<PathBuf>,
     state: Mutex<ServerState>,
     /// Signalled when a rank leaves.
     changed: Condvar,
@@ -176,6 +288,16 @@ impl ControlServer {
     /// Starts the store for `world_size` ranks on a port the system picks, on every interface
     /// of `host`'s address family.
     pub fn start(host: &str, world_size: usize) -> Result<Self, ControlError> {
+        Self::start_with_cause_file(host, world_size, None)
+    }
+
+    /// [`ControlServer::start`], writing the job's first cause to `cause_file` as soon as it
+    /// is known ([`FirstCause::write_to`]), for the launcher that started the ranks to read.
+    pub fn start_with_cause_file(
+        host: &str,
+        world_size: usize,
+        cause_file: Option<PathBuf>,
+    ) -> Result<Self, ControlError> {
         let ipv6 = host.parse::<IpAddr>().is_ok_and(|ip| ip.is_ipv6())
             || (host.contains(':') && !host.contains('.'));
         let any = if ipv6 {
@@ -193,6 +315,7 @@ impl ControlServer {
         let port = listener.local_addr().map_err(error)?.port();
         let shared = Arc::new(ServerShared {
             world_size,
+            cause_file,
             state: Mutex::new(ServerState {
                 board: Board::new(world_size),
                 peers: (0..world_size).map(|_| None).collect(),
@@ -291,7 +414,49 @@ fn serve_peer(shared: &ServerShared, mut stream: TcpStream, address: SocketAddr)
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-    let rank = match ToStore::read(&mut stream) {
+    let Some(rank) = admit(shared, &mut stream, address) else {
+        return;
+    };
+    let _ = stream.set_read_timeout(None);
+    tracing::debug!(rank, peer = %address, "control store: rank connected");
+    loop {
+        let message = ToStore::read(&mut stream);
+        let mut state = lock(&shared.state);
+        let had_cause = state.board.cause().is_some();
+        let (verdict, reported) = match message {
+            Ok(ToStore::Check { seq, fingerprint }) => {
+                (state.board.check(rank, seq, fingerprint), false)
+            }
+            Ok(ToStore::Abort { reason }) => (state.board.abort(rank, reason), true),
+            Ok(ToStore::Report { reason }) => (state.board.report(rank, reason), true),
+            Ok(ToStore::Leave { issued }) => (state.board.leave(rank, issued), false),
+            Ok(ToStore::Hello { .. }) | Err(_) => {
+                let verdict = if shared.stopping.load(Ordering::SeqCst) {
+                    Verdict::Wait
+                } else {
+                    state.board.lost(rank)
+                };
+                state.peers[rank] = None;
+                announce_cause(shared, &mut state, had_cause, None);
+                broadcast(&mut state, &verdict);
+                shared.changed.notify_all();
+                return;
+            }
+        };
+        // The cause first: a rank told that the job failed may exit at once, and the cause
+        // must be on disk by then.
+        announce_cause(shared, &mut state, had_cause, reported.then_some(rank));
+        broadcast(&mut state, &verdict);
+        if matches!(verdict, Verdict::Left { .. } | Verdict::Failed(_)) {
+            shared.changed.notify_all();
+        }
+    }
+}
+
+/// Reads a connection's hello and admits the rank it names, or tells it why not. Returns the
+/// rank.
+fn admit(shared: &ServerShared, stream: &mut TcpStream, address: SocketAddr) -> Option<usize> {
+    let rank = match ToStore::read(stream) {
         Ok(ToStore::Hello { rank, world_size }) => {
             let problem = if world_size != shared.world_size {
                 Some(format!(
@@ -308,57 +473,58 @@ fn serve_peer(shared: &ServerShared, mut stream: TcpStream, address: SocketAddr)
                 None
             };
             if let Some(reason) = problem {
-                let _ = send(&mut stream, &ToRank::Rejected { reason }.encode());
-                return;
+                let _ = send(stream, &ToRank::Rejected { reason }.encode());
+                return None;
             }
             rank
         }
         Ok(_) | Err(_) => {
             tracing::warn!(peer = %address, "control store: dropped a connection that did not say hello");
-            return;
+            return None;
         }
     };
-    let Ok(writer) = stream.try_clone() else {
-        return;
-    };
-    {
-        let mut state = lock(&shared.state);
-        state.peers[rank] = Some(writer);
-        if let Some(peer) = state.peers[rank].as_mut() {
-            let _ = send(peer, &ToRank::Welcome.encode());
-        }
-        // A rank that joins a job that already failed hears of it at once.
-        if let Some(failure) = state.board.failure().cloned()
-            && let Some(peer) = state.peers[rank].as_mut()
-        {
-            let _ = send(peer, &ToRank::Failed(failure).encode());
+    let writer = stream.try_clone().ok()?;
+    let mut state = lock(&shared.state);
+    state.peers[rank] = Some(writer);
+    // A rank that joins a job that already failed hears of it at once, and of its cause.
+    let mut greeting = vec![ToRank::Welcome];
+    greeting.extend(state.board.cause().cloned().map(ToRank::Cause));
+    greeting.extend(state.board.failure().cloned().map(ToRank::Failed));
+    if let Some(peer) = state.peers[rank].as_mut() {
+        for message in greeting {
+            let _ = send(peer, &message.encode());
         }
     }
-    let _ = stream.set_read_timeout(None);
-    tracing::debug!(rank, peer = %address, "control store: rank connected");
-    loop {
-        let message = ToStore::read(&mut stream);
-        let mut state = lock(&shared.state);
-        let verdict = match message {
-            Ok(ToStore::Check { seq, fingerprint }) => state.board.check(rank, seq, fingerprint),
-            Ok(ToStore::Abort { reason }) => state.board.abort(rank, reason),
-            Ok(ToStore::Leave { issued }) => state.board.leave(rank, issued),
-            Ok(ToStore::Hello { .. }) | Err(_) => {
-                let verdict = if shared.stopping.load(Ordering::SeqCst) {
-                    Verdict::Wait
-                } else {
-                    state.board.lost(rank)
-                };
-                state.peers[rank] = None;
-                broadcast(&mut state, &verdict);
-                shared.changed.notify_all();
-                return;
-            }
-        };
-        broadcast(&mut state, &verdict);
-        if matches!(verdict, Verdict::Left { .. } | Verdict::Failed(_)) {
-            shared.changed.notify_all();
+    Some(rank)
+}
+
+/// After an event: when it gave the job its first cause, writes the cause file and tells every
+/// rank; otherwise answers a rank that reported (`reporter`) with the cause already known, so
+/// that its report is acknowledged either way.
+fn announce_cause(
+    shared: &ServerShared,
+    state: &mut ServerState,
+    had_cause: bool,
+    reporter: Option<usize>,
+) {
+    let Some(cause) = state.board.cause().cloned() else {
+        return;
+    };
+    let frame = ToRank::Cause(cause.clone()).encode();
+    if had_cause {
+        if let Some(peer) = reporter.and_then(|rank| state.peers[rank].as_mut()) {
+            let _ = send(peer, &frame);
         }
+        return;
+    }
+    tracing::error!(%cause, "control store: the first failure of the job");
+    if let Some(path) = &shared.cause_file
+        && let Err(error) = cause.write_to(path)
+    {
+        tracing::warn!(path = %path.display(), %error, "control store: could not write the cause file");
+    }
+    for peer in state.peers.iter_mut().flatten() {
+        let _ = send(peer, &frame);
     }
 }
 
@@ -413,8 +579,13 @@ struct ClientState {
     failure: Option<ControlFailure>,
     /// Collectives issued by each rank that left, by rank.
     departed: Vec<Option<u64>>,
+    /// The job's first cause, as the store told it.
+    cause: Option<FirstCause>,
     /// The store closed in good order.
     closed: bool,
+    /// The connection to the store ended (closed in good order or broken): nothing more
+    /// will arrive.
+    disconnected: bool,
     /// This rank said goodbye.
     left: bool,
 }
@@ -582,21 +753,91 @@ impl ControlClient {
     }
 
     /// Stops the job: every rank (this one included) fails with
-    /// [`ControlFailure::Aborted`] carrying `reason`.
+    /// [`ControlFailure::Aborted`] carrying `reason`. Counts as a report
+    /// ([`ControlClient::report`]): returns once the store has recorded it (or after a few
+    /// seconds without an answer), so a rank may exit right after.
     pub fn abort(&self, reason: &str) {
-        if let Some(stream) = lock(&self.writer).as_mut() {
-            let _ = send(
-                stream,
-                &ToStore::Abort {
-                    reason: reason.to_string(),
-                }
-                .encode(),
-            );
-        }
+        let reason = reason.to_string();
+        let sent = self.tell_store(&ToStore::Abort {
+            reason: reason.clone(),
+        });
         self.shared.fail(ControlFailure::Aborted {
             rank: self.rank,
+            reason: reason.clone(),
+        });
+        self.acknowledged(sent, reason);
+    }
+
+    /// Records that this rank failed on its own account, with `reason`, without stopping the
+    /// job: the rank is about to tell the others through a collective (an agreement among the
+    /// ranks), and they will stop because of it. The store keeps the job's first report (or
+    /// abort) as its cause ([`ControlClient::cause`]), so that the job's failure is reported as
+    /// this rank's rather than as whichever rank stopped first.
+    ///
+    /// Returns once the store has recorded it (a round trip), or after a few seconds without
+    /// an answer: report before the collective, so that no rank can learn of the failure
+    /// before the store has.
+    pub fn report(&self, reason: &str) {
+        let sent = self.tell_store(&ToStore::Report {
             reason: reason.to_string(),
         });
+        self.acknowledged(sent, reason.to_string());
+    }
+
+    /// The job's first cause of failure as the store recorded it: the first rank that reported
+    /// a failure or aborted (or, when none did, whose connection broke or whose schedule
+    /// diverged), with its reason. `None` while no rank has failed, or before the store's word
+    /// has arrived.
+    pub fn cause(&self) -> Option<FirstCause> {
+        lock(&self.shared.state).cause.clone()
+    }
+
+    /// Sends `message` to the store; whether it was written.
+    fn tell_store(&self, message: &ToStore) -> bool {
+        match lock(&self.writer).as_mut() {
+            Some(stream) => send(stream, &message.encode()).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Waits until the store has answered a report or abort with the job's cause. A job of
+    /// one rank has no store: its own report is the cause.
+    fn acknowledged(&self, sent: bool, reason: String) {
+        let mut state = lock(&self.shared.state);
+        if self.world_size == 1 {
+            state.cause.get_or_insert(FirstCause {
+                rank: self.rank,
+                reason,
+            });
+            return;
+        }
+        // The reader thread delivers the answer: a failure hook that aborts must not wait for
+        // it.
+        let on_reader = self
+            .reader
+            .as_ref()
+            .is_some_and(|reader| reader.thread().id() == thread::current().id());
+        if !sent || on_reader {
+            return;
+        }
+        let deadline = Instant::now() + REPORT_TIMEOUT;
+        while state.cause.is_none() && !state.disconnected {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                tracing::warn!(
+                    rank = self.rank,
+                    store = %self.endpoint,
+                    "the control store did not acknowledge this rank's failure report in {REPORT_TIMEOUT:?}"
+                );
+                return;
+            }
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, remaining)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 
     /// Sends this rank's fingerprint of collective `seq` (1-based, counting every collective
@@ -726,17 +967,28 @@ fn read_loop(shared: &ClientShared, stream: &mut TcpStream, endpoint: String) {
                 }
                 shared.changed.notify_all();
             }
+            Ok(ToRank::Cause(cause)) => {
+                lock(&shared.state).cause.get_or_insert(cause);
+                shared.changed.notify_all();
+            }
             Ok(ToRank::Shutdown) => {
-                lock(&shared.state).closed = true;
+                let mut state = lock(&shared.state);
+                state.closed = true;
+                state.disconnected = true;
                 shared.changed.notify_all();
                 return;
             }
             Ok(ToRank::Welcome | ToRank::Rejected { .. }) => {}
             Err(_) => {
-                let left = lock(&shared.state).left;
+                let left = {
+                    let mut state = lock(&shared.state);
+                    state.disconnected = true;
+                    state.left
+                };
                 if !left {
                     shared.fail(ControlFailure::StoreGone { endpoint });
                 }
+                shared.changed.notify_all();
                 return;
             }
         }
@@ -747,6 +999,9 @@ fn read_loop(shared: &ClientShared, stream: &mut TcpStream, endpoint: String) {
 /// rank through the rendezvous of `env`: rank 0 starts the store on a port the system picks
 /// and sends that port along with the blob; every rank then connects to the store. Returns
 /// the blob and the connection. A job of one rank needs no network.
+///
+/// Rank 0's store writes the job's first cause to the file named by [`CAUSE_FILE_VAR`] when
+/// this process's environment sets it (`zero-run` does).
 ///
 /// `listener` is rank 0's rendezvous socket when it was bound beforehand (to learn a port
 /// the system picked); otherwise rank 0 binds `MASTER_PORT`.
@@ -761,7 +1016,11 @@ pub fn establish(
     }
     let rendezvous = Rendezvous::new(env).with_timeout(timeout);
     if env.rank == 0 {
-        let server = ControlServer::start(&env.master_addr, env.world_size)?;
+        let server = ControlServer::start_with_cause_file(
+            &env.master_addr,
+            env.world_size,
+            cause_file_from_env(),
+        )?;
         let blob = make_blob();
         let mut shared = blob.clone();
         shared.extend_from_slice(&server.port().to_be_bytes());
@@ -952,5 +1211,123 @@ mod tests {
             Ok(_) => panic!("a client with the wrong world size was let in"),
         };
         assert!(error.to_string().contains("WORLD_SIZE=3"), "{error}");
+    }
+
+    /// A scratch file path of this test process.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("burn-zero-control-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        let _ = fs::remove_file(&path);
+        path
+    }
+
+    #[test]
+    fn the_first_report_is_every_ranks_cause_and_the_file_holds_it() {
+        let file = scratch("report");
+        let server =
+            ControlServer::start_with_cause_file("127.0.0.1", 3, Some(file.clone())).unwrap();
+        let clients: Vec<_> = (0..3)
+            .map(|rank| {
+                ControlClient::connect("127.0.0.1", server.port(), rank, 3, Duration::from_secs(5))
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(FirstCause::read_from(&file).unwrap(), None);
+        // Acknowledged before `report` returns: on disk and known to the reporter at once.
+        clients[2].report("disk full\nwhile saving step 7");
+        let expected = FirstCause {
+            rank: 2,
+            reason: "disk full\nwhile saving step 7".into(),
+        };
+        assert_eq!(
+            FirstCause::read_from(&file).unwrap(),
+            Some(expected.clone())
+        );
+        assert_eq!(clients[2].cause(), Some(expected.clone()));
+        // A report does not stop the job; later reports and aborts are consequences.
+        assert_eq!(clients[2].failure(), None);
+        clients[0].report("save failed on another rank");
+        clients[1].abort("stopping");
+        assert_eq!(
+            FirstCause::read_from(&file).unwrap(),
+            Some(expected.clone())
+        );
+        for client in &clients {
+            // The abort arrives after the cause: once a rank heard of it, it knows both.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while client.failure().is_none() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(5));
+            }
+            assert!(matches!(
+                client.failure(),
+                Some(ControlFailure::Aborted { rank: 1, .. })
+            ));
+            assert_eq!(
+                client.cause(),
+                Some(expected.clone()),
+                "rank {}",
+                client.rank()
+            );
+        }
+    }
+
+    #[test]
+    fn a_rank_lost_without_a_report_is_the_cause() {
+        let file = scratch("lost");
+        let server =
+            ControlServer::start_with_cause_file("127.0.0.1", 2, Some(file.clone())).unwrap();
+        let stayer =
+            ControlClient::connect("127.0.0.1", server.port(), 0, 2, Duration::from_secs(5))
+                .unwrap();
+        let gone = ControlClient::connect("127.0.0.1", server.port(), 1, 2, Duration::from_secs(5))
+            .unwrap();
+        if let Some(stream) = lock(&gone.writer).take() {
+            stream.shutdown(Shutdown::Both).unwrap();
+        }
+        lock(&gone.shared.state).left = true;
+        let error = stayer.check(1, b"a", Duration::from_secs(5)).unwrap_err();
+        assert_eq!(
+            error,
+            ControlError::Failed(ControlFailure::Lost { rank: 1 })
+        );
+        let cause = FirstCause::read_from(&file).unwrap().unwrap();
+        assert_eq!(cause.rank, 1);
+        assert!(
+            cause.reason.contains("without a goodbye"),
+            "{}",
+            cause.reason
+        );
+    }
+
+    #[test]
+    fn a_cause_file_reads_back_and_a_foreign_one_is_named() {
+        let file = scratch("text");
+        let cause = FirstCause {
+            rank: 12,
+            reason: "line one\nline two\n".into(),
+        };
+        cause.write_to(&file).unwrap();
+        assert_eq!(FirstCause::read_from(&file).unwrap(), Some(cause));
+        fs::write(&file, "hello\nworld").unwrap();
+        let error = FirstCause::read_from(&file).unwrap_err().to_string();
+        assert!(
+            error.contains("does not start with a `rank N` line: \"hello\""),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_single_rank_is_its_own_cause() {
+        let solo = ControlClient::solo();
+        assert_eq!(solo.cause(), None);
+        solo.report("bad input");
+        assert_eq!(
+            solo.cause(),
+            Some(FirstCause {
+                rank: 0,
+                reason: "bad input".into()
+            })
+        );
     }
 }

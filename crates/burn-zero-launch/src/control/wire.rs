@@ -6,31 +6,59 @@
 
 use std::io::{self, Read, Write};
 
-use super::ControlFailure;
+use super::{ControlFailure, FirstCause};
 
-/// Identifies the protocol and its version on the wire.
-pub(crate) const MAGIC: [u8; 4] = *b"BZC1";
+/// Identifies the protocol and its version on the wire. Version 2 added the failure reports
+/// ([`ToStore::Report`], [`ToRank::Cause`]): a rank of another version is refused at its hello
+/// rather than failing later on a message it cannot read.
+pub(crate) const MAGIC: [u8; 4] = *b"BZC2";
 /// Upper bound on a frame, so a stray peer cannot make a rank allocate gigabytes.
 const MAX_FRAME: usize = 1 << 20;
 
 /// What a rank tells the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ToStore {
-    Hello { rank: usize, world_size: usize },
-    Check { seq: u64, fingerprint: Vec<u8> },
-    Abort { reason: String },
-    Leave { issued: u64 },
+    Hello {
+        rank: usize,
+        world_size: usize,
+    },
+    Check {
+        seq: u64,
+        fingerprint: Vec<u8>,
+    },
+    Abort {
+        reason: String,
+    },
+    Leave {
+        issued: u64,
+    },
+    /// The rank failed on its own account and is about to tell the others through a
+    /// collective; the job goes on until they stop.
+    Report {
+        reason: String,
+    },
 }
 
 /// What the store tells a rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ToRank {
     Welcome,
-    Rejected { reason: String },
-    Passed { seq: u64 },
+    Rejected {
+        reason: String,
+    },
+    Passed {
+        seq: u64,
+    },
     Failed(ControlFailure),
-    Left { rank: usize, issued: u64 },
+    Left {
+        rank: usize,
+        issued: u64,
+    },
     Shutdown,
+    /// The job's first cause of failure: the first rank that reported or aborted (or was
+    /// lost, or diverged), with its reason. Sent to every rank when it is recorded, and to a
+    /// reporting rank as the answer to its report.
+    Cause(FirstCause),
 }
 
 struct Writer(Vec<u8>);
@@ -113,6 +141,7 @@ impl ToStore {
             }
             ToStore::Abort { reason } => Writer::new(3).bytes(reason.as_bytes()).finish(),
             ToStore::Leave { issued } => Writer::new(4).u64(*issued).finish(),
+            ToStore::Report { reason } => Writer::new(5).bytes(reason.as_bytes()).finish(),
         }
     }
 
@@ -136,6 +165,9 @@ impl ToStore {
             },
             4 => ToStore::Leave {
                 issued: body.u64()?,
+            },
+            5 => ToStore::Report {
+                reason: body.text()?,
             },
             _ => return Err(invalid("unknown control message")),
         })
@@ -181,6 +213,9 @@ impl ToRank {
             }
             ToRank::Left { rank, issued } => Writer::new(14).u32(*rank).u64(*issued).finish(),
             ToRank::Shutdown => Writer::new(15).finish(),
+            ToRank::Cause(FirstCause { rank, reason }) => {
+                Writer::new(16).u32(*rank).bytes(reason.as_bytes()).finish()
+            }
         }
     }
 
@@ -214,6 +249,10 @@ impl ToRank {
                 issued: body.u64()?,
             },
             15 => ToRank::Shutdown,
+            16 => ToRank::Cause(FirstCause {
+                rank: body.u32()?,
+                reason: body.text()?,
+            }),
             _ => return Err(invalid("unknown control message")),
         })
     }
@@ -262,6 +301,9 @@ mod tests {
                 reason: "out of memory".into(),
             },
             ToStore::Leave { issued: 17 },
+            ToStore::Report {
+                reason: "disk full".into(),
+            },
         ];
         for message in to_store {
             let frame = message.encode();
@@ -290,6 +332,10 @@ mod tests {
             }),
             ToRank::Left { rank: 1, issued: 5 },
             ToRank::Shutdown,
+            ToRank::Cause(FirstCause {
+                rank: 3,
+                reason: "disk full\nat step 7".into(),
+            }),
         ];
         for message in to_rank {
             let frame = message.encode();
