@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 
 use burn::tensor::DType;
+use burn_zero_core::store::BlockLayout;
 use safetensors::Dtype;
 use serde::{Deserialize, Serialize};
 
@@ -83,12 +84,11 @@ pub fn tensor_name(kind: TensorKind, param: &str, field: Option<&str>) -> String
 }
 
 /// The elements `[start, end)` of a `numel`-element tensor that `rank` of `world_size` owns,
-/// and the zeros its padded block carries past them.
+/// and the zeros its padded block carries past them (ZeRO's blocks: [`BlockLayout`]).
 pub fn owned_range(numel: usize, rank: usize, world_size: usize) -> (usize, usize, usize) {
-    let block = numel.div_ceil(world_size);
-    let start = (rank * block).min(numel);
-    let end = (start + block).min(numel);
-    (start, end, block - (end - start))
+    let blocks = BlockLayout::new(numel, world_size);
+    let owned = blocks.owned(rank);
+    (owned.start, owned.end, blocks.padding(rank))
 }
 
 /// One rank's piece of a tensor.

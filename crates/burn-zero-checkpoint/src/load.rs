@@ -10,12 +10,13 @@ use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn_zero_core::store::BlockLayout;
 use burn_zero_core::{ShardedView, Zero, ZeroState, ZeroTensor};
 use burn_zero_optim::{MasterEntry, Placement, ZeroOptimizer, ZeroOptimizerRecord};
 
 use crate::dir::{read_metadata, resolve};
 use crate::error::CheckpointError;
-use crate::format::{Metadata, TensorKind, owned_range, tensor_name, to_burn};
+use crate::format::{Metadata, TensorKind, tensor_name, to_burn};
 use crate::params::{NewValues, RankParams, agree, collect, tensor_from_bytes, unbound};
 use crate::read::RankFiles;
 use crate::state::{for_each_tensor, from_tree, tree_from_json};
@@ -215,6 +216,19 @@ fn read_flat<H: Backend>(
     )
 }
 
+/// The elements `[start, end)` of a `numel`-element tensor that `rank` of `world` reads, and
+/// the length of the flat tensor it builds from them: its padded block when the tensor is
+/// `sharded`, else the whole tensor.
+fn wanted(numel: usize, rank: usize, world: usize, sharded: bool) -> ((usize, usize), usize) {
+    if sharded {
+        let blocks = BlockLayout::new(numel, world);
+        let owned = blocks.owned(rank);
+        ((owned.start, owned.end), blocks.block_len())
+    } else {
+        ((0, numel), numel)
+    }
+}
+
 /// This rank's new value of every parameter.
 fn read_values<B: Backend>(
     meta: &Metadata,
@@ -228,12 +242,7 @@ fn read_values<B: Backend>(
         let path = &param.info.path;
         let numel = param.numel();
         let name = tensor_name(TensorKind::Parameter, path, None);
-        let (range, len) = if param.is_sharded() {
-            let (start, end, padding) = owned_range(numel, rank, world);
-            ((start, end), end - start + padding)
-        } else {
-            ((0, numel), numel)
-        };
+        let (range, len) = wanted(numel, rank, world, param.is_sharded());
         let flat = read_flat::<B>(
             meta,
             files,
@@ -289,12 +298,7 @@ where
         let numel = param.numel();
         // The optimizer steps this rank's block when gradients are reduce-scattered, the
         // whole parameter when they are all-reduced.
-        let (range, len) = if zero.gradient_is_sharded(key) {
-            let (start, end, padding) = owned_range(numel, rank, world);
-            ((start, end), end - start + padding)
-        } else {
-            ((0, numel), numel)
-        };
+        let (range, len) = wanted(numel, rank, world, zero.gradient_is_sharded(key));
         let master_name = tensor_name(TensorKind::Master, path, None);
         if let Some(values) =
             read_flat::<P::Host>(meta, files, &master_name, range, len, None, &host)?

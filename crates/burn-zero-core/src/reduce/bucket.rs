@@ -24,7 +24,7 @@ use burn_zero_kernels::{
 };
 
 use crate::memory::{MemoryKind, MemoryTracker};
-use crate::store::ParamInfo;
+use crate::store::{BlockLayout, ParamInfo};
 
 /// How a bucket's gradients are reduced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +87,7 @@ pub(crate) fn layout(
         let reduce_dtype = reduce_dtype.unwrap_or(info.dtype);
         let numel = info.shape.num_elements();
         let (len, rows) = match mode {
-            Mode::ReduceScatter => (numel.div_ceil(world_size), world_size),
+            Mode::ReduceScatter => (BlockLayout::new(numel, world_size).block_len(), world_size),
             Mode::AllReduce => (numel, 1),
         };
         let capacity = if bucket_bytes > 0.0 {

@@ -17,6 +17,7 @@ use crate::memory::{MemoryKind, MemoryReport, MemoryTracker};
 use crate::store::block::Block;
 use crate::store::cache::GatherCache;
 use crate::store::groups::Groups;
+use crate::store::layout::BlockLayout;
 use crate::store::prefetch::{GatherStats, InFlight, Prefetcher};
 use crate::store::table::{ParamInfo, ParamTable};
 
@@ -188,25 +189,29 @@ impl<B: Backend> ParamStore<B> {
 
     /// Length of each rank's block for a tensor of `numel` elements (padded to the world size).
     pub fn block_len(&self, numel: usize) -> usize {
-        numel.div_ceil(self.world_size())
+        self.blocks(numel).block_len()
+    }
+
+    /// The padded blocks of a flat tensor of `numel` elements over this rank's shard group.
+    fn blocks(&self, numel: usize) -> BlockLayout {
+        BlockLayout::new(numel, self.world_size())
     }
 
     /// Cuts this rank's block out of a full flat tensor, zero-padding past its end, into a
     /// fresh buffer (so that the full tensor is not kept alive by a view).
     pub fn own_block(&self, flat: Tensor<B, 1>) -> Tensor<B, 1> {
-        let numel = flat.dims()[0];
-        let block = self.block_len(numel);
-        let start = (self.rank() * block).min(numel);
-        let end = (start + block).min(numel);
+        let blocks = self.blocks(flat.dims()[0]);
+        let owned = blocks.owned(self.rank());
+        let padding = blocks.padding(self.rank());
         let device = flat.device();
         let dtype = flat.dtype();
         let mut parts = Vec::with_capacity(2);
-        if end > start {
-            let real = flat.slice(start..end);
+        if !owned.is_empty() {
+            let real = flat.slice(owned);
             parts.push(Tensor::from_data(real.into_data(), (&device, dtype)));
         }
-        if end - start < block {
-            parts.push(Tensor::zeros([block - (end - start)], (&device, dtype)));
+        if padding > 0 {
+            parts.push(Tensor::zeros([padding], (&device, dtype)));
         }
         Tensor::cat(parts, 0)
     }
