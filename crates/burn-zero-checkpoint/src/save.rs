@@ -9,6 +9,7 @@ use burn::module::Module;
 use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
+use burn_zero_core::store::BlockLayout;
 use burn_zero_core::{Zero, ZeroState};
 use burn_zero_optim::{Placement, ZeroOptimizer, ZeroOptimizerRecord};
 use safetensors::Dtype;
@@ -20,7 +21,9 @@ use crate::format::{
     TensorEntry, TensorKind, owned_range, rank_file_name, rank_index_name, step_dir_name,
     tensor_name, to_safetensors,
 };
-use crate::params::{RankParams, agree, agree_on, collect, flat_bytes, slice_bytes, unbound};
+use crate::params::{
+    RankParam, RankParams, agree, agree_on, collect, flat_bytes, slice_bytes, unbound,
+};
 use crate::read::element_size;
 use crate::state::{for_each_tensor, to_tree, tree_to_json};
 use crate::write::{PendingTensor, sync_dir, write_atomically, write_safetensors};
@@ -190,7 +193,7 @@ impl Layout {
     fn of(len: usize, numel: usize, world: usize) -> Option<Self> {
         if len == numel {
             Some(Layout::Whole)
-        } else if len == numel.div_ceil(world) {
+        } else if len == BlockLayout::new(numel, world).block_len() {
             Some(Layout::Block)
         } else {
             None
@@ -267,6 +270,242 @@ fn state_dtype(name: &str) -> Option<Dtype> {
     }
 }
 
+/// The optimizer's fp32 masters, each with the optimizer's state for it, by parameter key.
+type Masters<O, H> = BTreeMap<usize, (Tensor<H, 1>, Option<<O as SimpleOptimizer<H>>::State<1>>)>;
+
+/// Where the bytes of the optimizer-state tensors come from while the file is written: the
+/// masters' state records, and the tree of the record being written. A record's fields are
+/// written one after the other, so each record is turned into a tree once, not once per field.
+struct StateSource<'a, O: SimpleOptimizer<H>, H: Backend> {
+    masters: &'a Masters<O, H>,
+    cache: &'a RefCell<Option<(usize, ciborium::Value)>>,
+}
+
+impl<O: SimpleOptimizer<H>, H: Backend> Clone for StateSource<'_, O, H> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<O: SimpleOptimizer<H>, H: Backend> Copy for StateSource<'_, O, H> {}
+
+impl<O: SimpleOptimizer<H>, H: Backend> StateSource<'_, O, H> {
+    /// Bytes `[start, end)` of state field `field` of parameter `key` (none when the field
+    /// holds fewer).
+    fn field_bytes(self, key: usize, field: &str, (start, end): (usize, usize)) -> Vec<u8> {
+        let mut cache = self.cache.borrow_mut();
+        if cache.as_ref().is_none_or(|(k, _)| *k != key) {
+            let state = self.masters[&key].1.clone().expect("state present");
+            let tree = to_tree::<H, _>(state).unwrap_or(ciborium::Value::Null);
+            *cache = Some((key, tree));
+        }
+        let tree = &mut cache.as_mut().expect("cached").1;
+        let mut bytes = Vec::new();
+        for_each_tensor(tree, &mut |mut leaf| {
+            if leaf.field == field {
+                bytes = leaf.take_bytes();
+            }
+        });
+        bytes
+            .get(start..end)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    }
+}
+
+/// One parameter as the planner sees it: its key, module path and number of elements, and the
+/// elements `[start, end)` this rank owns with the padding of its block.
+#[derive(Clone, Copy)]
+struct ParamChunk<'p> {
+    key: usize,
+    path: &'p str,
+    numel: usize,
+    owned: (usize, usize, usize),
+}
+
+/// Plans the tensors this rank writes, parameter by parameter, and collects the metadata that
+/// goes with them. Nothing is read yet: each planned tensor produces its bytes when the file is
+/// written, through borrows (of the masters and the state cache) that live for `'a`.
+struct Planner<'a, O: SimpleOptimizer<H>, H: Backend> {
+    rank: usize,
+    world: usize,
+    source: StateSource<'a, O, H>,
+    accumulated: &'a BTreeMap<usize, Tensor<H, 1>>,
+    /// The tensors to write, in file order.
+    planned: Vec<Planned<'a>>,
+    /// The model's parameters, for the metadata.
+    params: Vec<ParamEntry>,
+    /// Rank 0: each parameter's optimizer-state record with its per-element tensors taken out.
+    states: BTreeMap<String, serde_json::Value>,
+}
+
+impl<'a, O: SimpleOptimizer<H> + 'a, H: Backend> Planner<'a, O, H> {
+    /// Everything this rank writes of `param`: its chunk of the values, and of the optimizer's
+    /// master, state and gradient accumulator where the optimizer holds them.
+    fn param<B: Backend>(&mut self, param: &RankParam<B>) -> Result<(), CheckpointError> {
+        let info = &param.info;
+        let chunk = ParamChunk {
+            key: info.key,
+            path: info.path.as_str(),
+            numel: param.numel(),
+            owned: owned_range(param.numel(), self.rank, self.world),
+        };
+        self.values(param, chunk)?;
+        let (masters, accumulated) = (self.source.masters, self.accumulated);
+        if let Some((values, state)) = masters.get(&chunk.key) {
+            self.master(chunk, values, state.as_ref())?;
+        }
+        if let Some(sum) = accumulated.get(&chunk.key) {
+            self.accumulator(chunk, sum)?;
+        }
+        Ok(())
+    }
+
+    /// The parameter's entry in the metadata and this rank's chunk of its values (in the
+    /// training dtype, with the parameter's shape).
+    fn values<B: Backend>(
+        &mut self,
+        param: &RankParam<B>,
+        chunk: ParamChunk<'_>,
+    ) -> Result<(), CheckpointError> {
+        let info = &param.info;
+        let path = chunk.path;
+        let dtype = stored_dtype(info.dtype, &format!("parameter `{path}`"))?;
+        self.params.push(ParamEntry {
+            path: path.to_string(),
+            shape: info.shape.iter().copied().collect(),
+            dtype,
+            frozen: param.frozen,
+            replicated: !param.is_sharded(),
+        });
+        let value = param.value.clone();
+        let (start, end, _) = chunk.owned;
+        self.planned.push(plan(
+            TensorKind::Parameter,
+            path,
+            None,
+            info.shape.iter().copied().collect(),
+            dtype,
+            chunk.owned,
+            self.rank,
+            Box::new(move || flat_bytes(&value, start, end)),
+        ));
+        Ok(())
+    }
+
+    /// Where this rank's owned elements sit in the optimizer's flat tensor (`what`) of `len`
+    /// elements: the whole parameter, or this rank's block of it. Any other length is refused.
+    fn local(
+        &self,
+        what: &str,
+        chunk: ParamChunk<'_>,
+        len: usize,
+    ) -> Result<(usize, usize), CheckpointError> {
+        let (path, numel, world) = (chunk.path, chunk.numel, self.world);
+        let layout = Layout::of(len, numel, world).ok_or_else(|| {
+            CheckpointError::Unsupported(format!(
+                "{what} of `{path}` has {len} elements, neither the parameter's {numel} nor a \
+                 block of them over {world} ranks"
+            ))
+        })?;
+        Ok(layout.local(chunk.owned.0, chunk.owned.1))
+    }
+
+    /// This rank's chunk of the optimizer's fp32 master of the parameter, then of its state.
+    fn master(
+        &mut self,
+        chunk: ParamChunk<'_>,
+        values: &Tensor<H, 1>,
+        state: Option<&O::State<1>>,
+    ) -> Result<(), CheckpointError> {
+        let len = values.dims()[0];
+        let (a, b) = self.local("the optimizer's master", chunk, len)?;
+        let values = values.clone();
+        self.planned.push(plan(
+            TensorKind::Master,
+            chunk.path,
+            None,
+            vec![chunk.numel],
+            stored_dtype(values.dtype(), "a master copy")?,
+            chunk.owned,
+            self.rank,
+            Box::new(move || slice_bytes(values.clone(), a, b)),
+        ));
+        if let Some(state) = state {
+            self.state(chunk, len, (a, b), state)?;
+        }
+        Ok(())
+    }
+
+    /// This rank's chunk (`[a, b)` of the master's `len` elements) of each per-element tensor
+    /// of the optimizer's `state` for the parameter: the tensors of the master's length. Rank 0
+    /// keeps the rest of the record, the tensors taken out, for the metadata.
+    fn state(
+        &mut self,
+        chunk: ParamChunk<'_>,
+        len: usize,
+        (a, b): (usize, usize),
+        state: &O::State<1>,
+    ) -> Result<(), CheckpointError> {
+        let path = chunk.path;
+        let fail = |reason: String| CheckpointError::OptimizerState {
+            param: path.to_string(),
+            reason,
+        };
+        let mut tree = to_tree::<H, _>(state.clone()).map_err(fail)?;
+        let mut fields = Vec::new();
+        for_each_tensor(&mut tree, &mut |mut leaf| {
+            if leaf.shape == [len]
+                && let Some(dtype) = state_dtype(&leaf.dtype)
+            {
+                leaf.take_bytes();
+                fields.push((leaf.field.clone(), dtype));
+            }
+        });
+        if self.rank == 0 {
+            let json = tree_to_json(&tree).map_err(fail)?;
+            self.states.insert(path.to_string(), json);
+        }
+        for (field, dtype) in fields {
+            let size = element_size(dtype);
+            let (source, key, wanted) = (self.source, chunk.key, field.clone());
+            self.planned.push(plan(
+                TensorKind::OptimizerState,
+                path,
+                Some(&field),
+                vec![chunk.numel],
+                dtype,
+                chunk.owned,
+                self.rank,
+                Box::new(move || source.field_bytes(key, &wanted, (a * size, b * size))),
+            ));
+        }
+        Ok(())
+    }
+
+    /// This rank's chunk of the parameter's fp32 gradient accumulator `sum`.
+    fn accumulator(
+        &mut self,
+        chunk: ParamChunk<'_>,
+        sum: &Tensor<H, 1>,
+    ) -> Result<(), CheckpointError> {
+        let len = sum.dims()[0];
+        let (a, b) = self.local("the gradient accumulator", chunk, len)?;
+        let sum = sum.clone();
+        self.planned.push(plan(
+            TensorKind::Accumulator,
+            chunk.path,
+            None,
+            vec![chunk.numel],
+            stored_dtype(sum.dtype(), "a gradient accumulator")?,
+            chunk.owned,
+            self.rank,
+            Box::new(move || slice_bytes(sum.clone(), a, b)),
+        ));
+        Ok(())
+    }
+}
+
 /// Writes this rank's file and index; returns (on every rank) the optimizer's scalar state and
 /// the parameter list for the metadata.
 fn write_rank<B, O, P>(
@@ -281,148 +520,55 @@ where
 {
     let zero: &ZeroState<B> = &params.zero;
     let (rank, world) = (zero.rank(), zero.world_size());
-    let masters: BTreeMap<usize, _> = record
+    let masters: Masters<O, P::Host> = record
         .masters
         .into_iter()
         .map(|(key, values, state)| (key, (values, state)))
         .collect();
     let accumulated: BTreeMap<usize, Tensor<P::Host, 1>> = record.accumulated.into_iter().collect();
     // The state tree currently being written (its tensors are written one after the other).
-    let state_cache: RefCell<Option<(usize, ciborium::Value)>> = RefCell::new(None);
-    let state_cache = &state_cache;
-    let masters = &masters;
-
-    let mut planned = Vec::new();
-    let mut param_entries = Vec::new();
-    let mut states = BTreeMap::new();
+    let state_cache = RefCell::new(None);
+    let mut planner: Planner<'_, O, P::Host> = Planner {
+        rank,
+        world,
+        source: StateSource {
+            masters: &masters,
+            cache: &state_cache,
+        },
+        accumulated: &accumulated,
+        planned: Vec::new(),
+        params: Vec::new(),
+        states: BTreeMap::new(),
+    };
     for param in &params.params {
-        let info = &param.info;
-        let path = info.path.as_str();
-        let numel = param.numel();
-        let owned = owned_range(numel, rank, world);
-        let dtype = stored_dtype(info.dtype, &format!("parameter `{path}`"))?;
-        param_entries.push(ParamEntry {
-            path: path.to_string(),
-            shape: info.shape.iter().copied().collect(),
-            dtype,
-            frozen: param.frozen,
-            replicated: !param.is_sharded(),
-        });
-        let value = param.value.clone();
-        planned.push(plan(
-            TensorKind::Parameter,
-            path,
-            None,
-            info.shape.iter().copied().collect(),
-            dtype,
-            owned,
-            rank,
-            Box::new(move || flat_bytes(&value, owned.0, owned.1)),
-        ));
-
-        let key = info.key;
-        if let Some((values, state)) = masters.get(&key) {
-            let len = values.dims()[0];
-            let layout = Layout::of(len, numel, world).ok_or_else(|| {
-                CheckpointError::Unsupported(format!(
-                    "the optimizer's master of `{path}` has {len} elements, neither the \
-                     parameter's {numel} nor a block of them over {world} ranks"
-                ))
-            })?;
-            let (a, b) = layout.local(owned.0, owned.1);
-            let values = values.clone();
-            planned.push(plan(
-                TensorKind::Master,
-                path,
-                None,
-                vec![numel],
-                stored_dtype(values.dtype(), "a master copy")?,
-                owned,
-                rank,
-                Box::new(move || slice_bytes(values.clone(), a, b)),
-            ));
-            if let Some(state) = state {
-                let mut tree = to_tree::<P::Host, _>(state.clone()).map_err(|reason| {
-                    CheckpointError::OptimizerState {
-                        param: path.to_string(),
-                        reason,
-                    }
-                })?;
-                let mut fields = Vec::new();
-                for_each_tensor(&mut tree, &mut |mut leaf| {
-                    if leaf.shape == [len]
-                        && let Some(dtype) = state_dtype(&leaf.dtype)
-                    {
-                        leaf.take_bytes();
-                        fields.push((leaf.field.clone(), dtype));
-                    }
-                });
-                if rank == 0 {
-                    let json =
-                        tree_to_json(&tree).map_err(|reason| CheckpointError::OptimizerState {
-                            param: path.to_string(),
-                            reason,
-                        })?;
-                    states.insert(path.to_string(), json);
-                }
-                for (field, dtype) in fields {
-                    let size = element_size(dtype);
-                    let wanted = field.clone();
-                    planned.push(plan(
-                        TensorKind::OptimizerState,
-                        path,
-                        Some(&field),
-                        vec![numel],
-                        dtype,
-                        owned,
-                        rank,
-                        Box::new(move || {
-                            let mut cache = state_cache.borrow_mut();
-                            if cache.as_ref().is_none_or(|(k, _)| *k != key) {
-                                let state = masters[&key].1.clone().expect("state present");
-                                let tree =
-                                    to_tree::<P::Host, _>(state).unwrap_or(ciborium::Value::Null);
-                                *cache = Some((key, tree));
-                            }
-                            let tree = &mut cache.as_mut().expect("cached").1;
-                            let mut bytes = Vec::new();
-                            for_each_tensor(tree, &mut |mut leaf| {
-                                if leaf.field == wanted {
-                                    bytes = leaf.take_bytes();
-                                }
-                            });
-                            bytes
-                                .get(a * size..b * size)
-                                .map(<[u8]>::to_vec)
-                                .unwrap_or_default()
-                        }),
-                    ));
-                }
-            }
-        }
-        if let Some(sum) = accumulated.get(&key) {
-            let len = sum.dims()[0];
-            let layout = Layout::of(len, numel, world).ok_or_else(|| {
-                CheckpointError::Unsupported(format!(
-                    "the gradient accumulator of `{path}` has {len} elements, neither the \
-                     parameter's {numel} nor a block of them over {world} ranks"
-                ))
-            })?;
-            let (a, b) = layout.local(owned.0, owned.1);
-            let sum = sum.clone();
-            planned.push(plan(
-                TensorKind::Accumulator,
-                path,
-                None,
-                vec![numel],
-                stored_dtype(sum.dtype(), "a gradient accumulator")?,
-                owned,
-                rank,
-                Box::new(move || slice_bytes(sum.clone(), a, b)),
-            ));
-        }
+        planner.param(param)?;
     }
-    // Chunks of no elements (small tensors on high ranks) are not written.
+    let Planner {
+        planned,
+        params: param_entries,
+        states,
+        ..
+    } = planner;
+    write_planned(dir, rank, world, planned)?;
+
+    let optimizer_entry = OptimizerEntry {
+        micro_steps: record.micro_steps,
+        skipped: record.skipped,
+        scaler: record.scaler,
+        states,
+    };
+    Ok((optimizer_entry, param_entries))
+}
+
+/// Writes the planned tensors as this rank's safetensors file (chunks of no elements, small
+/// tensors on high ranks, are not written), then the rank's index: each chunk's entry with
+/// where it landed in the file and its page checksums, for rank 0 to merge.
+fn write_planned(
+    dir: &Path,
+    rank: usize,
+    world: usize,
+    mut planned: Vec<Planned<'_>>,
+) -> Result<(), CheckpointError> {
     planned.retain(|p| p.pending.byte_len > 0);
 
     let (pending, entries): (Vec<_>, Vec<_>) =
@@ -449,15 +595,7 @@ where
         path: dir.join(rank_index_name(rank, world)),
         reason: e.to_string(),
     })?;
-    write_atomically(&dir.join(rank_index_name(rank, world)), &json)?;
-
-    let optimizer_entry = OptimizerEntry {
-        micro_steps: record.micro_steps,
-        skipped: record.skipped,
-        scaler: record.scaler,
-        states,
-    };
-    Ok((optimizer_entry, param_entries))
+    write_atomically(&dir.join(rank_index_name(rank, world)), &json)
 }
 
 /// Rank 0: merges the ranks' indexes into `meta`, checks that every tensor is covered exactly
