@@ -11,7 +11,12 @@
 //!   same position before any data moves, and turns a divergence into
 //!   [`CommError::Mismatch`] naming both ranks' calls;
 //! - [`JobControl::on_failure`] runs a hook (abort the communicators) the moment any rank of
-//!   the job fails, on every node; [`JobControl::abort`] is how a rank says it failed.
+//!   the job fails, on every node; [`JobControl::abort`] is how a rank says it failed;
+//! - [`JobControl::report`] records, without stopping the job, that this rank failed on its
+//!   own account and is about to tell the others through a collective. The store keeps the
+//!   job's first report or abort as its cause ([`JobControl::first_failure`]) and writes it
+//!   where `zero-run` reads it, so the job's failure is reported as that rank's, not as
+//!   whichever rank's process exited first.
 //!
 //! Everything here is engine-agnostic and runs on CPU: the process tests drive it without
 //! NCCL.
@@ -123,6 +128,23 @@ impl JobControl {
     /// Tells every rank that this one failed, with `reason`.
     pub fn abort(&self, reason: &str) {
         self.client.abort(reason);
+    }
+
+    /// Records with the job's control store that this rank failed on its own account, with
+    /// `reason`, without stopping the job (see
+    /// [`crate::Communicator::report_failure`]). Returns once the store has recorded it, a
+    /// round trip, so that no rank can learn of the failure through the collective that
+    /// follows before the store has.
+    pub fn report(&self, reason: &str) {
+        self.client.report(reason);
+    }
+
+    /// The job's first cause as the store recorded it: the first rank of any process that
+    /// reported a failure or aborted (or, when none did, whose connection broke or whose
+    /// schedule diverged), with its reason. Read from what the store already sent this rank:
+    /// nothing travels.
+    pub fn first_failure(&self) -> Option<(usize, String)> {
+        self.client.cause().map(|cause| (cause.rank, cause.reason))
     }
 
     /// Tells the other ranks that this one is done after `issued` collectives.

@@ -1,7 +1,8 @@
 //! The job-lifetime control connection across real processes on the loopback, without NCCL:
 //! a failed rank stops every rank within seconds (whether it says so, exits silently or
 //! panics), a diverged schedule is reported by every rank with both ranks' calls, and a rank
-//! that finished early is named by the rank that waits for it.
+//! that finished early is named by the rank that waits for it. Every rank learns the job's
+//! first cause: the rank that reported its failure, aborted, panicked or vanished.
 //!
 //! Rank 0 binds its rendezvous on a port the system picks and prints it; the other ranks are
 //! started with that port, so no test depends on a port staying free.
@@ -82,6 +83,13 @@ fn error_of(outcome: &Finished) -> &str {
         .unwrap_or_else(|| panic!("no error in\n{}\n{}", outcome.stdout, outcome.stderr))
 }
 
+fn first_failure(outcome: &Finished) -> Option<&str> {
+    outcome
+        .stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("first-failure "))
+}
+
 fn elapsed_ms(outcome: &Finished) -> u64 {
     outcome
         .stdout
@@ -126,7 +134,7 @@ fn a_diverged_schedule_names_both_calls_on_every_rank() {
     }
 }
 
-fn assert_everyone_stops(how: &str, expected: &str) {
+fn assert_everyone_stops(how: &str, expected: &str, cause: &str) {
     let started = Instant::now();
     let outcomes = job(3, &["fail", "1", how]);
     assert!(started.elapsed() < Duration::from_secs(20));
@@ -150,22 +158,58 @@ fn assert_everyone_stops(how: &str, expected: &str) {
             "rank {r} took {} ms",
             elapsed_ms(outcome)
         );
+        // The store recorded the failing rank as the job's cause, and told every rank.
+        let first = first_failure(outcome).unwrap_or_default();
+        assert!(first.starts_with(cause), "rank {r}: {first:?}");
     }
 }
 
 #[test]
 fn a_rank_that_reports_its_failure_stops_every_rank() {
-    assert_everyone_stops("abort", "rank 1 failed: out of memory (on purpose)");
+    assert_everyone_stops(
+        "abort",
+        "rank 1 failed: out of memory (on purpose)",
+        "1: out of memory (on purpose)",
+    );
 }
 
 #[test]
 fn a_rank_that_exits_without_a_word_stops_every_rank() {
-    assert_everyone_stops("exit", "rank 1 is gone: its control connection closed");
+    assert_everyone_stops(
+        "exit",
+        "rank 1 is gone: its control connection closed",
+        "1: rank 1 is gone",
+    );
 }
 
 #[test]
 fn a_rank_that_panics_stops_every_rank() {
-    assert_everyone_stops("panic", "rank 1 failed: rank 1 panicked");
+    assert_everyone_stops(
+        "panic",
+        "rank 1 failed: rank 1 panicked",
+        "1: rank 1 panicked",
+    );
+}
+
+#[test]
+fn a_reported_failure_is_every_ranks_first_failure_and_the_job_goes_on() {
+    for outcome in job(3, &["report", "2"]) {
+        assert_eq!(
+            outcome.code,
+            Some(0),
+            "{}\n{}",
+            outcome.stdout,
+            outcome.stderr
+        );
+        // Known to every rank once the next collective passed: the report was acknowledged
+        // before the reporting rank entered it.
+        assert_eq!(
+            first_failure(&outcome),
+            Some("2: disk full (on purpose)"),
+            "{}",
+            outcome.stdout
+        );
+    }
 }
 
 #[test]

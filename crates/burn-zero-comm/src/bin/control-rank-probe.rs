@@ -10,10 +10,14 @@
 //! - `fail FAIL_RANK HOW`: every rank checks one call; then FAIL_RANK fails (`abort`: says so
 //!   and exits 1, `exit`: exits 1 without a word, `panic`: panics) while the others wait in
 //!   their second call.
+//! - `report FAIL_RANK`: every rank checks one call; FAIL_RANK reports a failure
+//!   (`disk full (on purpose)`) without stopping the job; every rank checks a second call (as
+//!   the agreement that tells the others) and succeeds.
 //! - `leave`: rank 1 finishes after one call; the others wait in a second.
 //! - `bench CALLS`: times CALLS checks and prints `per-check-us X`.
 //!
-//! Prints `ok` (exit 0), or `error: E` and `after-ms T` (exit 3).
+//! Prints `ok` (exit 0), or `error: E` and `after-ms T` (exit 3); then, when the store has
+//! recorded the job's first cause, `first-failure R: REASON`.
 
 use std::time::{Duration, Instant};
 
@@ -82,6 +86,13 @@ fn run(args: &[String], control: &JobControl) -> Result<(), CommError> {
             }
             control.check(&call(2, false))?;
         }
+        Some("report") => {
+            control.check(&call(1, false))?;
+            if rank == arg(args, 1) {
+                control.report("disk full (on purpose)");
+            }
+            control.check(&call(2, false))?;
+        }
         Some("leave") => {
             control.check(&call(1, false))?;
             if rank != 1 {
@@ -120,13 +131,19 @@ fn main() {
         }
     };
     let started = Instant::now();
-    match run(&args, &control) {
+    let result = run(&args, &control);
+    match &result {
         Ok(()) => println!("ok"),
         Err(error) => {
             println!("error: {error}");
             println!("after-ms {}", started.elapsed().as_millis());
-            drop(control);
-            std::process::exit(3);
         }
+    }
+    if let Some((rank, reason)) = control.first_failure() {
+        println!("first-failure {rank}: {reason}");
+    }
+    if result.is_err() {
+        drop(control);
+        std::process::exit(3);
     }
 }

@@ -393,15 +393,24 @@ impl NcclGroup {
         Ok(group)
     }
 
-    /// [`Communicator::report_failure`] for both backends this engine serves.
+    /// [`Communicator::report_failure`] for both backends this engine serves: kept for the
+    /// ranks of this process and, in a job of several processes, reported to its control
+    /// store (a round trip), which names the job's cause to every rank and to `zero-run`.
     pub(crate) fn note_failure(&self, reason: &str) {
         lock(&self.family.cause).get_or_insert_with(|| (self.job_rank, reason.to_string()));
+        if let Some(control) = &self.control {
+            control.report(reason);
+        }
     }
 
-    /// [`Communicator::first_failure`] for both backends this engine serves. Ranks in other
-    /// processes report to theirs: this sees the ranks of this process.
+    /// [`Communicator::first_failure`] for both backends this engine serves: with a control
+    /// connection, the job's first cause as its store recorded it (ranks of every process);
+    /// otherwise, or before the store's word arrived, the first of this process's ranks.
     pub(crate) fn cause(&self) -> Option<(usize, String)> {
-        lock(&self.family.cause).clone()
+        self.control
+            .as_ref()
+            .and_then(|control| control.first_failure())
+            .or_else(|| lock(&self.family.cause).clone())
     }
 
     fn lock(&self) -> MutexGuard<'_, Link> {
