@@ -4,14 +4,6 @@
 //! visible (unless `BURN_ZERO_REQUIRE_CUDA=1`), or when built without the `cuda` feature.
 
 #[cfg(feature = "cuda")]
-#[allow(dead_code)]
-#[path = "../examples/train_gpt/cuda.rs"]
-mod cuda;
-#[cfg(feature = "cuda")]
-#[allow(dead_code)]
-#[path = "../examples/train_gpt/train.rs"]
-mod train;
-#[cfg(feature = "cuda")]
 #[path = "cuda/training.rs"]
 mod training;
 

@@ -1,13 +1,9 @@
-//! The `train_gpt` example's training loop (shared through `#[path]`): a short run learns, and
+//! The `train_gpt` example's training run (`burn_zero_gpt::train`): a short run learns, and
 //! ZeRO-3 on 2 ranks ends with exactly the parameters of 1 rank that accumulates the same two
 //! micro-batches.
 
-#[allow(dead_code)]
-#[path = "../examples/train_gpt/train.rs"]
-mod train;
-
 use burn::backend::Flex;
-use train::{RunConfig, train};
+use burn_zero_gpt::train::{RankOutcome, RunConfig, train};
 
 /// The tiny model on short sequences: a few seconds per run.
 fn short(steps: usize) -> RunConfig {
@@ -215,7 +211,7 @@ fn hybrid_sharding_trains_and_each_rank_holds_its_shard_groups_share() {
         };
         train::<Flex>(&config, Default::default(), |_| {}).unwrap()
     };
-    let shards = |ranks: &[train::RankOutcome]| {
+    let shards = |ranks: &[RankOutcome]| {
         ranks[0]
             .memory
             .as_ref()
@@ -258,7 +254,7 @@ fn prefetch_trains_bitwise_like_gathering_on_demand() {
     };
     let on_demand = run(0);
     let ahead = run(2);
-    let bits = |ranks: &[train::RankOutcome]| -> Vec<u32> {
+    let bits = |ranks: &[RankOutcome]| -> Vec<u32> {
         ranks[0].losses.iter().map(|l| l.to_bits()).collect()
     };
     assert_eq!(bits(&ahead), bits(&on_demand));

@@ -12,8 +12,8 @@ use burn_zero::comm::launch;
 use burn_zero::comm::nccl::CudaDevice;
 use burn_zero_testing::skip;
 
-use crate::cuda::{Backend, CudaRanks};
-use crate::train::{RankOutcome, RunConfig, local_ranks, train_with};
+use burn_zero_gpt::train::cuda::{Backend, CudaRanks};
+use burn_zero_gpt::train::{RankOutcome, RunConfig, local_ranks, train_with};
 
 /// GPU tests run one at a time: NCCL collectives of two groups on the same GPUs, issued from
 /// different threads, can wait on each other.
@@ -69,7 +69,7 @@ fn nccl_against_local_group(devices: Vec<CudaDevice>) {
             devices[0].clone(),
             |_| {},
             |rank_fn| {
-                launch::<Backend, _, _, crate::train::RankError>(world, &devices, rank_fn)
+                launch::<Backend, _, _, burn_zero_gpt::train::RankError>(world, &devices, rank_fn)
                     .map_err(|e| e.to_string())
             },
         )

@@ -1,13 +1,17 @@
 //! The character-level GPT of burn-zero's `train_gpt` example, its tests and the scaling
 //! benchmarks: a decoder-only transformer with a tied output head, a character-level corpus,
-//! deterministic batches, and module helpers (materialise, cast, read back). Plain Burn: it
-//! does not depend on burn-zero, so the plain-Burn baseline builds it too.
+//! deterministic batches, and module helpers (materialise, cast, read back). Plain Burn: without
+//! its `train` feature it does not depend on burn-zero, so the plain-Burn baseline builds it too.
+//! With it, [`train`] is the example's training run under burn-zero.
 
 use std::ops::Range;
 
 /// The GPT, its text windows and their batcher as burn-train's `Learner` takes them.
 #[cfg(feature = "learner")]
 pub mod learner;
+/// The `train_gpt` example's training run: sharded ranks, checkpoints, the sample.
+#[cfg(feature = "train")]
+pub mod train;
 
 use burn::config::Config;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};

@@ -14,10 +14,6 @@
 //! second and its memory accounting; at the end every rank generates the same sample in
 //! lockstep, and a table gives each rank's memory, throughput and losses.
 
-#[cfg(feature = "cuda")]
-mod cuda;
-mod train;
-
 use std::time::Instant;
 
 use burn::backend::{Flex, NdArray, Wgpu};
@@ -26,7 +22,11 @@ use burn::tensor::backend::Backend;
 use clap::{ArgAction, Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::train::{PROMPT, RankFn, RankOutcome, RunConfig, StepInfo, local_ranks, train_with};
+#[cfg(feature = "cuda")]
+use burn_zero_gpt::train::cuda;
+use burn_zero_gpt::train::{
+    PROMPT, RankFn, RankOutcome, RunConfig, StepInfo, local_ranks, train_with,
+};
 use burn_zero_gpt::{Corpus, Preset, TEXT};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
