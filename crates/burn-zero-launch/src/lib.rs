@@ -11,8 +11,9 @@
 //!   rendezvous): a failed rank stops every rank within a round trip, and ranks can check that
 //!   they issue the same collectives before issuing them.
 //! - [`supervisor`]: what the `zero-run` binary does: start this node's ranks with that
-//!   environment, prefix their output with the rank, forward SIGINT/SIGTERM, and when one rank
-//!   fails stop the others and exit with its code.
+//!   environment, prefix their output with the rank, forward SIGINT/SIGTERM, and when ranks
+//!   fail stop the others, name the rank whose failure caused the rest (the control store's
+//!   record) and exit with its code.
 //! - [`sync`]: locks that a panicking rank does not poison for the others.
 //!
 //! ```no_run
