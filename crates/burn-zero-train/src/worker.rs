@@ -155,154 +155,226 @@ where
     P: Placement<B> + 'static,
     O: SimpleOptimizer<P::Host> + 'static,
 {
-    let rank = ctx.rank();
-    let mut learner = lock(&shared.learners)
-        .get_mut(slot)
-        .and_then(Option::take)
-        .ok_or_else(|| TrainError::Invalid(format!("no learner for rank {rank}")))?;
+    RankRun::start(ctx, slot, shared)?.epochs()
+}
 
-    // The rank's copy, on its device, sharded. `load_model` rebuilds the parameters and drops
-    // their gradient-hook marks: `grad_sharded` puts them back (the same mark `shard` sets).
-    learner.fork(ctx.device());
-    let (model, zero) = shard::<AB, B, M>(learner.model(), &ctx, shared.config)?;
-    learner.load_model(model.into_record());
-    learner.grad_sharded();
-    // The learner's optimizer (`ZeroOptimizer::unbound`) steps this rank's sharded module from
-    // now on: the learner takes optimizer records only, so the binding travels in one.
-    learner.load_optim(ZeroOptimizerRecord::binding(&zero));
+/// One rank's run: its sharded copy of the learner, its context and what every rank shares.
+///
+/// The fields drop in the order they are declared: the sharded module's state and the learner
+/// before the rank's context.
+struct RankRun<'s, 'a, AB, B, LR, M, O, P>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = B::Device>,
+    LR: LrScheduler + 'static,
+    M: TrainStep + AutodiffModule<AB> + std::fmt::Display + 'static,
+    M::InnerModule: InferenceStep,
+    P: Placement<B> + 'static,
+    O: SimpleOptimizer<P::Host> + 'static,
+{
+    zero: ZeroState<B>,
+    learner: Learner<ZeroComponents<AB, LR, M, O, B, P>>,
+    /// Training steps taken, those before a resumed checkpoint included.
+    iteration: usize,
+    /// The rank's learner and event slot in this process.
+    slot: usize,
+    shared: &'s Shared<'a, ZeroComponents<AB, LR, M, O, B, P>>,
+    ctx: RankContext<B>,
+}
 
-    let mut iteration = 0;
-    if shared.starting_epoch > 1 {
-        let root = shared.checkpoints.ok_or_else(|| {
-            TrainError::Invalid(format!(
-                "resuming after epoch {} needs the sharded checkpoints: \
-                 `ZeroStrategy::with_checkpoints(dir)`",
-                shared.starting_epoch - 1
-            ))
-        })?;
-        iteration = resume::<AB, B, LR, M, O, P>(
-            &mut learner,
-            &zero,
-            root,
-            shared.starting_epoch - 1,
-            ctx.device(),
-        )?;
+impl<'s, 'a, AB, B, LR, M, O, P> RankRun<'s, 'a, AB, B, LR, M, O, P>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = B::Device>,
+    LR: LrScheduler + 'static,
+    M: TrainStep + AutodiffModule<AB> + std::fmt::Display + 'static,
+    M::InnerModule: InferenceStep,
+    P: Placement<B> + 'static,
+    O: SimpleOptimizer<P::Host> + 'static,
+{
+    /// Takes the rank's learner, moves it to the rank's device and shards its model, with the
+    /// learner's optimizer bound to the sharded module; past the first epoch, loads the
+    /// checkpoint saved after the epoch before.
+    fn start(
+        ctx: RankContext<B>,
+        slot: usize,
+        shared: &'s Shared<'a, ZeroComponents<AB, LR, M, O, B, P>>,
+    ) -> Result<Self, TrainError> {
+        let rank = ctx.rank();
+        let mut learner = lock(&shared.learners)
+            .get_mut(slot)
+            .and_then(Option::take)
+            .ok_or_else(|| TrainError::Invalid(format!("no learner for rank {rank}")))?;
+
+        // The rank's copy, on its device, sharded. `load_model` rebuilds the parameters and
+        // drops their gradient-hook marks: `grad_sharded` puts them back (the same mark `shard`
+        // sets).
+        learner.fork(ctx.device());
+        let (model, zero) = shard::<AB, B, M>(learner.model(), &ctx, shared.config)?;
+        learner.load_model(model.into_record());
+        learner.grad_sharded();
+        // The learner's optimizer (`ZeroOptimizer::unbound`) steps this rank's sharded module
+        // from now on: the learner takes optimizer records only, so the binding travels in one.
+        learner.load_optim(ZeroOptimizerRecord::binding(&zero));
+
+        let mut iteration = 0;
+        if shared.starting_epoch > 1 {
+            let root = shared.checkpoints.ok_or_else(|| {
+                TrainError::Invalid(format!(
+                    "resuming after epoch {} needs the sharded checkpoints: \
+                     `ZeroStrategy::with_checkpoints(dir)`",
+                    shared.starting_epoch - 1
+                ))
+            })?;
+            iteration = resume::<AB, B, LR, M, O, P>(
+                &mut learner,
+                &zero,
+                root,
+                shared.starting_epoch - 1,
+                ctx.device(),
+            )?;
+        }
+        Ok(Self {
+            zero,
+            learner,
+            iteration,
+            slot,
+            shared,
+            ctx,
+        })
     }
 
-    let has_early_stopping = lock(&shared.early_stopping).is_some();
-    for epoch in shared.starting_epoch..=shared.num_epochs {
-        let index = epoch - shared.starting_epoch;
-        let global = Progress::new(epoch, shared.num_epochs);
+    /// Every epoch left: training, validation, the checkpoint and early stopping, until the
+    /// last epoch or a stop; returns the trained model, gathered (a collective).
+    fn epochs(mut self) -> Result<M, TrainError> {
+        let shared = self.shared;
+        let has_early_stopping = lock(&shared.early_stopping).is_some();
+        for epoch in shared.starting_epoch..=shared.num_epochs {
+            if self.train(epoch)? {
+                break;
+            }
+            if self.validate(epoch)? {
+                break;
+            }
+            if let Some(root) = shared.checkpoints {
+                save_epoch::<AB, B, LR, M, O, P>(
+                    &self.learner,
+                    &self.zero,
+                    root,
+                    epoch,
+                    self.iteration,
+                    shared.keep_last,
+                    shared.event_store,
+                )?;
+            }
+            if has_early_stopping && self.early_stop(epoch)? {
+                break;
+            }
+        }
+        Ok(unshard::<AB, B, M>(self.learner.model()))
+    }
 
-        // Training: one step per batch, as long as every rank has one.
-        let stopped = in_lockstep(
-            &ctx,
-            shared.interrupter,
-            shared.train[index][rank].iter(),
-            |batch, progress| {
-                iteration += 1;
-                learner.lr_step();
-                let output = learner.train_step(batch);
-                learner.optimizer_step(output.grads);
-                let lr = learner.lr_current();
-                let item = |item| {
-                    let progress = progress.clone();
-                    TrainingItem::new(item, progress, global.clone(), Some(iteration), Some(lr))
-                };
-                match &shared.across {
-                    Some(across) => {
-                        let items = (across.train)(output.item)?;
-                        if let Some(funnel) = shared.funnel {
-                            for (from, output) in items.into_iter().enumerate() {
-                                funnel.train_item(from, epoch, iteration, item(output));
-                            }
-                        }
-                    }
-                    None => {
-                        if let Some(funnel) = shared.funnel {
-                            funnel.train_item(slot, epoch, iteration, item(output.item));
-                        }
-                    }
+    /// Training on the rank's block of `epoch`: one step per batch, as long as every rank has
+    /// one, each step's items handed to the metrics; returns whether a rank asked to stop.
+    fn train(&mut self, epoch: usize) -> Result<bool, TrainError> {
+        let (rank, slot, shared) = (self.ctx.rank(), self.slot, self.shared);
+        let global = Progress::new(epoch, shared.num_epochs);
+        let (learner, iteration) = (&mut self.learner, &mut self.iteration);
+        let batches = shared.train[epoch - shared.starting_epoch][rank].iter();
+        let stopped = in_lockstep(&self.ctx, shared.interrupter, batches, |batch, progress| {
+            *iteration += 1;
+            let iteration = *iteration;
+            learner.lr_step();
+            let output = learner.train_step(batch);
+            learner.optimizer_step(output.grads);
+            let lr = learner.lr_current();
+            let item = |item| {
+                let progress = progress.clone();
+                TrainingItem::new(item, progress, global.clone(), Some(iteration), Some(lr))
+            };
+            let gather = shared.across.as_ref().map(|across| &across.train);
+            hand_over(gather, output.item, slot, |from, output| {
+                if let Some(funnel) = shared.funnel {
+                    funnel.train_item(from, epoch, iteration, item(output));
                 }
-                Ok(())
-            },
-        )?;
+            })
+        })?;
         if let Some(funnel) = shared.funnel {
             funnel.end_epoch(Split::Train, epoch);
         }
         if stopped {
             tracing::info!(rank, epoch, "training stopped");
-            break;
         }
+        Ok(stopped)
+    }
 
-        // Validation on every rank: at stage 3 each forward gathers parameters.
-        let model = learner.model().valid();
+    /// Validation on the rank's block of `epoch` (on every rank: at stage 3 each forward
+    /// gathers parameters), each step's items handed to the metrics; returns whether a rank
+    /// asked to stop.
+    fn validate(&self, epoch: usize) -> Result<bool, TrainError> {
+        let (rank, slot, shared) = (self.ctx.rank(), self.slot, self.shared);
+        let global = Progress::new(epoch, shared.num_epochs);
+        let model = self.learner.model().valid();
         let mut step = 0;
-        let stopped = in_lockstep(
-            &ctx,
-            shared.interrupter,
-            shared.valid[index][rank].iter(),
-            |batch, progress| {
-                step += 1;
-                let output = model.step(batch);
-                let item = |item| {
-                    TrainingItem::new(item, progress.clone(), global.clone(), Some(step), None)
-                };
-                match &shared.across {
-                    Some(across) => {
-                        let items = (across.valid)(output)?;
-                        if let Some(funnel) = shared.funnel {
-                            for (from, output) in items.into_iter().enumerate() {
-                                funnel.valid_item(from, epoch, step, item(output));
-                            }
-                        }
-                    }
-                    None => {
-                        if let Some(funnel) = shared.funnel {
-                            funnel.valid_item(slot, epoch, step, item(output));
-                        }
-                    }
+        let batches = shared.valid[epoch - shared.starting_epoch][rank].iter();
+        let stopped = in_lockstep(&self.ctx, shared.interrupter, batches, |batch, progress| {
+            step += 1;
+            let output = model.step(batch);
+            let item =
+                |item| TrainingItem::new(item, progress.clone(), global.clone(), Some(step), None);
+            let gather = shared.across.as_ref().map(|across| &across.valid);
+            hand_over(gather, output, slot, |from, output| {
+                if let Some(funnel) = shared.funnel {
+                    funnel.valid_item(from, epoch, step, item(output));
                 }
-                Ok(())
-            },
-        )?;
+            })
+        })?;
         drop(model);
         if let Some(funnel) = shared.funnel {
             funnel.end_epoch(Split::Valid, epoch);
         }
         if stopped {
             tracing::info!(rank, epoch, "training stopped during validation");
-            break;
         }
-
-        if let Some(root) = shared.checkpoints {
-            save_epoch::<AB, B, LR, M, O, P>(
-                &learner,
-                &zero,
-                root,
-                epoch,
-                iteration,
-                shared.keep_last,
-                shared.event_store,
-            )?;
-        }
-
-        if has_early_stopping {
-            // Every rank has handed over its validation items (the last one ended the epoch
-            // for the metrics); rank 0 decides for all.
-            ctx.comm().barrier()?;
-            let stop = rank == 0
-                && lock(&shared.early_stopping)
-                    .as_mut()
-                    .is_some_and(|strategy| strategy.should_stop(epoch, shared.event_store));
-            if agree(&ctx, true, stop)? == Next::Stop {
-                tracing::info!(rank, epoch, "early stopping");
-                break;
-            }
-        }
+        Ok(stopped)
     }
 
-    Ok(unshard::<AB, B, M>(learner.model()))
+    /// Early stopping after `epoch`: rank 0 decides for all (a barrier, then an agreement);
+    /// returns whether training stops.
+    fn early_stop(&self, epoch: usize) -> Result<bool, TrainError> {
+        let (rank, shared) = (self.ctx.rank(), self.shared);
+        // Every rank has handed over its validation items (the last one ended the epoch for
+        // the metrics); rank 0 decides for all.
+        self.ctx.comm().barrier()?;
+        let stop = rank == 0
+            && lock(&shared.early_stopping)
+                .as_mut()
+                .is_some_and(|strategy| strategy.should_stop(epoch, shared.event_store));
+        let stop = agree(&self.ctx, true, stop)? == Next::Stop;
+        if stop {
+            tracing::info!(rank, epoch, "early stopping");
+        }
+        Ok(stop)
+    }
+}
+
+/// Hands a step's `output` to `give` with the slot it comes from: every rank's output,
+/// gathered across processes (`gather`), in rank order, or this rank's own from `slot`.
+fn hand_over<T>(
+    gather: Option<&Gathered<T>>,
+    output: T,
+    slot: usize,
+    mut give: impl FnMut(usize, T),
+) -> Result<(), TrainError> {
+    match gather {
+        Some(gather) => {
+            for (from, output) in gather(output)?.into_iter().enumerate() {
+                give(from, output);
+            }
+        }
+        None => give(slot, output),
+    }
+    Ok(())
 }
 
 /// Saves the sharded checkpoint of the end of `epoch` (a collective).
