@@ -3,16 +3,17 @@
 
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use burn::module::AutodiffModule;
 use burn::optim::SimpleOptimizer;
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
-use burn_train::{EventProcessorTraining, LearnerEvent};
+use burn_train::metric::store::EventStoreClient;
 use burn_train::{
-    InferenceStep, Learner, LearningComponentsMarker, LearningComponentsTypes, LearningResult,
+    CloneEarlyStoppingStrategy, EventProcessorTraining, InferenceStep, Interrupter, Learner,
+    LearnerEvent, LearningComponentsMarker, LearningComponentsTypes, LearningResult,
     SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader, TrainStep,
     TrainingComponents, TrainingModel, ValidLoader,
 };
@@ -24,7 +25,7 @@ use crate::data::{self, Deal};
 use crate::error::TrainError;
 use crate::events::Funnel;
 use crate::items::{CrossRank, ErasedExchange};
-use crate::worker::{self, Across, Shared, TrainOutput, ValidOutput};
+use crate::worker::{self, Across, EventFunnel, Shared, TrainOutput, ValidOutput};
 
 /// Connects this process's rank of a multi-process job (e.g. `NcclGroup::from_env` under
 /// `zero-run`).
@@ -242,141 +243,27 @@ where
             event_store,
             ..
         } = components;
-        let epochs = starting_epoch..=num_epochs;
-        // Each rank's share of every epoch: the training data dealt anew each epoch from the
-        // seed, the validation data the same every epoch.
-        let epoch_shares = |devices: &[B::Device], world_size: usize| {
-            let train = data::shares(
-                &dataloader_train,
-                devices,
-                world_size,
-                epochs.clone(),
-                Deal::Shuffled { seed: self.seed },
-                "training",
-            )?;
-            let valid = data::shares(
-                &dataloader_valid,
-                devices,
-                world_size,
-                epochs.clone(),
-                Deal::Fixed,
-                "validation",
-            )?;
-            Ok::<_, TrainError>((train, valid))
+        let fit = Fit {
+            strategy: self,
+            train: &dataloader_train,
+            valid: &dataloader_valid,
+            settings: Settings {
+                config: &self.config,
+                checkpoints: self.checkpoints.as_deref(),
+                keep_last: self.keep_last,
+                interrupter: &interrupter,
+                early_stopping,
+                event_store: &event_store,
+                starting_epoch,
+                num_epochs,
+            },
         };
         let outcome = match &self.ranks {
             Ranks::Threads {
                 world_size,
                 devices,
-            } => {
-                let world_size = *world_size;
-                let prepared = check_threads(world_size, devices)
-                    .and_then(|()| epoch_shares(devices, world_size));
-                let (train, valid) = match prepared {
-                    Ok(shares) => shares,
-                    Err(error) => panic!("burn-zero: ZeroStrategy cannot train: {error}"),
-                };
-                let mut processor = event_processor;
-                processor.process_train(LearnerEvent::Start);
-                let funnel = Funnel::new(processor, world_size, world_size);
-                let shared = Shared {
-                    learners: Mutex::new((0..world_size).map(|_| Some(learner.clone())).collect()),
-                    train,
-                    valid,
-                    funnel: Some(&funnel),
-                    across: None,
-                    config: &self.config,
-                    checkpoints: self.checkpoints.as_deref(),
-                    keep_last: self.keep_last,
-                    interrupter: &interrupter,
-                    early_stopping: Mutex::new(early_stopping),
-                    event_store: &event_store,
-                    starting_epoch,
-                    num_epochs,
-                };
-                let options = match self.timeout {
-                    Some(timeout) => LaunchOptions::with_timeout(timeout),
-                    None => LaunchOptions::default(),
-                };
-                let result =
-                    launch_with::<B, _, _, TrainError>(world_size, devices, &options, |ctx| {
-                        let rank = ctx.rank();
-                        worker::run::<AB, B, LR, M, O, P>(ctx, rank, &shared)
-                    });
-                drop(shared);
-                let processor = funnel.into_processor();
-                result
-                    .map_err(TrainError::from)
-                    .map(|models| (models.into_iter().next(), processor))
-            }
-            Ranks::Process(connect) => {
-                let ctx = match connect() {
-                    Ok(ctx) => ctx,
-                    Err(error) => panic!(
-                        "burn-zero: ZeroStrategy could not connect this process's rank: {error}"
-                    ),
-                };
-                let (rank, world_size) = (ctx.rank(), ctx.world_size());
-                let devices = [ctx.device().clone()];
-                let prepared = epoch_shares(&devices, world_size).and_then(|shares| {
-                    let exchange = match &self.items {
-                        Some(items) => Some(items.get::<B, TrainOutput<
-                            ZeroComponents<AB, LR, M, O, B, P>,
-                        >, ValidOutput<
-                            ZeroComponents<AB, LR, M, O, B, P>,
-                        >>()?),
-                        None => None,
-                    };
-                    Ok((shares, exchange))
-                });
-                let ((train, valid), exchange) = match prepared {
-                    Ok(prepared) => prepared,
-                    Err(error) => panic!("burn-zero: rank {rank} cannot train: {error}"),
-                };
-                let across = exchange.map(|exchange| {
-                    let (comm, device) = (ctx.comm().clone(), ctx.device().clone());
-                    let (comm_valid, device_valid) = (comm.clone(), device.clone());
-                    let (train_item, valid_item) = (exchange.train, exchange.valid);
-                    Across::<ZeroComponents<AB, LR, M, O, B, P>> {
-                        train: Box::new(move |item| train_item(item, comm.as_ref(), &device)),
-                        valid: Box::new(move |item| {
-                            valid_item(item, comm_valid.as_ref(), &device_valid)
-                        }),
-                    }
-                });
-                let mut processor = event_processor;
-                if rank == 0 {
-                    processor.process_train(LearnerEvent::Start);
-                }
-                // With the items of every rank, rank 0 hands in all of them for each step and
-                // ends each epoch once.
-                let slots = if across.is_some() { world_size } else { 1 };
-                let funnel = Funnel::new(processor, slots, 1);
-                let shared = Shared {
-                    learners: Mutex::new(vec![Some(learner)]),
-                    train,
-                    valid,
-                    funnel: (rank == 0).then_some(&funnel),
-                    across,
-                    config: &self.config,
-                    checkpoints: self.checkpoints.as_deref(),
-                    keep_last: self.keep_last,
-                    interrupter: &interrupter,
-                    early_stopping: Mutex::new(early_stopping),
-                    event_store: &event_store,
-                    starting_epoch,
-                    num_epochs,
-                };
-                let result = worker::run::<AB, B, LR, M, O, P>(ctx, 0, &shared);
-                drop(shared);
-                let processor = funnel.into_processor();
-                result
-                    .map_err(|error| TrainError::Rank {
-                        rank,
-                        source: Box::new(error),
-                    })
-                    .map(|model| (Some(model), processor))
-            }
+            } => fit.on_threads(*world_size, devices, learner, event_processor),
+            Ranks::Process(connect) => fit.in_this_process(connect, learner, event_processor),
         };
         match outcome {
             Ok((Some(model), processor)) => {
@@ -392,6 +279,231 @@ where
             Err(error) => panic!("burn-zero: training under ZeroStrategy stopped: {error}"),
         }
     }
+}
+
+/// What the ranks of this process return: the trained model (of the first of them) and the
+/// event processor.
+type Outcome<LC> = Result<
+    (
+        Option<TrainingModel<LC>>,
+        SupervisedTrainingEventProcessor<LC>,
+    ),
+    TrainError,
+>;
+
+/// Each rank's training and validation blocks of every epoch: `[epoch - starting_epoch][rank]`.
+type EpochShares<LC> = (Vec<Vec<TrainLoader<LC>>>, Vec<Vec<ValidLoader<LC>>>);
+
+/// [`EpochShares`] of a learner that trains through burn-zero.
+type ZeroShares<AB, LR, M, O, B, P> = EpochShares<ZeroComponents<AB, LR, M, O, B, P>>;
+
+/// The settings of a run that every rank reads: the strategy's, and burn-train's components.
+struct Settings<'f> {
+    config: &'f ZeroConfig,
+    checkpoints: Option<&'f Path>,
+    keep_last: usize,
+    interrupter: &'f Interrupter,
+    early_stopping: Option<Box<dyn CloneEarlyStoppingStrategy>>,
+    event_store: &'f Arc<EventStoreClient>,
+    starting_epoch: usize,
+    num_epochs: usize,
+}
+
+impl<'f> Settings<'f> {
+    /// What every rank of this process reads: its learner (one per rank), its blocks of each
+    /// epoch, where its items go and how they cross processes, and these settings.
+    fn shared<'a, LC: LearningComponentsTypes>(
+        self,
+        learners: Vec<Option<Learner<LC>>>,
+        (train, valid): EpochShares<LC>,
+        funnel: Option<&'a EventFunnel<LC>>,
+        across: Option<Across<LC>>,
+    ) -> Shared<'a, LC>
+    where
+        'f: 'a,
+    {
+        Shared {
+            learners: Mutex::new(learners),
+            train,
+            valid,
+            funnel,
+            across,
+            config: self.config,
+            checkpoints: self.checkpoints,
+            keep_last: self.keep_last,
+            interrupter: self.interrupter,
+            early_stopping: Mutex::new(self.early_stopping),
+            event_store: self.event_store,
+            starting_epoch: self.starting_epoch,
+            num_epochs: self.num_epochs,
+        }
+    }
+}
+
+/// One [`ZeroStrategy`] `fit`: the strategy, the data loaders each rank's blocks are cut from
+/// and the run's settings, whichever way the ranks run.
+struct Fit<'f, AB, B, LR, M, O, P>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = B::Device>,
+    LR: LrScheduler + 'static,
+    M: TrainStep + AutodiffModule<AB> + Display + 'static,
+    M::InnerModule: InferenceStep,
+    P: Placement<B> + 'static,
+    O: SimpleOptimizer<P::Host> + 'static,
+{
+    strategy: &'f ZeroStrategy<B>,
+    train: &'f TrainLoader<ZeroComponents<AB, LR, M, O, B, P>>,
+    valid: &'f ValidLoader<ZeroComponents<AB, LR, M, O, B, P>>,
+    settings: Settings<'f>,
+}
+
+impl<AB, B, LR, M, O, P> Fit<'_, AB, B, LR, M, O, P>
+where
+    B: Backend,
+    AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = B::Device>,
+    LR: LrScheduler + 'static,
+    M: TrainStep + AutodiffModule<AB> + Display + 'static,
+    M::InnerModule: InferenceStep,
+    P: Placement<B> + 'static,
+    O: SimpleOptimizer<P::Host> + 'static,
+{
+    /// Ranks on threads of this process, connected by a `LocalGroup`: one learner per rank,
+    /// one event processor for all, fed by every rank.
+    fn on_threads(
+        self,
+        world_size: usize,
+        devices: &[B::Device],
+        learner: Learner<ZeroComponents<AB, LR, M, O, B, P>>,
+        event_processor: SupervisedTrainingEventProcessor<ZeroComponents<AB, LR, M, O, B, P>>,
+    ) -> Outcome<ZeroComponents<AB, LR, M, O, B, P>> {
+        let prepared = check_threads(world_size, devices)
+            .and_then(|()| self.epoch_shares(devices, world_size));
+        let shares = match prepared {
+            Ok(shares) => shares,
+            Err(error) => panic!("burn-zero: ZeroStrategy cannot train: {error}"),
+        };
+        let mut processor = event_processor;
+        processor.process_train(LearnerEvent::Start);
+        let funnel = Funnel::new(processor, world_size, world_size);
+        let learners = (0..world_size).map(|_| Some(learner.clone())).collect();
+        let shared = self.settings.shared(learners, shares, Some(&funnel), None);
+        let options = match self.strategy.timeout {
+            Some(timeout) => LaunchOptions::with_timeout(timeout),
+            None => LaunchOptions::default(),
+        };
+        let result = launch_with::<B, _, _, TrainError>(world_size, devices, &options, |ctx| {
+            let rank = ctx.rank();
+            worker::run::<AB, B, LR, M, O, P>(ctx, rank, &shared)
+        });
+        drop(shared);
+        let processor = funnel.into_processor();
+        result
+            .map_err(TrainError::from)
+            .map(|models| (models.into_iter().next(), processor))
+    }
+
+    /// This process is one rank of a job of several processes: it connects, trains its rank
+    /// and, on rank 0 only, feeds the metrics (with every rank's items when they are gathered).
+    fn in_this_process(
+        self,
+        connect: &ConnectRank<B>,
+        learner: Learner<ZeroComponents<AB, LR, M, O, B, P>>,
+        event_processor: SupervisedTrainingEventProcessor<ZeroComponents<AB, LR, M, O, B, P>>,
+    ) -> Outcome<ZeroComponents<AB, LR, M, O, B, P>> {
+        let ctx = match connect() {
+            Ok(ctx) => ctx,
+            Err(error) => {
+                panic!("burn-zero: ZeroStrategy could not connect this process's rank: {error}")
+            }
+        };
+        let (rank, world_size) = (ctx.rank(), ctx.world_size());
+        let devices = [ctx.device().clone()];
+        let prepared = self.epoch_shares(&devices, world_size).and_then(|shares| {
+            let across = match &self.strategy.items {
+                Some(items) => Some(items_across(items, &ctx)?),
+                None => None,
+            };
+            Ok((shares, across))
+        });
+        let (shares, across) = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => panic!("burn-zero: rank {rank} cannot train: {error}"),
+        };
+        let mut processor = event_processor;
+        if rank == 0 {
+            processor.process_train(LearnerEvent::Start);
+        }
+        // With the items of every rank, rank 0 hands in all of them for each step and ends
+        // each epoch once.
+        let slots = if across.is_some() { world_size } else { 1 };
+        let funnel = Funnel::new(processor, slots, 1);
+        let funnel_here = (rank == 0).then_some(&funnel);
+        let shared = self
+            .settings
+            .shared(vec![Some(learner)], shares, funnel_here, across);
+        let result = worker::run::<AB, B, LR, M, O, P>(ctx, 0, &shared);
+        drop(shared);
+        let processor = funnel.into_processor();
+        result
+            .map_err(|error| TrainError::Rank {
+                rank,
+                source: Box::new(error),
+            })
+            .map(|model| (Some(model), processor))
+    }
+
+    /// Each rank's share of every epoch: the training data dealt anew each epoch from the
+    /// seed, the validation data the same every epoch.
+    fn epoch_shares(
+        &self,
+        devices: &[B::Device],
+        world_size: usize,
+    ) -> Result<ZeroShares<AB, LR, M, O, B, P>, TrainError> {
+        let epochs = self.settings.starting_epoch..=self.settings.num_epochs;
+        let train = data::shares(
+            self.train,
+            devices,
+            world_size,
+            epochs.clone(),
+            Deal::Shuffled {
+                seed: self.strategy.seed,
+            },
+            "training",
+        )?;
+        let valid = data::shares(
+            self.valid,
+            devices,
+            world_size,
+            epochs,
+            Deal::Fixed,
+            "validation",
+        )?;
+        Ok((train, valid))
+    }
+}
+
+/// Under [`ZeroStrategy::with_items_from_every_rank`], how this process's rank gathers every
+/// rank's step outputs for the metrics (an error when the model's outputs are not the types it
+/// was set for).
+fn items_across<B, LC>(
+    items: &ErasedExchange,
+    ctx: &RankContext<B>,
+) -> Result<Across<LC>, TrainError>
+where
+    B: Backend,
+    LC: LearningComponentsTypes,
+    TrainOutput<LC>: 'static,
+    ValidOutput<LC>: 'static,
+{
+    let exchange = items.get::<B, TrainOutput<LC>, ValidOutput<LC>>()?;
+    let (comm, device) = (ctx.comm().clone(), ctx.device().clone());
+    let (comm_valid, device_valid) = (comm.clone(), device.clone());
+    let (train_item, valid_item) = (exchange.train, exchange.valid);
+    Ok(Across {
+        train: Box::new(move |item| train_item(item, comm.as_ref(), &device)),
+        valid: Box::new(move |item| valid_item(item, comm_valid.as_ref(), &device_valid)),
+    })
 }
 
 /// Refuses the burn-train settings that cannot work on sharded ranks, saying what to use.
