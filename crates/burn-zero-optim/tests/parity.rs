@@ -3,6 +3,8 @@
 //! with bit for bit the parameters of single-rank unsharded training with Burn's own optimizer
 //! on the same micro-batches, their gradients averaged in rank order.
 
+mod common;
+
 use burn::backend::Flex;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{
@@ -69,17 +71,6 @@ fn assert_same(got: &[Vec<Vec<f32>>], want: &[Vec<f32>], what: &str) {
     }
 }
 
-fn configs() -> Vec<ZeroConfig> {
-    (0..=3)
-        .map(|stage| {
-            ZeroConfig::new()
-                .with_stage(stage)
-                .with_persist_below_numel(12)
-                .with_bucket_size_mb(0.001)
-        })
-        .collect()
-}
-
 /// Checks `ZeroOptimizer` with `build()` against Burn's adaptor `init()` of one optimizer, at
 /// world sizes 1, 2 and 4 and stages 0–3.
 fn check<OA, OS>(name: &str, init: impl Fn() -> OA, build: impl Fn() -> OS + Sync)
@@ -91,7 +82,7 @@ where
     let base = base_model(&Default::default());
     for world_size in [1, 2, 4] {
         let want = reference(&base, world_size, init());
-        for config in configs() {
+        for config in common::configs() {
             let got = sharded(&base, world_size, &config, &build);
             assert_same(
                 &got,
