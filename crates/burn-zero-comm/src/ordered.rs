@@ -53,6 +53,7 @@ use burn::tensor::backend::Backend;
 
 use crate::call::ReduceOp;
 use crate::communicator::Communicator;
+use crate::counters::{CollectiveKind, RankCounters};
 use crate::error::CommError;
 
 /// A collective waiting for the issuing thread, with the group it runs on.
@@ -88,6 +89,8 @@ impl Shared {
 /// The issuing thread, started by the first collective and stopped when the last handle goes.
 struct Issuer {
     shared: Arc<Shared>,
+    /// The rank's collectives and device synchronisations, counted as they are issued.
+    counters: Arc<RankCounters>,
     /// The name the thread gets (it carries the rank).
     name: String,
     thread: Mutex<Started>,
@@ -191,11 +194,19 @@ impl<B: Backend> OrderedComm<B> {
         OrderedComm {
             issuer: Arc::new(Issuer {
                 shared,
+                counters: Arc::new(RankCounters::default()),
                 name: format!("burn-zero-issue-{}", inner.rank()),
                 thread: Mutex::new(Started::Not),
             }),
             inner,
         }
+    }
+
+    /// The rank's counts: every collective issued through this thread, by kind, and the
+    /// device synchronisation before each. Other parts of the rank (the gradient reducer, the
+    /// optimizer) count theirs here too.
+    pub fn counters(&self) -> &Arc<RankCounters> {
+        &self.issuer.counters
     }
 
     /// Whether `other` is a handle on the same issuing thread (a clone, or a group split from
@@ -345,6 +356,7 @@ impl<B: Backend> Reservation<B> {
     /// it: on backends with a queue per thread (cubecl's wgpu and CUDA streams) the issuing
     /// thread must not read a buffer that is still being written. A no-op on CPU backends.
     fn settle(&self, input: &Tensor<B, 1>) -> Result<(), CommError> {
+        self.open.issuer.counters.sync();
         B::sync(&input.device()).map_err(|error| {
             // This position will be skipped: end the group rather than let the other ranks
             // pair their collective with this rank's next one.
@@ -363,9 +375,14 @@ impl<B: Backend> Reservation<B> {
     /// its order however late it reads the result. Dropping the [`Pending`] discards the
     /// result (the collective still runs, as on every other rank).
     pub fn all_gather_later(self, block: Tensor<B, 1>) -> Result<Pending<Tensor<B, 1>>, CommError> {
+        self.count(CollectiveKind::AllGather);
         self.settle(&block)?;
         let result = self.push(move |comm| comm.all_gather(block))?;
         Ok(Pending { result })
+    }
+
+    fn count(&self, kind: CollectiveKind) {
+        self.open.issuer.counters.collective(kind);
     }
 
     /// Queues `collective` on the issuing thread, in this reservation's position; its result
@@ -434,38 +451,45 @@ impl<B: Backend> Communicator<B> for Reservation<B> {
     }
 
     fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        self.count(CollectiveKind::AllGather);
         self.settle(&block)?;
         self.submit(move |comm| comm.all_gather(block))
     }
 
     fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.count(CollectiveKind::ReduceScatter);
         self.settle(&input)?;
         self.submit(move |comm| comm.reduce_scatter(input, op))
     }
 
     fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.count(CollectiveKind::AllReduce);
         self.settle(&input)?;
         self.submit(move |comm| comm.all_reduce(input, op))
     }
 
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
+        self.count(CollectiveKind::Other);
         self.settle(&buffer)?;
         self.submit(move |comm| comm.broadcast(buffer, root))
     }
 
     fn barrier(&self) -> Result<(), CommError> {
+        self.count(CollectiveKind::Other);
         self.submit(|comm| comm.barrier())
     }
 
     /// A duplicate runs in this reservation's position on the engine; its own collectives
     /// are then outside the ordering (the engine's duplicate is returned).
     fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        self.count(CollectiveKind::Other);
         self.submit(|comm| comm.duplicate())
     }
 
     /// The split runs in this reservation's position on the engine; the engine's new group is
     /// returned (outside the ordering; [`OrderedComm`]'s split orders it).
     fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        self.count(CollectiveKind::Other);
         self.submit(move |comm| comm.split(color))
     }
 

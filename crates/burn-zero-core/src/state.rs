@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use burn_zero_comm::{Communicator, RankContext};
+use burn_zero_comm::{Communicator, Counts, RankContext};
 
 use crate::backend::Zero;
 use crate::config::ZeroConfig;
@@ -69,7 +69,8 @@ impl<B: Backend> ZeroState<B> {
             .shard_group_size_for(ctx.world_size())
             .map_err(ZeroError::InvalidConfig)?;
         let groups = Groups::split(ctx.comm().clone(), shard_size)?;
-        let store = ParamStore::new(groups, None, ctx.device().clone(), config);
+        let counters = ctx.ordered().counters().clone();
+        let store = ParamStore::new(groups, None, ctx.device().clone(), config, counters);
         store.set_table(ParamTable::default());
         Ok(Self::register(GradientReducer::new(
             Arc::new(store),
@@ -174,6 +175,13 @@ impl<B: Backend> ZeroState<B> {
     /// those a prefetch had issued, and the time the training thread waited for them.
     pub fn gather_stats(&self) -> GatherStats {
         self.store.gather_stats()
+    }
+
+    /// This rank's counts since it started — collectives by kind, device synchronisations,
+    /// host reads — for every module sharded on its context: two snapshots subtract to the
+    /// counts of the steps between them.
+    pub fn counts(&self) -> Counts {
+        self.store.counters().snapshot()
     }
 
     /// Gradient-reduction statistics of the last backward pass.

@@ -159,13 +159,7 @@ impl<B: Backend> GradientReducer<B> {
         pass.start();
         match (&mut pass.thread, grad) {
             (Some(thread), ZeroTensor::Local(grad)) => {
-                // The thread reads the gradient from its own stream on cubecl backends.
-                if let Err(error) = B::sync(store.device()) {
-                    panic!(
-                        "burn-zero: rank {} could not finish a gradient on its device: {error}",
-                        store.rank()
-                    );
-                }
+                // The thread finishes the device's work once per bucket before reading it.
                 thread.submit(key, grad, bytes);
                 // Autodiff's container no longer keeps the full gradient alive.
                 let placeholder = pass

@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
-use burn_zero_comm::{CommError, Communicator, Reservation};
+use burn_zero_comm::{CommError, Communicator, RankCounters, Reservation};
 
 use crate::memory::MemoryTracker;
 use crate::reduce::bucket::{Bucket, ReduceError, Reduction};
@@ -69,6 +69,9 @@ pub(crate) struct CommThread<B: Backend> {
     handed: HashSet<usize>,
     /// The next bucket without a position.
     next: usize,
+    /// The device the gradients are on, and the rank's counts.
+    device: B::Device,
+    counters: Arc<RankCounters>,
 }
 
 impl<B: Backend> CommThread<B> {
@@ -80,6 +83,7 @@ impl<B: Backend> CommThread<B> {
         device: B::Device,
         predivide: f64,
         memory: Arc<MemoryTracker>,
+        counters: Arc<RankCounters>,
     ) -> std::io::Result<Self> {
         let (jobs, inbox) = channel::<Job<B>>();
         let (outbox, finished) = channel::<Finished<B>>();
@@ -88,9 +92,11 @@ impl<B: Backend> CommThread<B> {
             .iter()
             .map(|bucket| bucket.members.iter().map(|m| m.key).collect())
             .collect();
+        let thread_device = device.clone();
         let thread = std::thread::Builder::new()
             .name(format!("burn-zero-reduce-{rank}"))
             .spawn(move || {
+                let device = thread_device;
                 let work = Work {
                     device: &device,
                     predivide,
@@ -106,22 +112,42 @@ impl<B: Backend> CommThread<B> {
             members,
             handed: HashSet::new(),
             next: 0,
+            device,
+            counters,
         })
     }
 
-    /// Hands over parameter `key`'s final gradient. The caller has finished writing it on its
-    /// device (the thread reads it from its own stream). When this completes the next
-    /// bucket(s), their positions in the rank's order are taken here, on the caller's thread.
+    /// Hands over parameter `key`'s final gradient, written on the caller's thread. When this
+    /// completes the next bucket(s), the caller's pending work on the device is finished once
+    /// (the thread reads the bucket's gradients from its own stream on cubecl backends) and
+    /// their positions in the rank's order are taken here, on the caller's thread: one device
+    /// synchronisation per bucket, not one per gradient.
     pub fn submit(&mut self, key: usize, grad: B::FloatTensorPrimitive, bytes: usize) {
         self.send(Job::Gradient { key, grad, bytes });
         self.handed.insert(key);
-        while self
-            .members
-            .get(self.next)
-            .is_some_and(|keys| keys.iter().all(|key| self.handed.contains(key)))
-        {
+        let complete = |this: &Self| {
+            this.members
+                .get(this.next)
+                .is_some_and(|keys| keys.iter().all(|key| this.handed.contains(key)))
+        };
+        if complete(self) {
+            self.settle();
+        }
+        while complete(self) {
             self.reserve_next();
         }
+    }
+
+    /// Finishes the caller's pending work on the device before the thread reads what it was
+    /// handed. A no-op on CPU backends.
+    fn settle(&self) {
+        if let Err(error) = B::sync(&self.device) {
+            panic!(
+                "burn-zero: rank {} could not finish its gradients on its device: {error}",
+                self.order.shard.rank()
+            );
+        }
+        self.counters.sync();
     }
 
     /// Takes the next bucket's position and hands it to the thread.
@@ -152,6 +178,9 @@ impl<B: Backend> CommThread<B> {
     /// Takes the positions of the buckets still open: the pass is over, so they are reduced
     /// zero-filled where this rank has no gradient.
     pub fn reserve_rest(&mut self) {
+        if self.next < self.members.len() {
+            self.settle();
+        }
         while self.next < self.members.len() {
             self.reserve_next();
         }

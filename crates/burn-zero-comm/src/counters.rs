@@ -1,0 +1,111 @@
+//! `RankCounters`: what one rank's training asks of its device and its peers — collectives by
+//! kind, device synchronisations, reads of device memory back to the host.
+//!
+//! On CPU ranks none of these cost much; on a GPU each is a latency the step pays (a
+//! collective's launch and its wait, a synchronisation that drains the stream, a host read
+//! that waits for the value). They are counted where burn-zero issues them — the rank's
+//! issuing thread for collectives and the synchronisation before each, the gradient reducer,
+//! the optimizer's host reads — so a count per step is exact on any machine, and a target on
+//! it holds on a GPU too.
+
+use std::ops::Sub;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The kinds of collectives counted apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CollectiveKind {
+    /// All-gather (parameter gathers, prefetches, agreements).
+    AllGather,
+    /// Reduce-scatter (sharded gradient buckets).
+    ReduceScatter,
+    /// All-reduce (replicated gradient buckets, clipping norms, loss means).
+    AllReduce,
+    /// Broadcast, barrier, duplicate and split.
+    Other,
+}
+
+/// One rank's counts since it started, updated by every thread of the rank.
+#[derive(Debug, Default)]
+pub struct RankCounters {
+    all_gathers: AtomicU64,
+    reduce_scatters: AtomicU64,
+    all_reduces: AtomicU64,
+    other_collectives: AtomicU64,
+    syncs: AtomicU64,
+    host_reads: AtomicU64,
+}
+
+impl RankCounters {
+    /// Counts one collective of `kind`.
+    pub fn collective(&self, kind: CollectiveKind) {
+        let counter = match kind {
+            CollectiveKind::AllGather => &self.all_gathers,
+            CollectiveKind::ReduceScatter => &self.reduce_scatters,
+            CollectiveKind::AllReduce => &self.all_reduces,
+            CollectiveKind::Other => &self.other_collectives,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one device synchronisation (a wait for the device's queued work).
+    pub fn sync(&self) {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one read of device memory back to the host.
+    pub fn host_read(&self) {
+        self.host_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts now; two snapshots subtract to the counts between them.
+    pub fn snapshot(&self) -> Counts {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        Counts {
+            all_gathers: load(&self.all_gathers),
+            reduce_scatters: load(&self.reduce_scatters),
+            all_reduces: load(&self.all_reduces),
+            other_collectives: load(&self.other_collectives),
+            syncs: load(&self.syncs),
+            host_reads: load(&self.host_reads),
+        }
+    }
+}
+
+/// Counts of one rank, since it started or between two snapshots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    /// All-gathers.
+    pub all_gathers: u64,
+    /// Reduce-scatters.
+    pub reduce_scatters: u64,
+    /// All-reduces.
+    pub all_reduces: u64,
+    /// Broadcasts, barriers, duplicates and splits.
+    pub other_collectives: u64,
+    /// Device synchronisations.
+    pub syncs: u64,
+    /// Reads of device memory back to the host.
+    pub host_reads: u64,
+}
+
+impl Counts {
+    /// Collectives of every kind.
+    pub fn collectives(&self) -> u64 {
+        self.all_gathers + self.reduce_scatters + self.all_reduces + self.other_collectives
+    }
+}
+
+impl Sub for Counts {
+    type Output = Counts;
+
+    fn sub(self, earlier: Counts) -> Counts {
+        Counts {
+            all_gathers: self.all_gathers - earlier.all_gathers,
+            reduce_scatters: self.reduce_scatters - earlier.reduce_scatters,
+            all_reduces: self.all_reduces - earlier.all_reduces,
+            other_collectives: self.other_collectives - earlier.other_collectives,
+            syncs: self.syncs - earlier.syncs,
+            host_reads: self.host_reads - earlier.host_reads,
+        }
+    }
+}
