@@ -3,6 +3,8 @@
 use burn::config::Config;
 use burn::tensor::DType;
 
+use crate::chunk::ChunkSize;
+
 /// How [`crate::shard`] partitions a module and how the decorator gathers it.
 ///
 /// A Burn [`Config`]: it serialises to JSON (`save`/`load`) and builds with `ZeroConfig::new()`
@@ -79,6 +81,15 @@ pub struct ZeroConfig {
     /// gathers on demand, and is recorded anew. 0 (the default) gathers on demand only.
     #[config(default = 0)]
     pub prefetch: usize,
+    /// How parameters are grouped into chunks, the unit that is gathered (stage 3), reduced and
+    /// stepped: a few large collectives instead of one per parameter (ColossalAI Gemini's
+    /// chunks, FSDP2's parameter groups). Parameters are packed in module visit order; frozen
+    /// and trainable parameters, sharded and replicated ones, and different dtypes never share
+    /// a chunk. With chunks, gradients are reduced one chunk at a time and `bucket_size_mb` is
+    /// not used. [`ChunkSize::PerParameter`] keeps one parameter per chunk and gradient buckets
+    /// of `bucket_size_mb`.
+    #[config(default = "ChunkSize::PerParameter")]
+    pub chunk_size: ChunkSize,
 }
 
 impl ZeroConfig {
@@ -129,6 +140,7 @@ impl ZeroConfig {
                 self.stage
             ));
         }
+        self.chunk_size.validate(1)?;
         if !self.bucket_size_mb.is_finite() {
             return Err(format!(
                 "bucket_size_mb must be finite, not {}",

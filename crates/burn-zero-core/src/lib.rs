@@ -4,6 +4,8 @@
 //!
 //! Module map (each module uses only those listed before it; `docs/architecture.md` draws the
 //! tree and a test checks the order):
+//! - [`chunk`]: the chunk layout — which parameters are gathered, reduced and stepped
+//!   together — and each rank's padded block of a tensor.
 //! - [`config`], [`error`], [`memory`], [`view`]: the configuration, errors, memory
 //!   accounting and lazy view ops.
 //! - [`store`]: the parameter store — table, gathers and their cache, blocks, memory —
@@ -17,6 +19,7 @@
 //! - [`shard()`]: sharding a module, and unsharding it.
 
 pub mod backend;
+pub mod chunk;
 pub mod config;
 pub mod error;
 pub mod memory;
@@ -29,6 +32,7 @@ pub mod tensor;
 pub mod view;
 
 pub use backend::Zero;
+pub use chunk::{ChunkSearch, ChunkSize};
 pub use config::ZeroConfig;
 pub use error::ZeroError;
 pub use memory::{MemoryKind, MemoryReport, Usage};

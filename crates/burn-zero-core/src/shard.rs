@@ -9,6 +9,7 @@ use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::{CommError, RankContext, agree};
 
 use crate::backend::Zero;
+use crate::chunk::{ChunkLayout, ChunkParam, SearchLimits};
 use crate::config::ZeroConfig;
 use crate::error::ZeroError;
 use crate::memory::MemoryKind;
@@ -78,6 +79,7 @@ where
         prefetch_on,
         ctx.device().clone(),
         config.clone(),
+        ctx.ordered().counters().clone(),
     ));
     let mut sharder = Sharder {
         store: store.clone(),
@@ -96,27 +98,18 @@ where
     }
     let params_sharded = sharder.next_key;
     store.set_table(sharder.table);
-    let params = store.params();
-    let buckets = bucket::layout(
-        // Reduction order: the reverse of the visit order, as backward produces gradients.
-        // Frozen parameters have no gradient to reduce.
-        &params
-            .iter()
-            .rev()
-            .filter(|info| info.trainable)
-            .cloned()
-            .collect::<Vec<_>>(),
-        |info| {
-            if store.gradient_is_sharded(info.key) {
-                Mode::ReduceScatter
-            } else {
-                Mode::AllReduce
-            }
-        },
-        store.world_size(),
-        config.bucket_size_mb * (1u64 << 20) as f64,
-        config.reduce_dtype,
-    );
+    let chunks = chunk_layout(&store, config)?;
+    let buckets = if chunks.is_per_parameter() {
+        per_parameter_buckets(&store, config)
+    } else {
+        let params = store.params();
+        bucket::from_chunks(
+            &chunks,
+            |key| params[key].shape.clone(),
+            config.reduce_dtype,
+        )
+    };
+    store.set_chunks(chunks);
     let thread = if let Some(ordered) = ordered.filter(|_| config.overlaps_reduction()) {
         let thread = CommThread::spawn(
             ordered,
@@ -124,6 +117,7 @@ where
             store.device().clone(),
             config.gradient_predivide_factor,
             store.memory_handle(),
+            store.counters().clone(),
         )
         .map_err(|error| {
             ZeroError::Comm(CommError::InvalidGroup(format!(
@@ -141,6 +135,86 @@ where
         "module sharded"
     );
     Ok((module, state))
+}
+
+/// The chunk layout of the store's parameters under `config`, the same on every rank (checked:
+/// a rank whose configuration packs differently would pair other tensors in its collectives).
+fn chunk_layout<B: Backend>(
+    store: &ParamStore<B>,
+    config: &ZeroConfig,
+) -> Result<ChunkLayout, ZeroError> {
+    let ranks = store.world_size();
+    config
+        .chunk_size
+        .validate(ranks)
+        .map_err(ZeroError::InvalidConfig)?;
+    let params: Vec<ChunkParam> = store
+        .params()
+        .iter()
+        .map(|info| ChunkParam {
+            key: info.key,
+            numel: info.shape.num_elements(),
+            dtype: info.dtype,
+            trainable: info.trainable,
+            sharded: store.gradient_is_sharded(info.key),
+        })
+        .collect();
+    let limits = SearchLimits {
+        ranks,
+        gather_budget_bytes: config.max_live_gathered_bytes,
+        prefetch: if config.prefetches() {
+            config.prefetch
+        } else {
+            0
+        },
+    };
+    let layout = config.chunk_size.layout(&params, &limits);
+    let digest = layout.digest();
+    let mine = [
+        digest >> 48,
+        (digest >> 32) & 0xFFFF,
+        (digest >> 16) & 0xFFFF,
+        digest & 0xFFFF,
+    ]
+    .map(|part| part as f32);
+    let all = agree::exchange(store.groups().world.as_ref(), store.device(), &mine)?;
+    if let Some(other) = all.iter().position(|theirs| theirs.as_slice() != mine) {
+        return Err(ZeroError::InvalidConfig(format!(
+            "rank {} and rank {other} pack the parameters into different chunks ({} chunks \
+             here): ZeroConfig::chunk_size must be the same on every rank",
+            store.groups().world.rank(),
+            layout.chunks().len()
+        )));
+    }
+    Ok(layout)
+}
+
+/// One gradient bucket per `bucket_size_mb` of trainable parameters, in reduction order (the
+/// reverse of the visit order, as backward produces gradients): the layout without chunks.
+fn per_parameter_buckets<B: Backend>(
+    store: &ParamStore<B>,
+    config: &ZeroConfig,
+) -> Vec<bucket::Bucket> {
+    let params = store.params();
+    bucket::layout(
+        // Frozen parameters have no gradient to reduce.
+        &params
+            .iter()
+            .rev()
+            .filter(|info| info.trainable)
+            .cloned()
+            .collect::<Vec<_>>(),
+        |info| {
+            if store.gradient_is_sharded(info.key) {
+                Mode::ReduceScatter
+            } else {
+                Mode::AllReduce
+            }
+        },
+        store.world_size(),
+        config.bucket_size_mb * (1u64 << 20) as f64,
+        config.reduce_dtype,
+    )
 }
 
 /// Gathers every sharded parameter of `module` back into an ordinary tensor (a collective:

@@ -23,6 +23,7 @@ use burn_zero_kernels::{
     BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, RowPart, unpack_row,
 };
 
+use crate::chunk::{Chunk, ChunkKind, ChunkLayout};
 use crate::memory::{MemoryKind, MemoryTracker};
 use crate::store::{BlockLayout, ParamInfo};
 
@@ -139,6 +140,43 @@ pub(crate) fn layout(
         buckets.push(bucket);
     }
     buckets
+}
+
+/// One bucket per trainable chunk, in the order backward completes them (descending first
+/// member: backward finishes parameters in roughly reverse visit order, and a chunk is
+/// complete once its first member's gradient is). A bucket's members are its chunk's, in the
+/// chunk's order, so a reduce-scatter leaves each rank exactly its shard of the chunk's
+/// gradient, laid out as the chunk's shard.
+pub(crate) fn from_chunks(
+    layout: &ChunkLayout,
+    shapes: impl Fn(usize) -> Shape,
+    reduce_dtype: Option<DType>,
+) -> Vec<Bucket> {
+    let mut chunks: Vec<&Chunk> = layout.chunks().iter().filter(|c| c.trainable).collect();
+    chunks.sort_by_key(|c| std::cmp::Reverse(c.first_key()));
+    chunks
+        .into_iter()
+        .map(|chunk| Bucket {
+            mode: match chunk.kind {
+                ChunkKind::Sharded => Mode::ReduceScatter,
+                ChunkKind::Replicated => Mode::AllReduce,
+            },
+            reduce_dtype: reduce_dtype.unwrap_or(chunk.dtype),
+            members: chunk
+                .members
+                .iter()
+                .map(|member| Member {
+                    key: member.key,
+                    shape: shapes(member.key),
+                    dtype: chunk.dtype,
+                    len: member.block_len,
+                    offset: member.offset,
+                })
+                .collect(),
+            len: chunk.shard_len,
+            pool: BufferPool::default(),
+        })
+        .collect()
 }
 
 /// What reducing a bucket needs: the communicators and device of the thread that reduces, the

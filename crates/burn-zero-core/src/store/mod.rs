@@ -1,7 +1,6 @@
 //! The parameter store: what one rank holds of a sharded module's parameters, and how it gets
 //! the full values back.
 //!
-//! - [`layout`]: [`BlockLayout`], where each rank's padded block of a flat tensor lies.
 //! - [`table`]: what the store knows of each parameter (key, path, shape, dtype).
 //! - `cache`: the bounded cache of gathered parameters.
 //! - [`block`]: a rank's block of one tensor, owned memory that can be released.
@@ -12,21 +11,21 @@
 //! - [`param`]: [`ShardedParam`], a handle on one block that points to its store.
 //! - `prefetch`: the recorded gather order of a pass and the gathers issued ahead of use.
 //!
-//! Dependencies run one way: `param` → `param_store` → `block`, `cache`, `groups`, `layout`,
-//! `prefetch`, `table`.
+//! Dependencies run one way: `param` → `param_store` → `block`, `cache`, `groups`, `prefetch`,
+//! `table`. Where each rank's padded block of a tensor lies is [`crate::chunk::BlockLayout`]'s.
 
 pub mod block;
 mod cache;
 pub mod groups;
-pub mod layout;
 pub mod param;
 pub mod param_store;
 pub(crate) mod prefetch;
 pub mod table;
 
+/// Where each rank's padded block of a flat tensor lies (defined with the chunk layout).
+pub use crate::chunk::BlockLayout;
 pub use block::Block;
 pub use groups::Groups;
-pub use layout::BlockLayout;
 pub use param::{ShardRole, ShardedParam};
 pub use param_store::ParamStore;
 pub use prefetch::GatherStats;

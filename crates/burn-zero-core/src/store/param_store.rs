@@ -8,16 +8,16 @@ use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::DistributedParamId;
-use burn::tensor::{DType, Shape, Slice, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Shape, Slice, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::sync::lock;
-use burn_zero_comm::{CommError, Communicator, OrderedComm};
+use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
 
+use crate::chunk::{BlockLayout, Chunk, ChunkKind, ChunkLayout};
 use crate::config::ZeroConfig;
 use crate::memory::{MemoryKind, MemoryReport, MemoryTracker};
 use crate::store::block::Block;
 use crate::store::cache::GatherCache;
 use crate::store::groups::Groups;
-use crate::store::layout::BlockLayout;
 use crate::store::prefetch::{GatherStats, InFlight, Prefetcher};
 use crate::store::table::{ParamInfo, ParamTable};
 
@@ -32,6 +32,8 @@ pub struct ParamStore<B: Backend> {
     memory: Arc<MemoryTracker>,
     /// Set once, when sharding has visited every parameter.
     table: OnceLock<ParamTable>,
+    /// Which parameters are gathered and reduced together; set once, after the table.
+    chunks: OnceLock<ChunkLayout>,
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
     live: Mutex<LiveBlocks<B>>,
     /// The gather order and the gathers issued ahead of use.
@@ -39,6 +41,9 @@ pub struct ParamStore<B: Backend> {
     /// The shard group behind the rank's issuing thread, where prefetches take their
     /// positions (`None` without prefetch).
     ordered: Option<OrderedComm<B>>,
+    /// The rank's collectives, device synchronisations and host reads (shared with its issuing
+    /// thread and every module sharded on it).
+    counters: Arc<RankCounters>,
 }
 
 /// The current block (and its version) of each sharded parameter and the keys an optimizer
@@ -68,6 +73,7 @@ impl<B: Backend> ParamStore<B> {
         ordered: Option<OrderedComm<B>>,
         device: B::Device,
         config: ZeroConfig,
+        counters: Arc<RankCounters>,
     ) -> Self {
         let depth = match &ordered {
             Some(_) if config.prefetches() => config.prefetch,
@@ -76,12 +82,14 @@ impl<B: Backend> ParamStore<B> {
         Self {
             prefetch: Mutex::new(Prefetcher::new(depth)),
             ordered,
+            counters,
             device,
             cache: Mutex::new(GatherCache::new(config.max_live_gathered_bytes)),
             groups,
             config,
             memory: Arc::new(MemoryTracker::default()),
             table: OnceLock::new(),
+            chunks: OnceLock::new(),
             live: Mutex::new(LiveBlocks {
                 blocks: HashMap::new(),
                 mastered: HashSet::new(),
@@ -98,6 +106,22 @@ impl<B: Backend> ParamStore<B> {
 
     fn table(&self) -> Option<&ParamTable> {
         self.table.get()
+    }
+
+    /// Fixes the chunk layout (once: a second call is ignored).
+    pub(crate) fn set_chunks(&self, chunks: ChunkLayout) {
+        if self.chunks.set(chunks).is_err() {
+            tracing::warn!("the chunk layout of a sharded module was set twice");
+        }
+    }
+
+    /// The chunk layout: which parameters are gathered, reduced and stepped together (empty
+    /// until the module is sharded).
+    pub fn chunks(&self) -> &ChunkLayout {
+        static EMPTY: OnceLock<ChunkLayout> = OnceLock::new();
+        self.chunks
+            .get()
+            .unwrap_or_else(|| EMPTY.get_or_init(ChunkLayout::default))
     }
 
     /// This rank within the ranks its tensors are sharded over (its shard group; the job's
@@ -142,6 +166,11 @@ impl<B: Backend> ParamStore<B> {
     /// The configuration the module was sharded with.
     pub fn config(&self) -> &ZeroConfig {
         &self.config
+    }
+
+    /// The rank's counts of collectives, device synchronisations and host reads.
+    pub fn counters(&self) -> &Arc<RankCounters> {
+        &self.counters
     }
 
     /// Live memory counters.
@@ -231,6 +260,9 @@ impl<B: Backend> ParamStore<B> {
     /// `version`): from the cache, from a prefetch, or all-gathered now (and cached if it
     /// fits). `parameter`: a module parameter's values, whose gathers follow the recorded
     /// order and may be prefetched (not a gradient, not a tensor outside the module).
+    ///
+    /// A parameter that shares a sharded chunk with others is gathered with its whole chunk:
+    /// one all-gather for every member, each member then cut out of it and cached.
     pub(crate) fn gather(
         &self,
         key: usize,
@@ -258,8 +290,6 @@ impl<B: Backend> ParamStore<B> {
             }
             return hit;
         }
-        let numel = shape.num_elements();
-        let bytes = numel * block.dtype().size();
         let started = Instant::now();
         let ahead = if prefetching {
             lock(&self.prefetch).take(key, version)
@@ -267,41 +297,34 @@ impl<B: Backend> ParamStore<B> {
             None
         };
         let prefetched = ahead.is_some();
-        let full = match ahead {
-            Some(ahead) => {
+        let chunk = self.gathered_chunk(key, parameter);
+        let gathered = match (ahead, chunk) {
+            (Some(ahead), _) => {
                 self.memory.sub(MemoryKind::Gathered, ahead.bytes);
-                ahead
-                    .pending
-                    .wait()
-                    .map(|full| full_tensor::<B>(full.into_primitive().tensor(), shape))
+                let members = ahead.members.clone();
+                ahead.pending.wait().map(|raw| (raw, members))
             }
-            None => {
+            (None, Some(chunk)) => {
+                self.chunk_shard(chunk, key, version, block)
+                    .and_then(|(shard, members)| {
+                        self.comm().all_gather(shard).map(|raw| (raw, members))
+                    })
+            }
+            (None, None) => {
                 let values = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(block.values()));
-                self.all_gather_full(values, shape)
+                self.comm()
+                    .all_gather(values)
+                    .map(|raw| (raw, vec![(key, version)]))
             }
         };
-        let full = full.unwrap_or_else(|error| {
-            let path = self
-                .table()
-                .and_then(|table| table.get(key))
-                .map(|info| info.path.clone())
-                .unwrap_or_default();
-            panic!(
-                "burn-zero: rank {} could not gather parameter #{key} `{path}`: {error}",
-                self.rank(),
-            )
-        });
+        let full = gathered
+            .map(|(raw, members)| self.cut_out(raw, &members, key, shape, caching))
+            .unwrap_or_else(|error| self.gather_failed(key, error));
         if parameter {
             let mut prefetch = lock(&self.prefetch);
             prefetch.stats.gathers += 1;
             prefetch.stats.prefetched += u64::from(prefetched);
             prefetch.stats.exposed += started.elapsed();
-        }
-        self.memory.touch(MemoryKind::Gathered, bytes);
-        if caching && bytes <= self.config.max_live_gathered_bytes {
-            let evicted = lock(&self.cache).insert(version, full.clone(), bytes);
-            self.memory.add(MemoryKind::Gathered, bytes);
-            self.memory.sub(MemoryKind::Gathered, evicted);
         }
         if prefetching {
             self.prefetch_ahead();
@@ -309,9 +332,134 @@ impl<B: Backend> ParamStore<B> {
         full
     }
 
+    /// The sharded chunk parameter `key` is gathered with, when it shares one with others.
+    fn gathered_chunk(&self, key: usize, parameter: bool) -> Option<&Chunk> {
+        let (chunk, _) = self.chunks().place(key)?;
+        (parameter && chunk.kind == ChunkKind::Sharded && chunk.members.len() > 1).then_some(chunk)
+    }
+
+    /// This rank's shard of `chunk`: its members' current blocks one after the other
+    /// (`block` at `version` for member `key`), with each member's key and shard version.
+    #[allow(clippy::type_complexity)]
+    fn chunk_shard(
+        &self,
+        chunk: &Chunk,
+        key: usize,
+        version: u64,
+        block: &Block<B>,
+    ) -> Result<(Tensor<B, 1>, Vec<(usize, u64)>), CommError> {
+        let live = lock(&self.live);
+        let mut parts = Vec::with_capacity(chunk.members.len());
+        let mut members = Vec::with_capacity(chunk.members.len());
+        for member in &chunk.members {
+            let values = if member.key == key {
+                members.push((key, version));
+                block.values()
+            } else {
+                let current = live.blocks.get(&member.key).and_then(|(block, version)| {
+                    Some((block.upgrade().filter(|b| !b.is_released())?, *version))
+                });
+                let Some((block, version)) = current else {
+                    return Err(CommError::InvalidGroup(format!(
+                        "parameter #{} of the chunk being gathered has no values on this rank \
+                         (freed for the optimizer step by reuse_fp16_shard)",
+                        member.key
+                    )));
+                };
+                members.push((member.key, version));
+                block.values()
+            };
+            parts.push(Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(
+                values,
+            )));
+        }
+        Ok((Tensor::cat(parts, 0), members))
+    }
+
+    /// Cuts every member out of an all-gather's result `raw` (one member, or a chunk of
+    /// `members` at their shard versions), caches those that fit when `caching`, and returns
+    /// parameter `key`'s full tensor of `shape`.
+    fn cut_out(
+        &self,
+        raw: Tensor<B, 1>,
+        members: &[(usize, u64)],
+        key: usize,
+        shape: &Shape,
+        caching: bool,
+    ) -> B::FloatTensorPrimitive {
+        let raw = raw.into_primitive().tensor();
+        let limit = self.config.max_live_gathered_bytes;
+        if let [(_, version)] = members {
+            let full = full_tensor::<B>(raw, shape);
+            self.cache_gathered(*version, &full, shape, caching && limit > 0);
+            return full;
+        }
+        let table = self.table();
+        let chunk = self
+            .chunks()
+            .place(key)
+            .map(|(chunk, _)| chunk)
+            .expect("a chunk gather is of a parameter in a chunk");
+        let ranks = self.world_size();
+        let rows = B::float_reshape(raw, Shape::new([ranks, chunk.shard_len]));
+        let mut wanted = None;
+        for (member, &(member_key, version)) in chunk.members.iter().zip(members) {
+            let member_shape = match table.and_then(|t| t.get(member_key)) {
+                Some(info) => info.shape.clone(),
+                None => continue,
+            };
+            let blocks = B::float_slice(
+                rows.clone(),
+                &[
+                    Slice::from(0..ranks),
+                    Slice::from(member.offset..member.offset + member.block_len),
+                ],
+            );
+            let flat = B::float_reshape(blocks, Shape::new([ranks * member.block_len]));
+            let full = full_tensor::<B>(flat, &member_shape);
+            self.cache_gathered(version, &full, &member_shape, caching);
+            if member_key == key {
+                wanted = Some(full);
+            }
+        }
+        wanted.expect("the requested parameter is a member of its chunk")
+    }
+
+    /// Counts a gathered tensor's bytes and keeps it in the cache when caching and it fits.
+    fn cache_gathered(
+        &self,
+        version: u64,
+        full: &B::FloatTensorPrimitive,
+        shape: &Shape,
+        caching: bool,
+    ) {
+        let bytes = shape.num_elements() * full.dtype().size();
+        self.memory.touch(MemoryKind::Gathered, bytes);
+        if caching && bytes <= self.config.max_live_gathered_bytes {
+            let evicted = lock(&self.cache).insert(version, full.clone(), bytes);
+            self.memory.add(MemoryKind::Gathered, bytes);
+            self.memory.sub(MemoryKind::Gathered, evicted);
+        }
+    }
+
+    /// A gather that failed cannot return an error through Burn's op traits: the rank stops,
+    /// naming the parameter.
+    fn gather_failed(&self, key: usize, error: CommError) -> ! {
+        let path = self
+            .table()
+            .and_then(|table| table.get(key))
+            .map(|info| info.path.clone())
+            .unwrap_or_default();
+        panic!(
+            "burn-zero: rank {} could not gather parameter #{key} `{path}`: {error}",
+            self.rank(),
+        )
+    }
+
     /// Issues the gathers the recorded order asks for next, up to the prefetch depth, while
     /// the gathered and prefetched parameters fit in `max_live_gathered_bytes` (least
-    /// recently used gathered parameters make room).
+    /// recently used gathered parameters make room). A parameter in a shared chunk is
+    /// prefetched with its chunk.
     fn prefetch_ahead(&self) {
         let Some(ordered) = &self.ordered else { return };
         let Some(table) = self.table() else { return };
@@ -327,6 +475,9 @@ impl<B: Backend> ParamStore<B> {
             })
         };
         for key in upcoming {
+            if prefetch.in_flight(key) {
+                continue;
+            }
             let current = lock(&self.live).blocks.get(&key).cloned();
             let (Some(info), Some((block, version))) = (table.get(key), current) else {
                 break;
@@ -334,14 +485,27 @@ impl<B: Backend> ParamStore<B> {
             let Some(block) = block.upgrade().filter(|block| !block.is_released()) else {
                 break;
             };
-            let bytes = info.shape.num_elements() * info.dtype.size();
+            let (values, members, bytes) = match self.gathered_chunk(key, true) {
+                Some(chunk) => match self.chunk_shard(chunk, key, version, &block) {
+                    Ok((shard, members)) => {
+                        let bytes = chunk.gathered_len(self.world_size()) * info.dtype.size();
+                        (shard, members, bytes)
+                    }
+                    Err(_) => break,
+                },
+                None => {
+                    let values =
+                        Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(block.values()));
+                    let bytes = info.shape.num_elements() * info.dtype.size();
+                    (values, vec![(key, version)], bytes)
+                }
+            };
             let inflight = prefetch.inflight_bytes();
             if inflight + bytes > limit {
                 break;
             }
             let evicted = lock(&self.cache).shrink_to(limit - inflight - bytes);
             self.memory.sub(MemoryKind::Gathered, evicted);
-            let values = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(block.values()));
             let pending = ordered
                 .reserve()
                 .all_gather_later(values)
@@ -354,8 +518,7 @@ impl<B: Backend> ParamStore<B> {
                 });
             self.memory.add(MemoryKind::Gathered, bytes);
             prefetch.issued(InFlight {
-                key,
-                version,
+                members,
                 bytes,
                 pending,
             });

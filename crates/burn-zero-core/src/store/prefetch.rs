@@ -21,10 +21,12 @@ use burn_zero_comm::Pending;
 /// recorded, and the order recorded before it stays.
 const MAX_RECORDED: usize = 1 << 16;
 
-/// A gather running ahead of use.
+/// A gather running ahead of use: of one parameter, or of a chunk of several.
 pub(crate) struct InFlight<B: Backend> {
-    pub key: usize,
-    pub version: u64,
+    /// The parameters it gathers, with the shard version each was gathered at, in the order
+    /// their blocks lie in the gathered tensor.
+    pub members: Vec<(usize, u64)>,
+    /// Bytes it gathers.
     pub bytes: usize,
     pub pending: Pending<Tensor<B, 1>>,
 }
@@ -116,12 +118,13 @@ impl<B: Backend> Prefetcher<B> {
         self.discard()
     }
 
-    /// The in-flight gather of `key` at `version`, if one was issued.
+    /// The in-flight gather of `key` at `version` (of it alone or of its chunk), if one was
+    /// issued.
     pub fn take(&mut self, key: usize, version: u64) -> Option<InFlight<B>> {
         let at = self
             .inflight
             .iter()
-            .position(|f| f.key == key && f.version == version)?;
+            .position(|f| f.members.contains(&(key, version)))?;
         let found = self.inflight.remove(at)?;
         self.inflight_bytes -= found.bytes;
         Some(found)
@@ -143,11 +146,18 @@ impl<B: Backend> Prefetcher<B> {
             if next.len() == room {
                 break;
             }
-            if !cached(key) && !next.contains(&key) && self.inflight.iter().all(|f| f.key != key) {
+            if !cached(key) && !next.contains(&key) && !self.in_flight(key) {
                 next.push(key);
             }
         }
         next
+    }
+
+    /// Whether a gather of `key` (alone or with its chunk) is in flight.
+    pub fn in_flight(&self, key: usize) -> bool {
+        self.inflight
+            .iter()
+            .any(|f| f.members.iter().any(|&(member, _)| member == key))
     }
 
     /// Bytes of gathers in flight.

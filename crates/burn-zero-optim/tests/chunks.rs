@@ -1,0 +1,116 @@
+//! Chunks change which bytes travel together, not one result: training with parameters packed
+//! into chunks (searched, and a small fixed size that splits the model into many) is bitwise
+//! equal to single-rank training with Burn's Adam at 1, 2 and 4 ranks, stages 0–3, and every
+//! rank agrees on the layout.
+
+mod common;
+
+use burn::backend::Flex;
+use burn_zero_core::{ChunkSize, ZeroConfig};
+use burn_zero_testing::base_model_on;
+
+fn with_chunks(chunk_size: ChunkSize) -> Vec<ZeroConfig> {
+    common::configs()
+        .into_iter()
+        .map(|config| config.with_chunk_size(chunk_size))
+        .collect()
+}
+
+#[test]
+fn chunked_training_matches_single_rank_training_bitwise() {
+    let device = Default::default();
+    let base = base_model_on::<Flex>(&device);
+    for chunk_size in [ChunkSize::default_search(), ChunkSize::Elements(256)] {
+        for world_size in [1, 2, 4] {
+            let (want, tolerance) =
+                common::measure_reference::<Flex>(&base, world_size, 10, &device, 2);
+            assert_eq!(tolerance, common::Tolerance::Bitwise);
+            for config in with_chunks(chunk_size) {
+                let got = common::sharded::<Flex>(&base, world_size, 10, &config, &device);
+                let what = format!("{chunk_size:?}, world {world_size}, stage {}", config.stage);
+                common::assert_close(&got, &want, tolerance, &what);
+            }
+        }
+    }
+}
+
+/// One step's collectives at stage 3, as the engine saw them (an independent log) and as the
+/// rank counted them, against the chunk layout: one all-gather per sharded chunk (the gather
+/// cache keeps a chunk from forward to backward), one reduce-scatter per trainable sharded
+/// chunk, one all-reduce per trainable replicated chunk and the barrier that ends backward.
+#[test]
+fn a_step_issues_one_collective_per_chunk_and_counts_them() {
+    use std::sync::Arc;
+
+    use burn::optim::{AdamConfig, GradientsParams};
+    use burn_zero_comm::{RankContext, launch};
+    use burn_zero_core::chunk::ChunkKind;
+    use burn_zero_core::{ZeroError, shard};
+    use burn_zero_optim::ZeroOptimizer;
+    use burn_zero_testing::recording::{CallLog, RecordingComm};
+    use burn_zero_testing::{Train, micro_batch};
+
+    let base = base_model_on::<Flex>(&Default::default());
+    let config = ZeroConfig::new()
+        .with_stage(3)
+        .with_persist_below_numel(12)
+        .with_chunk_size(ChunkSize::Elements(256));
+    let ranks = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+        let log = CallLog::default();
+        let recorder = RecordingComm::new(ctx.engine().clone(), log.clone());
+        let ctx = RankContext::new(*ctx.device(), Arc::new(recorder));
+        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut step = |model, index| {
+            let (tokens, targets) = micro_batch::<Train>(index, ctx.device());
+            let grads = GradientsParams::from_grads(
+                burn_zero_testing::Block::loss(&model, tokens, targets).backward(),
+                &model,
+            );
+            optimizer.step(1e-2, model, grads)
+        };
+        model = step(model, ctx.rank());
+        let (calls, counted) = (log.lock().unwrap().len(), zero.counts());
+        model = step(model, 2 + ctx.rank());
+        let seen: Vec<String> = log.lock().unwrap()[calls..]
+            .iter()
+            .map(|(call, _)| call.split(' ').next().unwrap_or_default().to_string())
+            .collect();
+        let counts = zero.counts() - counted;
+        let chunks = zero.store().chunks().clone();
+        drop(model);
+        Ok((seen, counts, chunks))
+    })
+    .unwrap();
+    for (rank, (seen, counts, chunks)) in ranks.into_iter().enumerate() {
+        let of = |name: &str| seen.iter().filter(|call| *call == name).count() as u64;
+        let sharded = chunks.count(ChunkKind::Sharded) as u64;
+        let trainable = |kind| {
+            chunks
+                .chunks()
+                .iter()
+                .filter(|c| c.kind == kind && c.trainable)
+                .count() as u64
+        };
+        assert!(
+            chunks.chunks().iter().any(|c| c.members.len() > 1),
+            "rank {rank}: the layout must pack several parameters together: {chunks:?}"
+        );
+        assert_eq!(of("all_gather"), sharded, "rank {rank}: gathers: {seen:?}");
+        assert_eq!(
+            of("reduce_scatter"),
+            trainable(ChunkKind::Sharded),
+            "rank {rank}"
+        );
+        assert_eq!(
+            of("all_reduce"),
+            trainable(ChunkKind::Replicated),
+            "rank {rank}"
+        );
+        assert_eq!(of("barrier"), 1, "rank {rank}");
+        assert_eq!(counts.all_gathers, of("all_gather"), "rank {rank}");
+        assert_eq!(counts.reduce_scatters, of("reduce_scatter"), "rank {rank}");
+        assert_eq!(counts.all_reduces, of("all_reduce"), "rank {rank}");
+        assert_eq!(counts.other_collectives, of("barrier"), "rank {rank}");
+    }
+}
