@@ -22,6 +22,7 @@ use burn::tensor::backend::Backend;
 use clap::{ArgAction, Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use burn_zero::ChunkSize;
 #[cfg(feature = "cuda")]
 use burn_zero_gpt::train::cuda;
 use burn_zero_gpt::train::{
@@ -104,6 +105,12 @@ struct Args {
     /// (0: gather on demand).
     #[arg(long, default_value_t = defaults().prefetch)]
     prefetch: usize,
+    /// How parameters are grouped into chunks, each gathered (stage 3) and reduced with one
+    /// collective: `param` (one parameter per chunk, gradients in --bucket-mb buckets),
+    /// `search` (the size searched for the model), or a size in elements (`262144`) or MiB
+    /// (`4MiB`).
+    #[arg(long, default_value = "param", value_parser = parse_chunk_size)]
+    chunk_size: ChunkSize,
     /// Optimizer steps.
     #[arg(long, default_value_t = defaults().steps)]
     steps: usize,
@@ -163,6 +170,7 @@ impl Args {
             persist_below: self.persist_below,
             shard_group_size: self.shard_group_size,
             prefetch: self.prefetch,
+            chunk_size: self.chunk_size,
             steps: self.steps,
             batch_size: self.batch_size,
             accumulation: self.accumulation,
@@ -219,6 +227,34 @@ fn main() {
 }
 
 /// The command-line names of the backend and the dtype.
+/// `--chunk-size`: `param`, `search`, elements, or MiB with the suffix `MiB`.
+fn parse_chunk_size(text: &str) -> Result<ChunkSize, String> {
+    match text {
+        "param" => Ok(ChunkSize::PerParameter),
+        "search" => Ok(ChunkSize::default_search()),
+        _ => {
+            let size = if let Some(mib) = text.strip_suffix("MiB") {
+                mib.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|mib| mib.is_finite() && *mib > 0.0)
+                    .map(ChunkSize::MiB)
+            } else {
+                text.parse::<usize>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .map(ChunkSize::Elements)
+            };
+            size.ok_or_else(|| {
+                format!(
+                    "{text:?} is not a chunk size: give `param`, `search`, a positive number of \
+                     elements or of MiB (`4MiB`)"
+                )
+            })
+        }
+    }
+}
+
 fn names(args: &Args) -> (String, String) {
     let name = |value: Option<clap::builder::PossibleValue>| {
         value.map(|v| v.get_name().to_string()).unwrap_or_default()
@@ -373,6 +409,21 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
     if first.skipped_steps > 0 {
         println!("loss scaler skipped {} step(s)", first.skipped_steps);
     }
+    let counts = first.step_counts;
+    let chunks = first.chunks;
+    println!(
+        "rank 0's last step: {} all-gathers, {} reduce-scatters, {} all-reduces, {} other \
+         collectives; {} device synchronisations; chunks: {} sharded, {} replicated, {} padding \
+         elements per rank",
+        counts.all_gathers,
+        counts.reduce_scatters,
+        counts.all_reduces,
+        counts.other_collectives,
+        counts.syncs,
+        chunks.sharded,
+        chunks.replicated,
+        chunks.padding
+    );
     let gathers = first.gathers;
     if gathers.gathers > 0 {
         println!(
@@ -458,6 +509,9 @@ fn write_report(
                 "trainable_parameters": r.trainable,
                 "reduced_bytes_per_step": r.reduced_bytes,
                 "gathers": r.gathers,
+                "chunk_size": format!("{:?}", config.chunk_size),
+                "chunks": r.chunks,
+                "last_step_counts": r.step_counts,
                 "backend": backend,
                 "precision": precision,
                 "steps": config.steps,

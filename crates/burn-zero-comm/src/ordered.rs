@@ -369,6 +369,28 @@ impl<B: Backend> Reservation<B> {
         })
     }
 
+    /// The engine this reservation's collectives run on (for [`Self::run`]'s work).
+    pub fn engine(&self) -> &Arc<dyn Communicator<B>> {
+        &self.inner
+    }
+
+    /// Runs `work` on the issuing thread in this reservation's position and returns its
+    /// result: work that prepares a collective's input, issues the collective on the engine it
+    /// is given, and takes the output apart, all on one thread — so the input it prepares
+    /// needs no device synchronisation before the collective reads it (what it receives from
+    /// other threads must be finished for any thread already). `kinds` are the collectives
+    /// `work` issues, counted as if issued here.
+    pub fn run<T: Send + 'static>(
+        self,
+        kinds: &[CollectiveKind],
+        work: impl FnOnce(&dyn Communicator<B>) -> Result<T, CommError> + Send + 'static,
+    ) -> Result<T, CommError> {
+        for &kind in kinds {
+            self.count(kind);
+        }
+        self.submit(work)
+    }
+
     /// All-gathers `block` in this reservation's position without waiting for it: the
     /// caller goes on and takes the result later ([`Pending::wait`]). A prefetch: the
     /// position is taken now, in program order, so every rank issues it at the same point of

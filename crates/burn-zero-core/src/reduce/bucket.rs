@@ -18,7 +18,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
-use burn_zero_comm::{CommError, Communicator, ReduceOp};
+use burn_zero_comm::{CollectiveKind, CommError, Communicator, ReduceOp};
 use burn_zero_kernels::{
     BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, RowPart, unpack_row,
 };
@@ -62,6 +62,31 @@ pub(crate) struct Bucket {
 }
 
 impl Bucket {
+    /// What stands in a queue's place for a bucket taken out to be reduced elsewhere.
+    pub fn taken() -> Self {
+        Self {
+            mode: Mode::AllReduce,
+            reduce_dtype: DType::F32,
+            members: Vec::new(),
+            len: 0,
+            pool: BufferPool::default(),
+        }
+    }
+
+    /// The collectives reducing this bucket issues: its own, and with hybrid sharding
+    /// (`across_groups`) the all-reduce across the shard groups.
+    pub fn collectives(&self, across_groups: bool) -> Vec<CollectiveKind> {
+        let own = match self.mode {
+            Mode::ReduceScatter => CollectiveKind::ReduceScatter,
+            Mode::AllReduce => CollectiveKind::AllReduce,
+        };
+        let mut kinds = vec![own];
+        if across_groups {
+            kinds.push(CollectiveKind::AllReduce);
+        }
+        kinds
+    }
+
     /// Bytes of the packed bucket (all rows).
     pub fn bytes(&self, world_size: usize) -> usize {
         let rows = match self.mode {

@@ -70,6 +70,37 @@ impl<B: Backend> BucketQueue<B> {
         })
     }
 
+    /// Takes the next bucket out of the queue with its members' gradients (`None` where this
+    /// rank has none: zeros stand in), freeing their bucket memory, so that it can be reduced
+    /// on another thread; [`Self::restore`] puts it back. `None` when every bucket is done.
+    #[allow(clippy::type_complexity)]
+    pub fn take_next(
+        &mut self,
+        memory: &MemoryTracker,
+    ) -> Option<(usize, Bucket, Vec<Option<B::FloatTensorPrimitive>>)> {
+        let index = self.next;
+        let bucket = self.buckets.get_mut(index)?;
+        self.next += 1;
+        let grads = bucket
+            .members
+            .iter()
+            .map(|member| {
+                self.pending.remove(&member.key).map(|(grad, bytes)| {
+                    memory.sub(MemoryKind::Buckets, bytes);
+                    grad
+                })
+            })
+            .collect();
+        let bucket = std::mem::replace(bucket, Bucket::taken());
+        Some((index, bucket, grads))
+    }
+
+    /// Puts bucket `index` back after [`Self::take_next`] (with the buffers its reduction
+    /// pooled).
+    pub fn restore(&mut self, index: usize, bucket: Bucket) {
+        self.buckets[index] = bucket;
+    }
+
     /// Forgets this pass (after a failure, or when the pass is over) and starts the next.
     pub fn reset(&mut self, memory: &MemoryTracker) {
         for (_, (_, bytes)) in std::mem::take(&mut self.pending) {

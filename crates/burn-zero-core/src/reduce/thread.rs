@@ -23,7 +23,7 @@ use burn::tensor::backend::Backend;
 use burn_zero_comm::{CommError, Communicator, RankCounters, Reservation};
 
 use crate::memory::MemoryTracker;
-use crate::reduce::bucket::{Bucket, ReduceError, Reduction};
+use crate::reduce::bucket::{self, Bucket, ReduceError, Reduction};
 use crate::reduce::queue::{BucketQueue, Reduced};
 use crate::store::groups::OrderedGroups;
 
@@ -92,18 +92,14 @@ impl<B: Backend> CommThread<B> {
             .iter()
             .map(|bucket| bucket.members.iter().map(|m| m.key).collect())
             .collect();
-        let thread_device = device.clone();
+        let work = Work {
+            device: device.clone(),
+            predivide,
+            memory,
+        };
         let thread = std::thread::Builder::new()
             .name(format!("burn-zero-reduce-{rank}"))
-            .spawn(move || {
-                let device = thread_device;
-                let work = Work {
-                    device: &device,
-                    predivide,
-                    memory: &memory,
-                };
-                serve(&work, BucketQueue::new(buckets), &inbox, &outbox);
-            })?;
+            .spawn(move || serve(&work, BucketQueue::new(buckets), &inbox, &outbox))?;
         Ok(Self {
             jobs: Some(jobs),
             finished,
@@ -221,16 +217,16 @@ impl<B: Backend> Drop for CommThread<B> {
 }
 
 /// What the thread reduces with, besides the communicator.
-struct Work<'a, B: Backend> {
-    device: &'a B::Device,
+struct Work<B: Backend> {
+    device: B::Device,
     predivide: f64,
-    memory: &'a MemoryTracker,
+    memory: Arc<MemoryTracker>,
 }
 
-/// The thread's loop: queue gradients, reduce the next bucket in each position it is given,
-/// answer `Finish`.
+/// The thread's loop: queue gradients, have the issuing thread reduce the next bucket in each
+/// position it is given, answer `Finish`.
 fn serve<B: Backend>(
-    work: &Work<'_, B>,
+    work: &Work<B>,
     mut queue: BucketQueue<B>,
     inbox: &Receiver<Job<B>>,
     outbox: &Sender<Finished<B>>,
@@ -244,26 +240,7 @@ fn serve<B: Backend>(
                 replicas,
             } => {
                 if pass.failure.is_none() && !queue.is_done() {
-                    let ctx = Reduction {
-                        comm: &reservation,
-                        replicas: replicas.as_ref().map(|r| r as &dyn Communicator<B>),
-                        device: work.device,
-                        predivide: work.predivide,
-                        memory: work.memory,
-                    };
-                    pass.reduce_next(&ctx, &mut queue);
-                    if let Some(error) = &pass.failure {
-                        // The positions after this one are skipped on this rank: end the
-                        // group so that no rank pairs its next collective with a wrong one.
-                        let reason = format!(
-                            "rank {} could not reduce a gradient bucket: {error}",
-                            reservation.rank()
-                        );
-                        reservation.abort(&reason);
-                        if let Some(replicas) = &replicas {
-                            replicas.abort(&reason);
-                        }
-                    }
+                    pass.reduce_next(work, &mut queue, reservation, replicas);
                 }
             }
             Job::Finish { backward_ended } => {
@@ -272,7 +249,7 @@ fn serve<B: Backend>(
                     .iter()
                     .filter(|&&done| done <= backward_ended)
                     .count();
-                queue.reset(work.memory);
+                queue.reset(&work.memory);
                 let done = std::mem::take(&mut pass);
                 let sent = outbox.send(Finished {
                     reduced: match done.failure {
@@ -311,15 +288,66 @@ impl<B: Backend> Default for Pass<B> {
 }
 
 impl<B: Backend> Pass<B> {
-    fn reduce_next(&mut self, ctx: &Reduction<'_, B>, queue: &mut BucketQueue<B>) {
+    /// Reduces the next bucket in `reservation`'s position (with hybrid sharding, `replicas`
+    /// holds the same position on the replica group). Packing, the collective(s) and unpacking
+    /// all run on the issuing thread: the packed bucket is made on the thread that reads it,
+    /// so the only device synchronisation a bucket costs is the one its last hook made for
+    /// its gradients.
+    fn reduce_next(
+        &mut self,
+        work: &Work<B>,
+        queue: &mut BucketQueue<B>,
+        reservation: Reservation<B>,
+        replicas: Option<Reservation<B>>,
+    ) {
         let started = Instant::now();
-        match queue.reduce_next(ctx) {
-            Ok(reduced) => {
-                self.reduced.push(reduced);
+        let Some((index, bucket, grads)) = queue.take_next(&work.memory) else {
+            return;
+        };
+        let rank = reservation.rank();
+        let engine = reservation.engine().clone();
+        let across = replicas.as_ref().map(|r| r.engine().clone());
+        let kinds = bucket.collectives(across.is_some());
+        let (device, predivide, memory) =
+            (work.device.clone(), work.predivide, work.memory.clone());
+        let outcome = reservation.run(&kinds, move |shard| {
+            let ctx = Reduction {
+                comm: shard,
+                replicas: across.as_deref(),
+                device: &device,
+                predivide,
+                memory: &memory,
+            };
+            let values = bucket::reduce(&ctx, &bucket, grads);
+            Ok((bucket, values))
+        });
+        let result = match outcome {
+            Ok((bucket, values)) => {
+                queue.restore(index, bucket);
+                values
+            }
+            Err(error) => Err(ReduceError::Comm(error)),
+        };
+        match result {
+            Ok(values) => {
+                self.reduced.push(Reduced {
+                    bucket: index,
+                    values,
+                });
                 self.done_at.push(Instant::now());
             }
-            Err(error) => self.failure = Some(error),
+            Err(error) => {
+                // The positions after this one are skipped on this rank: end the group so
+                // that no rank pairs its next collective with a wrong one.
+                let reason = format!("rank {rank} could not reduce a gradient bucket: {error}");
+                engine.abort(&reason);
+                if let Some(replicas) = &replicas {
+                    replicas.abort(&reason);
+                }
+                self.failure = Some(error);
+            }
         }
+        drop(replicas);
         self.busy_seconds += started.elapsed().as_secs_f64();
     }
 }

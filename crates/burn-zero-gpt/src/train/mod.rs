@@ -16,9 +16,10 @@ use burn::backend::Autodiff;
 use burn::module::Module;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
+use burn_zero_comm::Counts;
 use burn_zero_comm::sync::lock;
 use burn_zero_comm::{RankContext, launch};
-use burn_zero_core::{GatherStats, MemoryReport, Zero, ZeroConfig, ZeroError};
+use burn_zero_core::{ChunkSize, GatherStats, MemoryReport, Zero, ZeroConfig, ZeroError};
 
 use crate::{CastParams, Corpus, Gpt, Materialise, Preset, TEXT};
 use rank::Run;
@@ -55,6 +56,8 @@ pub struct RunConfig {
     pub shard_group_size: usize,
     /// Stage 3: parameter gathers issued ahead of use (0: on demand).
     pub prefetch: usize,
+    /// How parameters are grouped into chunks (gathered, reduced and stepped together).
+    pub chunk_size: ChunkSize,
     /// Optimizer steps.
     pub steps: usize,
     /// Sequences per optimizer step, over all ranks and micro-steps.
@@ -103,6 +106,7 @@ impl RunConfig {
             persist_below: 1024,
             shard_group_size: 0,
             prefetch: 0,
+            chunk_size: ChunkSize::PerParameter,
             steps: 200,
             batch_size: 32,
             accumulation: 1,
@@ -199,6 +203,22 @@ pub struct RankOutcome {
     pub resumed_from: Option<usize>,
     /// Parameter gathers of the whole run (stage 3), prefetched ones among them.
     pub gathers: GatherStats,
+    /// What this rank's last step issued: collectives by kind, device synchronisations, host
+    /// reads.
+    pub step_counts: Counts,
+    /// The chunk layout: sharded and replicated chunks, and the padding elements a rank holds.
+    pub chunks: ChunkSummary,
+}
+
+/// The chunk layout of a run, in numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct ChunkSummary {
+    /// Chunks split across the ranks (all-gathered at stage 3, reduce-scattered).
+    pub sharded: usize,
+    /// Chunks whole on every rank (all-reduced).
+    pub replicated: usize,
+    /// Elements of padding in a rank's shards (each sharded parameter's round-up).
+    pub padding: usize,
 }
 
 /// Why a rank stopped.
@@ -323,5 +343,6 @@ fn zero_config(config: &RunConfig) -> ZeroConfig {
         .with_persist_below_numel(config.persist_below)
         .with_shard_group_size(config.shard_group_size)
         .with_prefetch(config.prefetch)
+        .with_chunk_size(config.chunk_size)
         .with_overlap_comm(config.overlap_comm)
 }

@@ -7,12 +7,13 @@ use burn::optim::{Adam, AdamConfig, GradientsParams};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
 use burn_zero_checkpoint::{SaveOptions, load, save};
-use burn_zero_comm::{RankContext, ReduceOp};
+use burn_zero_comm::{Counts, RankContext, ReduceOp};
+use burn_zero_core::chunk::ChunkKind;
 use burn_zero_core::{ZeroConfig, ZeroState, shard};
 use burn_zero_optim::{LossScalerConfig, ZeroOptimizer};
 
 use super::sample::generate;
-use super::{RankError, RankOutcome, RunConfig, StepInfo, Train};
+use super::{ChunkSummary, RankError, RankOutcome, RunConfig, StepInfo, Train};
 use crate::{Corpus, Gpt, param_values};
 
 /// What every rank of a run shares.
@@ -47,11 +48,14 @@ impl<B: Backend> Run<'_, B> {
         let mut losses = Vec::with_capacity(config.steps);
         let mut local_losses = Vec::with_capacity(config.steps);
         let started = Instant::now();
+        let mut step_counts = Counts::default();
         for step in first_step..config.steps {
             let step_started = Instant::now();
+            let before = rank.state.counts();
             let local;
             (model, local) = self.step(&mut rank, model, step)?;
             let mean = self.mean_loss(&rank, step, local)?;
+            step_counts = rank.state.counts() - before;
             local_losses.push(local);
             losses.push(mean);
             if rank.ctx.rank() == 0 {
@@ -65,7 +69,11 @@ impl<B: Backend> Run<'_, B> {
             self.save_if_due(&rank, &model, step + 1)?;
         }
         let seconds = started.elapsed().as_secs_f64();
-        Ok(self.outcome(rank, &model, losses, local_losses, seconds, resumed_from))
+        let outcome = self.outcome(rank, &model, losses, local_losses, seconds, resumed_from);
+        Ok(RankOutcome {
+            step_counts,
+            ..outcome
+        })
     }
 
     /// Shards the initial model on this rank, builds the optimizer and, when asked, resumes
@@ -205,7 +213,19 @@ impl<B: Backend> Run<'_, B> {
             params,
             resumed_from,
             gathers: rank.state.gather_stats(),
+            step_counts: Counts::default(),
+            chunks: chunk_summary(&rank.state),
         }
+    }
+}
+
+/// The numbers of a rank's chunk layout.
+fn chunk_summary<B: Backend>(state: &ZeroState<B>) -> ChunkSummary {
+    let chunks = state.store().chunks();
+    ChunkSummary {
+        sharded: chunks.count(ChunkKind::Sharded),
+        replicated: chunks.count(ChunkKind::Replicated),
+        padding: chunks.padding(state.world_size()),
     }
 }
 
