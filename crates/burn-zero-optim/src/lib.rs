@@ -3,6 +3,7 @@
 //! the result back into the parameter — as its new shard (stage 3) or all-gathered into the
 //! replicated parameter (stages 1 and 2).
 
+mod chunked;
 mod clip;
 mod loss_scale;
 mod master;
@@ -10,6 +11,7 @@ mod optimizer;
 mod placement;
 mod record;
 mod state;
+pub mod state_tree;
 
 pub use clip::NormType;
 pub use loss_scale::{DynamicLossScaler, LossScalerConfig};

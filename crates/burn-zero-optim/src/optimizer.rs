@@ -12,6 +12,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{DType, Device, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
 
+use crate::chunked::Stepped;
 use crate::clip::{LocalStats, NormType};
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
 use crate::master::{Master, cast_to};
@@ -53,6 +54,9 @@ where
     /// loaded.
     pub(crate) zero: Option<ZeroState<B>>,
     pub(crate) masters: BTreeMap<usize, Master<O, P::Host>>,
+    /// With a chunk layout: one flat master per trainable chunk, by chunk id (see
+    /// [`crate::chunked`]).
+    pub(crate) flat: BTreeMap<usize, Master<O, P::Host>>,
     clipping: Option<(f32, NormType)>,
     pub(crate) scaler: Option<DynamicLossScaler>,
     pub(crate) skipped: usize,
@@ -83,6 +87,7 @@ where
             optim: self.optim.clone(),
             zero: self.zero.clone(),
             masters: self.masters.clone(),
+            flat: self.flat.clone(),
             clipping: self.clipping,
             scaler: self.scaler.clone(),
             skipped: self.skipped,
@@ -98,10 +103,10 @@ where
 }
 
 /// One parameter's gradient, taken out of `GradientsParams` (or the orphans) before the step.
-struct Taken<H: Backend> {
-    key: usize,
+pub(crate) struct Taken<H: Backend> {
+    pub key: usize,
     /// This rank's part of the reduced gradient, flat, where the masters live.
-    grad: Tensor<H, 1>,
+    pub grad: Tensor<H, 1>,
 }
 
 impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B, OnDevice>
@@ -168,6 +173,7 @@ where
             optim,
             zero,
             masters: BTreeMap::new(),
+            flat: BTreeMap::new(),
             clipping: None,
             scaler: None,
             skipped: 0,
@@ -242,6 +248,7 @@ where
     pub fn state_bytes(&self) -> usize {
         self.masters
             .values()
+            .chain(self.flat.values())
             .filter_map(|m| {
                 let numel = m.values.shape().num_elements();
                 m.state.as_ref().map(|s| (self.state_size)(s, numel))
@@ -279,6 +286,7 @@ where
     pub fn master_bytes(&self) -> usize {
         self.masters
             .values()
+            .chain(self.flat.values())
             .map(|m| m.values.shape().num_elements() * DType::F32.size())
             .sum()
     }
@@ -297,17 +305,18 @@ where
             orphans: None,
             taken: HashMap::new(),
             order: Vec::new(),
+            values: HashMap::new(),
             _placement: std::marker::PhantomData,
         };
         module.visit(&mut collect);
-        let (taken, order) = (collect.taken, collect.order);
+        let (taken, order, values) = (collect.taken, collect.order, collect.values);
         if !order.is_empty() {
             self.check_placement();
             if self.tracked.is_none() {
                 self.tracked = Some([0; 3]);
             }
         }
-        let module = self.step_taken(lr, module, taken, order);
+        let module = self.step_taken(lr, module, taken, order, values);
         self.report_memory();
         module
     }
@@ -319,6 +328,7 @@ where
         module: M,
         mut taken: HashMap<ParamId, Taken<P::Host>>,
         order: Vec<ParamId>,
+        values: HashMap<usize, ZeroTensor<B>>,
     ) -> M
     where
         AB: AutodiffBackend<InnerBackend = Zero<B>>,
@@ -355,11 +365,18 @@ where
             // Backward consumed the parameters' marks: renew them, values untouched.
             return module.map(&mut Refill { optimizer: self });
         };
+        let chunked = !bound(&self.zero).store().chunks().is_per_parameter();
+        let stepped = if chunked {
+            self.step_chunks(lr, factor, &mut taken, &values)
+        } else {
+            HashMap::new()
+        };
         let mut apply = Apply {
             optimizer: self,
             lr,
             factor,
             taken,
+            stepped,
         };
         module.map(&mut apply)
     }
@@ -427,7 +444,7 @@ where
 }
 
 /// A 1-D tensor of the inner backend from a primitive.
-fn flat<B: Backend>(primitive: B::FloatTensorPrimitive) -> Tensor<B, 1> {
+pub(crate) fn flat<B: Backend>(primitive: B::FloatTensorPrimitive) -> Tensor<B, 1> {
     let numel = primitive.shape().num_elements();
     Tensor::from_primitive(TensorPrimitive::Float(B::float_reshape(
         primitive,
@@ -447,6 +464,9 @@ struct Collect<'a, B: Backend, P: Placement<B>> {
     orphans: Option<Orphans<B>>,
     taken: HashMap<ParamId, Taken<P::Host>>,
     order: Vec<ParamId>,
+    /// The current value of every parameter that has a gradient, by key (a chunked step makes
+    /// a chunk's master from its members' values).
+    values: HashMap<usize, ZeroTensor<B>>,
     _placement: std::marker::PhantomData<P>,
 }
 
@@ -545,6 +565,8 @@ where
         let grad = P::to_host(grad);
         self.order.push(param.id);
         self.taken.insert(param.id, Taken { key, grad });
+        self.values
+            .insert(key, param.val().inner().into_primitive().tensor());
     }
 }
 
@@ -557,6 +579,8 @@ where
     lr: f64,
     factor: f64,
     taken: HashMap<ParamId, Taken<P::Host>>,
+    /// New values of the parameters a chunked step already stepped.
+    stepped: Stepped<B>,
 }
 
 impl<O, B: Backend, P: Placement<B>> Apply<'_, O, B, P>
@@ -624,6 +648,11 @@ where
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
 {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        if let Some(value) = self.stepped.remove(&param.id) {
+            let (id, tensor, mapper) = param.consume();
+            let tensor = marked_parameter::<AB, B, D>(id, value, tensor.is_require_grad());
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
         let Some(taken) = self.taken.remove(&param.id) else {
             return <Remark as ModuleMapper<AB>>::map_float(&mut Remark, param);
         };
@@ -684,15 +713,20 @@ where
         let tensor = match tensor.clone().inner().into_primitive().tensor() {
             ZeroTensor::Sharded(view) if view.param().is_released() => {
                 let shard = view.param();
-                let master = self.optimizer.masters.get(&shard.key()).unwrap_or_else(|| {
-                    panic!(
-                        "burn-zero: parameter #{} was released but this optimizer has no master \
-                         copy of it",
-                        shard.key()
-                    )
-                });
-                let values =
-                    written_back::<B, P>(master.values.clone(), shard.device(), shard.dtype());
+                let master = self
+                    .optimizer
+                    .masters
+                    .get(&shard.key())
+                    .map(|master| master.values.clone())
+                    .or_else(|| self.optimizer.chunk_master_values(shard.key()))
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "burn-zero: parameter #{} was released but this optimizer has no \
+                             master copy of it",
+                            shard.key()
+                        )
+                    });
+                let values = written_back::<B, P>(master, shard.device(), shard.dtype());
                 let refilled = shard.with_shard(values.into_primitive().tensor());
                 let value = ZeroTensor::Sharded(ShardedView::new(Arc::new(refilled)));
                 marked_parameter::<AB, B, D>(id, value, tensor.is_require_grad())

@@ -192,11 +192,20 @@ where
     pub fn record(&self) -> ZeroOptimizerRecord<O, B, P> {
         ZeroOptimizerRecord {
             placement: self.placement,
-            masters: self
-                .masters
-                .iter()
-                .map(|(&key, m)| (key, m.values.clone(), m.state.clone()))
-                .collect(),
+            masters: {
+                let mut entries: Vec<MasterEntry<O, P::Host>> = self
+                    .masters
+                    .iter()
+                    .map(|(&key, m)| (key, m.values.clone(), m.state.clone()))
+                    .chain(
+                        self.split_chunk_masters()
+                            .into_iter()
+                            .map(|(key, m)| (key, m.values, m.state)),
+                    )
+                    .collect();
+                entries.sort_by_key(|(key, _, _)| *key);
+                entries
+            },
             accumulated: self
                 .accumulated
                 .iter()
@@ -223,6 +232,8 @@ where
             .into_iter()
             .map(|(key, values, state)| (key, Master { values, state }))
             .collect();
+        // Chunks' masters are joined from these entries at the next step.
+        self.flat.clear();
         self.accumulated = record.accumulated.into_iter().collect();
         self.micro_steps = record.micro_steps;
         self.skipped = record.skipped;

@@ -8,7 +8,7 @@ use burn::backend::Flex;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn_zero_comm::{RankContext, launch};
-use burn_zero_core::{ZeroConfig, ZeroError, ZeroState, shard};
+use burn_zero_core::{ZeroConfig, ZeroError, ZeroState, shard, unshard};
 use burn_zero_optim::{LossScalerConfig, ZeroOptimizer};
 use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
 
@@ -131,4 +131,49 @@ fn a_record_loaded_on_another_rank_is_refused_by_name() {
         message.contains("belongs to rank") && message.contains("of 2 but it steps rank"),
         "{message}"
     );
+}
+
+/// Records stay per parameter whatever the chunk layout: a chunked optimizer's record (each
+/// chunk's flat master and Adam state split at its parameters' boundaries) loads into an
+/// optimizer of another layout — one parameter per chunk, or other chunks — and training goes
+/// on bitwise as if it had never stopped; and the other way round.
+#[test]
+fn records_move_between_chunk_layouts_bitwise() {
+    use burn_zero_core::ChunkSize;
+
+    let base = base_model(&Default::default());
+    let with = |chunk_size| config().with_stage(3).with_chunk_size(chunk_size);
+    let straight = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let (model, zero) = shard(base.clone(), &ctx, &with(ChunkSize::PerParameter))?;
+        let mut optim = optimizer(&zero);
+        Ok(param_values(&train(model, &mut optim, &ctx, 0..7)))
+    })
+    .unwrap();
+    let layouts = [
+        (ChunkSize::Elements(256), ChunkSize::PerParameter),
+        (ChunkSize::PerParameter, ChunkSize::Elements(256)),
+        (ChunkSize::Elements(256), ChunkSize::default_search()),
+    ];
+    for (before, after) in layouts {
+        let resumed = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+            let (model, zero) = shard(base.clone(), &ctx, &with(before))?;
+            let mut optim = optimizer(&zero);
+            let model = train(model, &mut optim, &ctx, 0..3);
+            let record = Optimizer::<Block<Train>, Train>::to_record(&optim);
+            // The same module, gathered and sharded again with the other layout.
+            let model = unshard(model);
+            drop((optim, zero));
+            let (model, zero) = shard(model, &ctx, &with(after))?;
+            let optim = optimizer(&zero);
+            let mut optim = Optimizer::<Block<Train>, Train>::load_record(optim, record);
+            Ok(param_values(&train(model, &mut optim, &ctx, 3..7)))
+        })
+        .unwrap();
+        for (rank, (got, want)) in resumed.iter().zip(&straight).enumerate() {
+            assert!(
+                params_bits_equal(got, want),
+                "{before:?} → {after:?}, rank {rank}: differs from uninterrupted training"
+            );
+        }
+    }
 }

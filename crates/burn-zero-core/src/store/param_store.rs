@@ -394,35 +394,63 @@ impl<B: Backend> ParamStore<B> {
             self.cache_gathered(*version, &full, shape, caching && limit > 0);
             return full;
         }
-        let table = self.table();
         let chunk = self
             .chunks()
             .place(key)
             .map(|(chunk, _)| chunk)
             .expect("a chunk gather is of a parameter in a chunk");
-        let ranks = self.world_size();
-        let rows = B::float_reshape(raw, Shape::new([ranks, chunk.shard_len]));
         let mut wanted = None;
-        for (member, &(member_key, version)) in chunk.members.iter().zip(members) {
-            let member_shape = match table.and_then(|t| t.get(member_key)) {
-                Some(info) => info.shape.clone(),
-                None => continue,
-            };
-            let blocks = B::float_slice(
-                rows.clone(),
-                &[
-                    Slice::from(0..ranks),
-                    Slice::from(member.offset..member.offset + member.block_len),
-                ],
-            );
-            let flat = B::float_reshape(blocks, Shape::new([ranks * member.block_len]));
-            let full = full_tensor::<B>(flat, &member_shape);
-            self.cache_gathered(version, &full, &member_shape, caching);
+        for ((member_key, full), &(_, version)) in
+            self.members_of(chunk, raw).into_iter().zip(members)
+        {
+            let shape = full.shape();
+            self.cache_gathered(version, &full, &shape, caching);
             if member_key == key {
                 wanted = Some(full);
             }
         }
         wanted.expect("the requested parameter is a member of its chunk")
+    }
+
+    /// Every member of `chunk`, full, cut out of `raw`, the all-gather of the ranks' shards of
+    /// it: each rank's shard is its members' blocks end to end, so a member is one block from
+    /// each rank's row, its padding cut off.
+    fn members_of(
+        &self,
+        chunk: &Chunk,
+        raw: B::FloatTensorPrimitive,
+    ) -> Vec<(usize, B::FloatTensorPrimitive)> {
+        let table = self.table();
+        let ranks = self.world_size();
+        let rows = B::float_reshape(raw, Shape::new([ranks, chunk.shard_len]));
+        chunk
+            .members
+            .iter()
+            .filter_map(|member| {
+                let shape = table?.get(member.key)?.shape.clone();
+                let blocks = B::float_slice(
+                    rows.clone(),
+                    &[
+                        Slice::from(0..ranks),
+                        Slice::from(member.offset..member.offset + member.block_len),
+                    ],
+                );
+                let flat = B::float_reshape(blocks, Shape::new([ranks * member.block_len]));
+                Some((member.key, full_tensor::<B>(flat, &shape)))
+            })
+            .collect()
+    }
+
+    /// All-gathers this rank's `shard` of `chunk` (its members' blocks end to end) and returns
+    /// every member's full tensor, by key, in member order: how the updated parameters of a
+    /// chunk reach every rank at stages 1 and 2 with one collective. A collective.
+    pub fn all_gather_chunk(
+        &self,
+        chunk: &Chunk,
+        shard: Tensor<B, 1>,
+    ) -> Result<Vec<(usize, B::FloatTensorPrimitive)>, CommError> {
+        let raw = self.comm().all_gather(shard)?.into_primitive().tensor();
+        Ok(self.members_of(chunk, raw))
     }
 
     /// Counts a gathered tensor's bytes and keeps it in the cache when caching and it fits.
