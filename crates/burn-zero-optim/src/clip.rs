@@ -2,8 +2,8 @@
 //! overflow flag for loss scaling, combined in one all-reduce.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, ElementConversion, Tensor};
-use burn_zero_comm::{CommError, Communicator, ReduceOp};
+use burn::tensor::{DType, Tensor};
+use burn_zero_comm::{CommError, Communicator, RankCounters, ReduceOp};
 
 use crate::master::cast_to;
 
@@ -17,49 +17,79 @@ pub enum NormType {
 }
 
 /// One rank's contribution: sum of squares (or largest magnitude) and the count of non-finite
-/// values, over the gradient parts it owns.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct LocalStats {
-    norm_part: f32,
-    nonfinite: f32,
+/// values, over the gradient parts it owns — kept on the device, so that the parts add up there
+/// (in the same order and precision as adding their values one by one) and the host reads one
+/// result per step, after the all-reduce, instead of two values per parameter.
+pub(crate) struct LocalStats<B: Backend> {
+    norm_part: Option<Tensor<B, 1>>,
+    nonfinite: Option<Tensor<B, 1>>,
 }
 
-impl LocalStats {
+impl<B: Backend> Default for LocalStats<B> {
+    fn default() -> Self {
+        Self {
+            norm_part: None,
+            nonfinite: None,
+        }
+    }
+}
+
+impl<B: Backend> LocalStats<B> {
     /// Adds one gradient part; `count` is false for a replicated gradient on ranks other than
     /// rank 0, so that it counts once in the global norm.
-    pub fn add<B: Backend>(&mut self, grad: &Tensor<B, 1>, norm: NormType, count: bool) {
+    pub fn add(&mut self, grad: &Tensor<B, 1>, norm: NormType, count: bool) {
         let grad = cast_to(grad.clone(), DType::F32);
-        let nonfinite = grad.clone().is_nan().bool_or(grad.clone().is_inf()).any();
-        if nonfinite.into_scalar().elem::<bool>() {
-            self.nonfinite += 1.0;
-        }
+        let nonfinite = grad
+            .clone()
+            .is_nan()
+            .bool_or(grad.clone().is_inf())
+            .any()
+            .float()
+            .reshape([1]);
+        self.nonfinite = Some(match self.nonfinite.take() {
+            Some(sum) => sum + nonfinite,
+            None => nonfinite,
+        });
         if !count {
             return;
         }
-        match norm {
-            NormType::L2 => self.norm_part += grad.powi_scalar(2).sum().into_scalar().elem::<f32>(),
-            NormType::Inf => {
-                self.norm_part = self
-                    .norm_part
-                    .max(grad.abs().max().into_scalar().elem::<f32>())
-            }
-        }
+        let part = match norm {
+            NormType::L2 => grad.powi_scalar(2).sum(),
+            NormType::Inf => grad.abs().max(),
+        };
+        self.norm_part = Some(match (self.norm_part.take(), norm) {
+            (Some(sum), NormType::L2) => sum + part,
+            (Some(max), NormType::Inf) => max.max_pair(part),
+            (None, _) => part,
+        });
     }
 
-    /// The global norm and whether any rank saw a non-finite value, in one all-reduce.
-    pub fn combine<B: Backend>(
+    /// The global norm and whether any rank saw a non-finite value, in one all-reduce on
+    /// `comm` (the two values moved to its backend by `to_comm`) and one read of its result
+    /// (counted in `counters`). `device` is where the parts were added.
+    pub fn combine<C: Backend>(
         self,
-        comm: &dyn Communicator<B>,
+        comm: &dyn Communicator<C>,
+        to_comm: impl FnOnce(Tensor<B, 1>) -> Tensor<C, 1>,
         norm: NormType,
         device: &B::Device,
+        counters: &RankCounters,
     ) -> Result<(f32, bool), CommError> {
         let op = match norm {
             NormType::L2 => ReduceOp::Sum,
             NormType::Inf => ReduceOp::Max,
         };
-        let local = Tensor::<B, 1>::from_floats([self.norm_part, self.nonfinite], device);
-        let global = comm
-            .all_reduce(local, op)?
+        let zero = || Tensor::<B, 1>::zeros([1], device);
+        let local = Tensor::cat(
+            vec![
+                self.norm_part.unwrap_or_else(zero),
+                self.nonfinite.unwrap_or_else(zero),
+            ],
+            0,
+        );
+        let reduced = comm.all_reduce(to_comm(local), op)?;
+        counters.host_read();
+        let global = reduced
             .into_data()
             .convert::<f32>()
             .to_vec::<f32>()

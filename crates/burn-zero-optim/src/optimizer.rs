@@ -411,14 +411,21 @@ where
         }
         let zero = bound(&self.zero);
         let norm_type = self.clipping.map_or(NormType::L2, |(_, n)| n);
-        let mut stats = LocalStats::default();
+        let host = P::host_device(zero.device());
+        let mut stats = LocalStats::<P::Host>::default();
         for id in order {
             let t = &taken[id];
             let counts = zero.gradient_is_sharded(t.key) || zero.rank() == 0;
             stats.add(&t.grad, norm_type, counts);
         }
         let (norm, overflow) = stats
-            .combine(zero.comm().as_ref(), norm_type, zero.device())
+            .combine(
+                zero.comm().as_ref(),
+                |local| P::to_model(local, zero.device()),
+                norm_type,
+                &host,
+                zero.store().counters(),
+            )
             .unwrap_or_else(|error| {
                 panic!(
                     "burn-zero: rank {} could not combine gradient norms: {error}",

@@ -92,7 +92,12 @@ fn clipping_by_the_global_norm_matches_the_full_gradient_reference() {
                             model.loss(tokens, targets).backward(),
                             &model,
                         );
+                        let before = zero.counts();
                         model = optimizer.step(LR, model, grads);
+                        // The norm and the overflow flag: one all-reduce, one read of its
+                        // result, whatever the number of parameters.
+                        let step_counts = zero.counts() - before;
+                        assert_eq!(step_counts.host_reads, 1);
                         seen.push(optimizer.last_grad_norm().unwrap());
                     }
                     Ok((param_values(&model), seen))
