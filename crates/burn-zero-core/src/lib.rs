@@ -35,7 +35,7 @@ pub use backend::Zero;
 pub use chunk::{ChunkSearch, ChunkSize};
 pub use config::ZeroConfig;
 pub use error::ZeroError;
-pub use memory::{MemoryKind, MemoryReport, Usage};
+pub use memory::{ChunkCounts, MemoryKind, MemoryReport, Usage};
 pub use reduce::{GradientReducer, ReductionStats};
 pub use shard::{shard, unshard};
 pub use state::ZeroState;

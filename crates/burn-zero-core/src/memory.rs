@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use burn_zero_comm::Counts;
 use serde::Serialize;
 
 /// Kinds of memory the decorator accounts for.
@@ -87,6 +88,8 @@ impl MemoryTracker {
             master_weights: self.usage(MemoryKind::MasterWeights),
             optimizer_state: self.usage(MemoryKind::OptimizerState),
             gradient_accumulators: self.usage(MemoryKind::GradientAccumulators),
+            chunks: ChunkCounts::default(),
+            counts: Counts::default(),
         }
     }
 }
@@ -121,6 +124,23 @@ pub struct MemoryReport {
     pub optimizer_state: Usage,
     /// fp32 gradient accumulators (on the host when the optimizer offloads).
     pub gradient_accumulators: Usage,
+    /// The chunk layout in numbers.
+    pub chunks: ChunkCounts,
+    /// What the rank has issued since it started: collectives by kind, device
+    /// synchronisations, host reads (for every module sharded on its context).
+    pub counts: Counts,
+}
+
+/// The chunk layout of a sharded module, in numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ChunkCounts {
+    /// Chunks split across the ranks (all-gathered at stage 3, reduce-scattered).
+    pub sharded: usize,
+    /// Chunks whole on every rank (all-reduced).
+    pub replicated: usize,
+    /// Bytes of padding over all ranks' shards together: each sharded parameter's round-up to
+    /// a whole block per rank.
+    pub padding_bytes: u64,
 }
 
 impl MemoryReport {

@@ -14,7 +14,7 @@ use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
 
 use crate::chunk::{BlockLayout, Chunk, ChunkKind, ChunkLayout};
 use crate::config::ZeroConfig;
-use crate::memory::{MemoryKind, MemoryReport, MemoryTracker};
+use crate::memory::{ChunkCounts, MemoryKind, MemoryReport, MemoryTracker};
 use crate::store::block::Block;
 use crate::store::cache::GatherCache;
 use crate::store::groups::Groups;
@@ -183,9 +183,26 @@ impl<B: Backend> ParamStore<B> {
         self.memory.clone()
     }
 
-    /// A snapshot of this rank's memory accounting.
+    /// A snapshot of this rank's memory accounting, with the chunk layout's numbers and the
+    /// rank's counts so far.
     pub fn memory_report(&self) -> MemoryReport {
-        self.memory.report(self.groups.world.rank())
+        let mut report = self.memory.report(self.groups.world.rank());
+        let chunks = self.chunks();
+        let ranks = self.world_size();
+        let sharded = chunks
+            .chunks()
+            .iter()
+            .filter(|c| c.kind == ChunkKind::Sharded);
+        report.chunks = ChunkCounts {
+            sharded: chunks.count(ChunkKind::Sharded),
+            replicated: chunks.count(ChunkKind::Replicated),
+            padding_bytes: sharded
+                .flat_map(|c| c.members.iter().map(move |m| (c.dtype, m)))
+                .map(|(dtype, m)| ((m.block_len * ranks - m.numel) * dtype.size()) as u64)
+                .sum(),
+        };
+        report.counts = self.counters.snapshot();
+        report
     }
 
     /// Every parameter of the module, in visit order.
