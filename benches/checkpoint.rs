@@ -131,7 +131,7 @@ fn main() {
     out += &format!(
         "\nConsolidation into one fp32 file ({} tensors, {:.0} MB) in {seconds:.2} s: peak heap \
          {:.1} MB above baseline; bound 2 × largest tensor ({:.1} MB) + read buffer (≤ 64 MiB, \
-         here at most one {:.1} MB chunk) = {:.1} MB\n",
+         here at most one {:.1} MB piece) = {:.1} MB\n",
         done.tensors,
         done.bytes as f64 / MB,
         peak as f64 / MB,

@@ -12,7 +12,7 @@ use safetensors::Dtype;
 use crate::dir::{read_metadata, resolve};
 use crate::error::CheckpointError;
 use crate::format::{
-    Chunk, FileEntry, METADATA_FILE, Metadata, RankIndex, TensorKind, rank_file_name, tensor_name,
+    FileEntry, METADATA_FILE, Metadata, Piece, RankIndex, TensorKind, rank_file_name, tensor_name,
     to_burn,
 };
 use crate::read::{RankFiles, element_size};
@@ -192,7 +192,7 @@ pub fn consolidate_checkpoint(
     }
     for (name, entry) in &mut consolidated.tensors {
         let spot = &spots[name];
-        entry.chunks = vec![Chunk {
+        entry.pieces = vec![Piece {
             rank: 0,
             offset: 0,
             length: entry.numel(),

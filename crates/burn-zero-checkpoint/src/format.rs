@@ -5,14 +5,19 @@
 //! DIR/step-00000100/rank-00000-of-00004.safetensors   what rank 0 owned
 //! DIR/step-00000100/rank-00000-of-00004.json          rank 0's index of it (merged below)
 //! …
-//! DIR/step-00000100/metadata.json                     every tensor's global shape and chunks
+//! DIR/step-00000100/metadata.json                     every tensor's global shape and pieces
 //! ```
 //!
-//! Every saved tensor is a flat sequence of `numel` elements cut into one chunk per rank:
+//! Every saved tensor is a flat sequence of `numel` elements cut into one piece per rank:
 //! rank `r` of `N` owns elements `[r·b, min((r+1)·b, numel))` with `b = ⌈numel / N⌉`, the
 //! same blocks ZeRO shards by, so a sharded tensor is written straight from its shard and a
 //! replicated one is written once, spread over the ranks. A loading rank intersects the
-//! elements it needs with these chunks and reads those byte ranges only.
+//! elements it needs with these pieces and reads those byte ranges only.
+//!
+//! A rank's piece of a tensor is a [`Piece`] (`chunks` in `metadata.json`, the name it had
+//! before ZeroConfig's parameter chunks existed, kept so that every checkpoint reads and is
+//! read by every build): the format knows parameters by module path only, never the chunks
+//! the saving run packed them into, so a checkpoint loads under any chunk size.
 
 use std::collections::BTreeMap;
 
@@ -27,8 +32,8 @@ pub const FORMAT: &str = "burn-zero-checkpoint";
 pub const FORMAT_VERSION: u32 = 1;
 /// Name of the commit marker.
 pub const METADATA_FILE: &str = "metadata.json";
-/// Each chunk carries a CRC32 per page of this many bytes, so that a rank reading part of a
-/// chunk can still verify what it read.
+/// Each piece carries a CRC32 per page of this many bytes, so that a rank reading part of a
+/// piece can still verify what it read.
 pub const CHECKSUM_PAGE: usize = 1 << 20;
 /// Largest read a loading rank issues at once (its read buffer).
 pub const READ_BUFFER: usize = 64 << 20;
@@ -43,7 +48,7 @@ pub fn rank_file_name(rank: usize, world_size: usize) -> String {
     format!("rank-{rank:05}-of-{world_size:05}.safetensors")
 }
 
-/// The index (chunks and checksums) `rank` writes next to its safetensors file.
+/// The index (pieces and checksums) `rank` writes next to its safetensors file.
 pub fn rank_index_name(rank: usize, world_size: usize) -> String {
     format!("rank-{rank:05}-of-{world_size:05}.json")
 }
@@ -91,20 +96,21 @@ pub fn owned_range(numel: usize, rank: usize, world_size: usize) -> (usize, usiz
     (owned.start, owned.end, blocks.padding(rank))
 }
 
-/// One rank's piece of a tensor.
+/// A rank's piece of a tensor: the elements of one saved tensor that one rank's file holds.
+/// (Not a parameter chunk of `ZeroConfig::chunk_size`: those never reach the format.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Chunk {
+pub struct Piece {
     /// The rank whose file holds it.
     pub rank: usize,
     /// First element (of the flat tensor).
     pub offset: usize,
     /// Elements.
     pub length: usize,
-    /// Zeros the rank's padded block held past the chunk (not written).
+    /// Zeros the rank's padded block held past the piece (not written).
     pub padding: usize,
     /// Byte range in the file's data section (after the safetensors header).
     pub data_offsets: (usize, usize),
-    /// CRC32 of each [`CHECKSUM_PAGE`] bytes of the chunk.
+    /// CRC32 of each [`CHECKSUM_PAGE`] bytes of the piece.
     pub page_crc32: Vec<u32>,
 }
 
@@ -122,8 +128,10 @@ pub struct TensorEntry {
     pub shape: Vec<usize>,
     /// Element type as stored.
     pub dtype: Dtype,
-    /// The chunks, by rank, covering every element once.
-    pub chunks: Vec<Chunk>,
+    /// The pieces, by rank, covering every element once. Stored as `chunks`, as format
+    /// version 1 has always named them.
+    #[serde(rename = "chunks")]
+    pub pieces: Vec<Piece>,
 }
 
 impl TensorEntry {
@@ -190,7 +198,7 @@ pub struct Metadata {
     /// group 0 (the other groups hold the same blocks and write nothing).
     pub world_size: usize,
     /// Ranks each tensor was sharded over; equal to `world_size` (one copy is written, by
-    /// the first shard group, with its chunk layout).
+    /// the first shard group, cut into its pieces).
     pub shard_group_size: usize,
     /// ZeRO stage of the saving run.
     pub stage: u8,
@@ -214,7 +222,7 @@ pub struct Metadata {
 pub struct RankIndex {
     /// The rank file.
     pub file: FileEntry,
-    /// The tensors it holds chunks of, each with this rank's chunk only.
+    /// The tensors it holds pieces of, each with this rank's piece only.
     pub tensors: BTreeMap<String, TensorEntry>,
 }
 
@@ -248,6 +256,76 @@ pub fn page_checksums(bytes: &[u8]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `metadata.json` of a 2-rank checkpoint of one 10-element parameter as format version 1
+    /// has written it since the start: each tensor's pieces under `chunks`.
+    const VERSION_1_METADATA: &str = r#"{
+      "format": "burn-zero-checkpoint",
+      "version": 1,
+      "step": 3,
+      "world_size": 2,
+      "shard_group_size": 2,
+      "stage": 3,
+      "config": {"stage": 3},
+      "files": [
+        {"rank": 0, "name": "rank-00000-of-00002.safetensors", "bytes": 120, "data_crc32": 1},
+        {"rank": 1, "name": "rank-00001-of-00002.safetensors", "bytes": 120, "data_crc32": 2}
+      ],
+      "params": [
+        {"path": "fc.weight", "shape": [2, 5], "dtype": "F32", "frozen": false,
+         "replicated": false}
+      ],
+      "tensors": {
+        "param/fc.weight": {
+          "kind": "parameter",
+          "param": "fc.weight",
+          "shape": [2, 5],
+          "dtype": "F32",
+          "chunks": [
+            {"rank": 0, "offset": 0, "length": 5, "padding": 0, "data_offsets": [0, 20],
+             "page_crc32": [7]},
+            {"rank": 1, "offset": 5, "length": 5, "padding": 0, "data_offsets": [0, 20],
+             "page_crc32": [8]}
+          ]
+        }
+      },
+      "optimizer": {"micro_steps": 0, "skipped": 0, "scaler": null, "states": {}},
+      "extra": null
+    }"#;
+
+    #[test]
+    fn metadata_with_the_pieces_under_chunks_reads_and_is_written_the_same_way() {
+        let meta: Metadata = serde_json::from_str(VERSION_1_METADATA).unwrap();
+        let entry = &meta.tensors["param/fc.weight"];
+        assert_eq!(
+            entry.pieces,
+            [
+                Piece {
+                    rank: 0,
+                    offset: 0,
+                    length: 5,
+                    padding: 0,
+                    data_offsets: (0, 20),
+                    page_crc32: vec![7],
+                },
+                Piece {
+                    rank: 1,
+                    offset: 5,
+                    length: 5,
+                    padding: 0,
+                    data_offsets: (0, 20),
+                    page_crc32: vec![8],
+                },
+            ]
+        );
+        // Written back under the same name, so builds before the rename read it too.
+        let written = serde_json::to_value(&meta).unwrap();
+        let tensor = &written["tensors"]["param/fc.weight"];
+        assert!(tensor.get("pieces").is_none(), "{tensor}");
+        assert_eq!(tensor["chunks"][1]["offset"], 5);
+        let original: serde_json::Value = serde_json::from_str(VERSION_1_METADATA).unwrap();
+        assert_eq!(written, original, "a read and rewrite changes nothing");
+    }
 
     #[test]
     fn owned_ranges_cover_every_element_once_with_the_padding_of_the_last_blocks() {

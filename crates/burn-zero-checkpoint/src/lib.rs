@@ -1,7 +1,7 @@
 //! Sharded checkpoints for burn-zero that outlive the world size: save at N ranks, resume at M
 //! ranks and any ZeRO stage, or consolidate into one file that plain Burn loads.
 //!
-//! - [`save`]: a collective; each rank writes what it owns (parameter chunks, fp32 masters,
+//! - [`save`]: a collective; each rank writes what it owns (its piece of every parameter, fp32 masters,
 //!   optimizer state, gradient accumulators) into its own safetensors file, then rank 0 commits
 //!   the checkpoint by writing `metadata.json`; older checkpoints are rotated out.
 //! - [`load`]: a collective at any world size; each rank reads only the byte ranges it needs.

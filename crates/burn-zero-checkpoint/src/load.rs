@@ -49,7 +49,7 @@ pub type ResumedRecord<M, O, B, P> = (M, ZeroOptimizerRecord<O, B, P>, Loaded);
 /// rank, on the training thread.
 ///
 /// `path` is a checkpoint directory, or a root under which the latest complete checkpoint is
-/// taken. Each rank reads only the byte ranges of the chunks that overlap what it owns now
+/// taken. Each rank reads only the byte ranges of the pieces that overlap what it owns now
 /// (verifying their checksums), through one read buffer of at most 64 MiB. A model whose
 /// parameters differ from the saved ones (missing, extra, reshaped) is refused by name; a
 /// parameter saved in another float dtype is converted.
@@ -270,7 +270,7 @@ fn read_values<B: Backend>(
     Ok(values)
 }
 
-/// This rank's part of the optimizer's masters, state and accumulators, re-chunked for its
+/// This rank's part of the optimizer's masters, state and accumulators, cut again for its
 /// group.
 fn read_optimizer<B, O, P>(
     meta: &Metadata,

@@ -65,10 +65,10 @@ impl<'m> RankFiles<'m> {
                     .tensors
                     .iter()
                     .filter_map(|(name, t)| {
-                        t.chunks
+                        t.pieces
                             .iter()
-                            .find(|c| c.rank == rank && c.data_offsets.1 > available)
-                            .map(|c| (c.data_offsets.0, name))
+                            .find(|p| p.rank == rank && p.data_offsets.1 > available)
+                            .map(|p| (p.data_offsets.0, name))
                     })
                     .min()
                     .map_or_else(|| "(end of file)".to_string(), |(_, n)| n.clone());
@@ -93,7 +93,7 @@ impl<'m> RankFiles<'m> {
     }
 
     /// Appends elements `[start, end)` of the saved tensor `name` to `out`, in its stored
-    /// dtype, reading only the chunks (and pages of them) that overlap.
+    /// dtype, reading only the pieces (and pages of them) that overlap.
     pub fn read(
         &mut self,
         name: &str,
@@ -104,14 +104,14 @@ impl<'m> RankFiles<'m> {
     ) -> Result<(), CheckpointError> {
         let size = element_size(entry.dtype);
         let mut next = start;
-        for chunk in &entry.chunks {
-            let (c0, c1) = (chunk.offset, chunk.offset + chunk.length);
-            let (s, e) = (next.max(c0), end.min(c1));
+        for piece in &entry.pieces {
+            let (p0, p1) = (piece.offset, piece.offset + piece.length);
+            let (s, e) = (next.max(p0), end.min(p1));
             if s >= e || s != next {
                 continue;
             }
-            let chunk_bytes = chunk.length * size;
-            let opened = self.opened(chunk.rank)?;
+            let piece_bytes = piece.length * size;
+            let opened = self.opened(piece.rank)?;
             let corrupt = |reason: String| CheckpointError::Corrupted {
                 file: opened.path.clone(),
                 tensor: name.to_string(),
@@ -119,25 +119,25 @@ impl<'m> RankFiles<'m> {
             };
             match opened.header.info(name) {
                 Some(info)
-                    if info.data_offsets == chunk.data_offsets
-                        && info.data_offsets.1 - info.data_offsets.0 == chunk_bytes => {}
+                    if info.data_offsets == piece.data_offsets
+                        && info.data_offsets.1 - info.data_offsets.0 == piece_bytes => {}
                 _ => {
                     return Err(corrupt(
                         "its entry in the file's header differs from metadata.json".into(),
                     ));
                 }
             }
-            // Bytes wanted within the chunk, rounded out to checksum pages.
-            let (want0, want1) = ((s - c0) * size, (e - c0) * size);
+            // Bytes wanted within the piece, rounded out to checksum pages.
+            let (want0, want1) = ((s - p0) * size, (e - p0) * size);
             let page0 = want0 / CHECKSUM_PAGE;
             let mut pos = page0 * CHECKSUM_PAGE;
             let stop = want1.div_ceil(CHECKSUM_PAGE) * CHECKSUM_PAGE;
-            let stop = stop.min(chunk_bytes);
-            let file_base = opened.data_start + chunk.data_offsets.0 as u64;
+            let stop = stop.min(piece_bytes);
+            let file_base = opened.data_start + piece.data_offsets.0 as u64;
             while pos < stop {
-                let piece = (stop - pos).min(READ_BUFFER);
-                self.buffer.resize(piece, 0);
-                let opened = &self.open[&chunk.rank];
+                let span = (stop - pos).min(READ_BUFFER);
+                self.buffer.resize(span, 0);
+                let opened = &self.open[&piece.rank];
                 let corrupt = |reason: String| CheckpointError::Corrupted {
                     file: opened.path.clone(),
                     tensor: name.to_string(),
@@ -147,36 +147,36 @@ impl<'m> RankFiles<'m> {
                     .file
                     .read_exact_at(&mut self.buffer, file_base + pos as u64)
                     .map_err(|e| {
-                        corrupt(format!("cannot read bytes {pos}..{}: {e}", pos + piece))
+                        corrupt(format!("cannot read bytes {pos}..{}: {e}", pos + span))
                     })?;
-                self.bytes_read += piece as u64;
+                self.bytes_read += span as u64;
                 for (i, page) in self.buffer.chunks(CHECKSUM_PAGE).enumerate() {
                     let index = pos / CHECKSUM_PAGE + i;
-                    let want = chunk.page_crc32.get(index).copied();
+                    let want = piece.page_crc32.get(index).copied();
                     let got = crc32fast::hash(page);
                     if want != Some(got) {
                         return Err(corrupt(format!(
-                            "checksum mismatch in rank {}'s chunk, bytes {}..{} (crc32 {got:08x}, \
+                            "checksum mismatch in rank {}'s piece, bytes {}..{} (crc32 {got:08x}, \
                              recorded {})",
-                            chunk.rank,
+                            piece.rank,
                             index * CHECKSUM_PAGE,
                             index * CHECKSUM_PAGE + page.len(),
                             want.map_or("nothing".into(), |w| format!("{w:08x}"))
                         )));
                     }
                 }
-                let (a, b) = (want0.max(pos) - pos, want1.min(pos + piece) - pos);
+                let (a, b) = (want0.max(pos) - pos, want1.min(pos + span) - pos);
                 if a < b {
                     out.extend_from_slice(&self.buffer[a..b]);
                 }
-                pos += piece;
+                pos += span;
             }
             next = e;
         }
         if next != end {
             return Err(CheckpointError::Format {
                 path: self.dir.join(crate::format::METADATA_FILE),
-                reason: format!("tensor `{name}` has no chunk holding elements {next}..{end}"),
+                reason: format!("tensor `{name}` has no piece holding elements {next}..{end}"),
             });
         }
         if self.buffer.capacity() > READ_BUFFER {

@@ -17,7 +17,7 @@ use safetensors::Dtype;
 use crate::dir::rotate;
 use crate::error::CheckpointError;
 use crate::format::{
-    Chunk, FORMAT, FORMAT_VERSION, METADATA_FILE, Metadata, OptimizerEntry, ParamEntry, RankIndex,
+    FORMAT, FORMAT_VERSION, METADATA_FILE, Metadata, OptimizerEntry, ParamEntry, Piece, RankIndex,
     TensorEntry, TensorKind, owned_range, rank_file_name, rank_index_name, step_dir_name,
     tensor_name, to_safetensors,
 };
@@ -50,7 +50,7 @@ impl Default for SaveOptions {
 /// Saves `model` and `optimizer` after training step `step` as `root/step-<step>` (a
 /// collective: call it on every rank, on the training thread).
 ///
-/// Every rank writes only what it owns — its chunk of every parameter (shards as they are,
+/// Every rank writes only what it owns — its piece of every parameter (shards as they are,
 /// replicated parameters split so that each element is written once), of the fp32 masters, of
 /// the optimizer's per-element state and of the gradient accumulators — into its own
 /// safetensors file, keyed by module path, under a temporary name that is fsynced and renamed.
@@ -209,7 +209,7 @@ impl Layout {
     }
 }
 
-/// A tensor this rank writes: the pending bytes and the metadata entry of its chunk.
+/// A tensor this rank writes: the pending bytes and the metadata entry of its piece.
 struct Planned<'a> {
     pending: PendingTensor<'a>,
     entry: TensorEntry,
@@ -242,7 +242,7 @@ fn plan<'a>(
             state_field: field.map(str::to_string),
             shape,
             dtype,
-            chunks: vec![Chunk {
+            pieces: vec![Piece {
                 rank,
                 offset: start,
                 length,
@@ -316,7 +316,7 @@ impl<O: SimpleOptimizer<H>, H: Backend> StateSource<'_, O, H> {
 /// One parameter as the planner sees it: its key, module path and number of elements, and the
 /// elements `[start, end)` this rank owns with the padding of its block.
 #[derive(Clone, Copy)]
-struct ParamChunk<'p> {
+struct ParamPiece<'p> {
     key: usize,
     path: &'p str,
     numel: usize,
@@ -340,36 +340,36 @@ struct Planner<'a, O: SimpleOptimizer<H>, H: Backend> {
 }
 
 impl<'a, O: SimpleOptimizer<H> + 'a, H: Backend> Planner<'a, O, H> {
-    /// Everything this rank writes of `param`: its chunk of the values, and of the optimizer's
+    /// Everything this rank writes of `param`: its piece of the values, and of the optimizer's
     /// master, state and gradient accumulator where the optimizer holds them.
     fn param<B: Backend>(&mut self, param: &RankParam<B>) -> Result<(), CheckpointError> {
         let info = &param.info;
-        let chunk = ParamChunk {
+        let piece = ParamPiece {
             key: info.key,
             path: info.path.as_str(),
             numel: param.numel(),
             owned: owned_range(param.numel(), self.rank, self.world),
         };
-        self.values(param, chunk)?;
+        self.values(param, piece)?;
         let (masters, accumulated) = (self.source.masters, self.accumulated);
-        if let Some((values, state)) = masters.get(&chunk.key) {
-            self.master(chunk, values, state.as_ref())?;
+        if let Some((values, state)) = masters.get(&piece.key) {
+            self.master(piece, values, state.as_ref())?;
         }
-        if let Some(sum) = accumulated.get(&chunk.key) {
-            self.accumulator(chunk, sum)?;
+        if let Some(sum) = accumulated.get(&piece.key) {
+            self.accumulator(piece, sum)?;
         }
         Ok(())
     }
 
-    /// The parameter's entry in the metadata and this rank's chunk of its values (in the
+    /// The parameter's entry in the metadata and this rank's piece of its values (in the
     /// training dtype, with the parameter's shape).
     fn values<B: Backend>(
         &mut self,
         param: &RankParam<B>,
-        chunk: ParamChunk<'_>,
+        piece: ParamPiece<'_>,
     ) -> Result<(), CheckpointError> {
         let info = &param.info;
-        let path = chunk.path;
+        let path = piece.path;
         let dtype = stored_dtype(info.dtype, &format!("parameter `{path}`"))?;
         self.params.push(ParamEntry {
             path: path.to_string(),
@@ -379,14 +379,14 @@ impl<'a, O: SimpleOptimizer<H> + 'a, H: Backend> Planner<'a, O, H> {
             replicated: !param.is_sharded(),
         });
         let value = param.value.clone();
-        let (start, end, _) = chunk.owned;
+        let (start, end, _) = piece.owned;
         self.planned.push(plan(
             TensorKind::Parameter,
             path,
             None,
             info.shape.iter().copied().collect(),
             dtype,
-            chunk.owned,
+            piece.owned,
             self.rank,
             Box::new(move || flat_bytes(&value, start, end)),
         ));
@@ -398,56 +398,56 @@ impl<'a, O: SimpleOptimizer<H> + 'a, H: Backend> Planner<'a, O, H> {
     fn local(
         &self,
         what: &str,
-        chunk: ParamChunk<'_>,
+        piece: ParamPiece<'_>,
         len: usize,
     ) -> Result<(usize, usize), CheckpointError> {
-        let (path, numel, world) = (chunk.path, chunk.numel, self.world);
+        let (path, numel, world) = (piece.path, piece.numel, self.world);
         let layout = Layout::of(len, numel, world).ok_or_else(|| {
             CheckpointError::Unsupported(format!(
                 "{what} of `{path}` has {len} elements, neither the parameter's {numel} nor a \
                  block of them over {world} ranks"
             ))
         })?;
-        Ok(layout.local(chunk.owned.0, chunk.owned.1))
+        Ok(layout.local(piece.owned.0, piece.owned.1))
     }
 
-    /// This rank's chunk of the optimizer's fp32 master of the parameter, then of its state.
+    /// This rank's piece of the optimizer's fp32 master of the parameter, then of its state.
     fn master(
         &mut self,
-        chunk: ParamChunk<'_>,
+        piece: ParamPiece<'_>,
         values: &Tensor<H, 1>,
         state: Option<&O::State<1>>,
     ) -> Result<(), CheckpointError> {
         let len = values.dims()[0];
-        let (a, b) = self.local("the optimizer's master", chunk, len)?;
+        let (a, b) = self.local("the optimizer's master", piece, len)?;
         let values = values.clone();
         self.planned.push(plan(
             TensorKind::Master,
-            chunk.path,
+            piece.path,
             None,
-            vec![chunk.numel],
+            vec![piece.numel],
             stored_dtype(values.dtype(), "a master copy")?,
-            chunk.owned,
+            piece.owned,
             self.rank,
             Box::new(move || slice_bytes(values.clone(), a, b)),
         ));
         if let Some(state) = state {
-            self.state(chunk, len, (a, b), state)?;
+            self.state(piece, len, (a, b), state)?;
         }
         Ok(())
     }
 
-    /// This rank's chunk (`[a, b)` of the master's `len` elements) of each per-element tensor
+    /// This rank's piece (`[a, b)` of the master's `len` elements) of each per-element tensor
     /// of the optimizer's `state` for the parameter: the tensors of the master's length. Rank 0
     /// keeps the rest of the record, the tensors taken out, for the metadata.
     fn state(
         &mut self,
-        chunk: ParamChunk<'_>,
+        piece: ParamPiece<'_>,
         len: usize,
         (a, b): (usize, usize),
         state: &O::State<1>,
     ) -> Result<(), CheckpointError> {
-        let path = chunk.path;
+        let path = piece.path;
         let fail = |reason: String| CheckpointError::OptimizerState {
             param: path.to_string(),
             reason,
@@ -468,14 +468,14 @@ impl<'a, O: SimpleOptimizer<H> + 'a, H: Backend> Planner<'a, O, H> {
         }
         for (field, dtype) in fields {
             let size = element_size(dtype);
-            let (source, key, wanted) = (self.source, chunk.key, field.clone());
+            let (source, key, wanted) = (self.source, piece.key, field.clone());
             self.planned.push(plan(
                 TensorKind::OptimizerState,
                 path,
                 Some(&field),
-                vec![chunk.numel],
+                vec![piece.numel],
                 dtype,
-                chunk.owned,
+                piece.owned,
                 self.rank,
                 Box::new(move || source.field_bytes(key, &wanted, (a * size, b * size))),
             ));
@@ -483,22 +483,22 @@ impl<'a, O: SimpleOptimizer<H> + 'a, H: Backend> Planner<'a, O, H> {
         Ok(())
     }
 
-    /// This rank's chunk of the parameter's fp32 gradient accumulator `sum`.
+    /// This rank's piece of the parameter's fp32 gradient accumulator `sum`.
     fn accumulator(
         &mut self,
-        chunk: ParamChunk<'_>,
+        piece: ParamPiece<'_>,
         sum: &Tensor<H, 1>,
     ) -> Result<(), CheckpointError> {
         let len = sum.dims()[0];
-        let (a, b) = self.local("the gradient accumulator", chunk, len)?;
+        let (a, b) = self.local("the gradient accumulator", piece, len)?;
         let sum = sum.clone();
         self.planned.push(plan(
             TensorKind::Accumulator,
-            chunk.path,
+            piece.path,
             None,
-            vec![chunk.numel],
+            vec![piece.numel],
             stored_dtype(sum.dtype(), "a gradient accumulator")?,
-            chunk.owned,
+            piece.owned,
             self.rank,
             Box::new(move || slice_bytes(sum.clone(), a, b)),
         ));
@@ -560,8 +560,8 @@ where
     Ok((optimizer_entry, param_entries))
 }
 
-/// Writes the planned tensors as this rank's safetensors file (chunks of no elements, small
-/// tensors on high ranks, are not written), then the rank's index: each chunk's entry with
+/// Writes the planned tensors as this rank's safetensors file (pieces of no elements, small
+/// tensors on high ranks, are not written), then the rank's index: each piece's entry with
 /// where it landed in the file and its page checksums, for rank 0 to merge.
 fn write_planned(
     dir: &Path,
@@ -586,8 +586,8 @@ fn write_planned(
                 tensor: name.clone(),
                 reason: "was not written".into(),
             })?;
-        entry.chunks[0].data_offsets = spot.data_offsets;
-        entry.chunks[0].page_crc32 = spot.page_crc32.clone();
+        entry.pieces[0].data_offsets = spot.data_offsets;
+        entry.pieces[0].page_crc32 = spot.page_crc32.clone();
         tensors.insert(name, entry);
     }
     let index = RankIndex { file, tensors };
@@ -619,7 +619,7 @@ fn commit(dir: &Path, mut meta: Metadata) -> Result<(), CheckpointError> {
                             reason: format!("tensor `{name}` differs between ranks"),
                         });
                     }
-                    merged.chunks.extend(entry.chunks);
+                    merged.pieces.extend(entry.pieces);
                 }
                 None => {
                     meta.tensors.insert(name, entry);
@@ -628,19 +628,19 @@ fn commit(dir: &Path, mut meta: Metadata) -> Result<(), CheckpointError> {
         }
     }
     for (name, entry) in &mut meta.tensors {
-        entry.chunks.sort_by_key(|c| c.offset);
+        entry.pieces.sort_by_key(|p| p.offset);
         let mut next = 0;
-        for chunk in &entry.chunks {
-            if chunk.offset != next {
+        for piece in &entry.pieces {
+            if piece.offset != next {
                 return Err(CheckpointError::Format {
                     path: dir.to_path_buf(),
                     reason: format!(
                         "tensor `{name}`: no rank wrote elements {next}..{}",
-                        chunk.offset
+                        piece.offset
                     ),
                 });
             }
-            next += chunk.length;
+            next += piece.length;
         }
         if next != entry.numel() {
             return Err(CheckpointError::Format {

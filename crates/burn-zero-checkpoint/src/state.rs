@@ -3,9 +3,10 @@
 //! An optimizer's state type may keep its tensors private (Burn's `MomentumState`), but every
 //! state is a Burn `Record`, and a record's item is serde data in which each tensor appears as
 //! a map with `bytes`, `shape` and `dtype`. The state is serialised to a CBOR value tree; every
-//! tensor with one element per element of the master copy is cut out (its bytes chunked like the
-//! master), and what is left — the skeleton, with scalars such as Adam's step count — is kept
-//! as JSON. Loading puts the re-chunked bytes back into the skeleton and deserialises the item.
+//! tensor with one element per element of the master copy is cut out (its bytes saved in
+//! pieces like the master's), and what is left — the skeleton, with scalars such as Adam's step
+//! count — is kept as JSON. Loading puts the bytes, cut for the loading rank, back into the
+//! skeleton and deserialises the item.
 
 use burn::record::{FullPrecisionSettings, Record};
 use burn::tensor::backend::Backend;

@@ -271,18 +271,18 @@ fn corrupted_and_truncated_files_are_refused_naming_file_and_tensor() {
     let dir = saved_block("corrupt");
     let step = latest(&dir).unwrap().unwrap().path;
     let meta = read_metadata(&step).unwrap();
-    // Flip one byte inside rank 1's chunk of the embedding's master copy.
+    // Flip one byte inside rank 1's piece of the embedding's master copy.
     let name = "master/embed.weight";
-    let chunk = meta.tensors[name]
-        .chunks
+    let piece = meta.tensors[name]
+        .pieces
         .iter()
-        .find(|c| c.rank == 1)
+        .find(|p| p.rank == 1)
         .unwrap()
         .clone();
     let file = step.join(&meta.files[1].name);
     let mut bytes = std::fs::read(&file).unwrap();
     let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    bytes[8 + header + chunk.data_offsets.0 + 5] ^= 0x40;
+    bytes[8 + header + piece.data_offsets.0 + 5] ^= 0x40;
     std::fs::write(&file, &bytes).unwrap();
     let message = load_block(&dir);
     assert!(

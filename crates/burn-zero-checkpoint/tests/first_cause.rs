@@ -87,7 +87,7 @@ fn a_save_failure_is_reported_by_the_rank_it_happened_on() {
     }
 }
 
-/// A model large enough that a rank's chunk of one tensor spans checksum pages (1 MiB) no
+/// A model large enough that a rank's piece of one tensor spans checksum pages (1 MiB) no
 /// other rank reads: a corrupt byte there fails only the rank that owns it.
 #[derive(Module, Debug)]
 struct Wide<B: Backend> {
@@ -116,20 +116,20 @@ fn saved_wide(name: &str) -> PathBuf {
     root
 }
 
-/// Flips the middle byte of rank `rank`'s chunk of the weight's first Adam moment.
+/// Flips the middle byte of rank `rank`'s piece of the weight's first Adam moment.
 fn corrupt_optimizer_state(root: &Path, rank: usize) {
     let step = latest(root).unwrap().unwrap().path;
     let meta = read_metadata(&step).unwrap();
-    let chunk = meta.tensors["optim/fc.weight/momentum.moment_1"]
-        .chunks
+    let piece = meta.tensors["optim/fc.weight/momentum.moment_1"]
+        .pieces
         .iter()
-        .find(|c| c.rank == rank)
-        .expect("the rank's chunk")
+        .find(|p| p.rank == rank)
+        .expect("the rank's piece")
         .clone();
     let file = step.join(&meta.files[rank].name);
     let mut bytes = std::fs::read(&file).unwrap();
     let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let middle = (chunk.data_offsets.0 + chunk.data_offsets.1) / 2;
+    let middle = (piece.data_offsets.0 + piece.data_offsets.1) / 2;
     bytes[8 + header + middle] ^= 0x40;
     std::fs::write(&file, &bytes).unwrap();
 }
