@@ -8,9 +8,9 @@ mod common;
 use burn::backend::Flex;
 use burn_zero_checkpoint::{SaveOptions, load, save};
 use burn_zero_comm::launch;
-use burn_zero_core::{ZeroState, shard};
+use burn_zero_core::{ChunkSize, ZeroConfig, ZeroState, shard};
 use burn_zero_optim::LossScalerConfig;
-use burn_zero_testing::{base_model, param_values, params_bits_equal};
+use burn_zero_testing::{Block, Train, base_model, param_values, params_bits_equal};
 use common::{Failure, adam, config, scratch, train, train_on};
 
 #[test]
@@ -71,14 +71,34 @@ fn resume_at_the_same_world_size_is_bitwise_uninterrupted_training_at_every_stag
 /// `resumed` ranks (stage `resumed_stage`) for `steps_after` steps; checks the result against
 /// one rank that averages `saved` micro-batches per step, then `resumed`.
 fn reshard(saved: usize, saved_stage: u8, resumed: usize, resumed_stage: u8) {
+    reshard_with(
+        &base_model(&Default::default()),
+        saved,
+        &config(saved_stage),
+        resumed,
+        &config(resumed_stage),
+        "stages",
+    );
+}
+
+/// [`reshard`] from `base` with the saving and the resuming run's whole configurations (`tag`
+/// tells the scratch directories of concurrent tests apart). Returns each resumed rank's final
+/// parameters.
+fn reshard_with(
+    base: &Block<Train>,
+    saved: usize,
+    saved_config: &ZeroConfig,
+    resumed: usize,
+    resumed_config: &ZeroConfig,
+    tag: &str,
+) -> Vec<Vec<Vec<f32>>> {
     const BEFORE: usize = 3;
     const AFTER: usize = 3;
-    let base = base_model(&Default::default());
     let other = base_model(&Default::default());
-    let dir = scratch(&format!("reshard-{saved}-{resumed}"));
+    let dir = scratch(&format!("reshard-{tag}-{saved}-{resumed}"));
 
     let at_save = launch::<Flex, _, _, Failure>(saved, &[Default::default()], |ctx| {
-        let (model, zero) = shard(base.clone(), &ctx, &config(saved_stage))?;
+        let (model, zero) = shard(base.clone(), &ctx, saved_config)?;
         let mut optim = adam(&zero);
         let model = train(model, &mut optim, ctx.rank(), saved, 0..BEFORE);
         save(&dir, BEFORE as u64, &model, &optim, &SaveOptions::default())?;
@@ -87,7 +107,7 @@ fn reshard(saved: usize, saved_stage: u8, resumed: usize, resumed_stage: u8) {
     .unwrap();
 
     let got = launch::<Flex, _, _, Failure>(resumed, &[Default::default()], |ctx| {
-        let (model, zero) = shard(other.clone(), &ctx, &config(resumed_stage))?;
+        let (model, zero) = shard(other.clone(), &ctx, resumed_config)?;
         let (model, mut optim, loaded) = load(&dir, model, adam(&zero))?;
         assert_eq!(loaded.saved_world_size, saved);
         let after_load = param_values(&model);
@@ -135,6 +155,7 @@ fn reshard(saved: usize, saved_stage: u8, resumed: usize, resumed_stage: u8) {
              single-rank reference"
         );
     }
+    got.into_iter().map(|(_, end)| end).collect()
 }
 
 #[test]
@@ -145,6 +166,62 @@ fn two_ranks_resume_on_three_bitwise() {
 #[test]
 fn four_ranks_resume_on_one_bitwise() {
     reshard(4, 2, 1, 3);
+}
+
+/// Chunks do not leak into the format: a checkpoint saved by 2 ranks whose parameters are
+/// packed into chunks of 256 elements (stage 3) resumes on 3 ranks under the searched chunk
+/// size and under one parameter per chunk, bitwise like the single-rank reference, and like
+/// the same resume from a checkpoint saved with one parameter per chunk.
+#[test]
+fn a_checkpoint_saved_in_chunks_resumes_in_other_chunks_on_other_ranks_bitwise() {
+    let chunked = |size: ChunkSize| config(3).with_chunk_size(size);
+    // The layouts really pack: several parameters share a chunk in both chunked runs.
+    for (ranks, size) in [
+        (2, ChunkSize::Elements(256)),
+        (3, ChunkSize::default_search()),
+    ] {
+        let packed = launch::<Flex, _, _, Failure>(ranks, &[Default::default()], |ctx| {
+            let (_model, zero) = shard(base_model(ctx.device()), &ctx, &chunked(size))?;
+            let chunks = zero.store().chunks();
+            Ok(chunks.chunks().iter().map(|c| c.members.len()).max())
+        })
+        .unwrap();
+        assert!(
+            packed.iter().all(|&most| most > Some(1)),
+            "{size:?} at {ranks} ranks packs one parameter per chunk: {packed:?}"
+        );
+    }
+    let base = base_model(&Default::default());
+    let from_chunks = chunked(ChunkSize::Elements(256));
+    for (tag, size) in [
+        ("search", ChunkSize::default_search()),
+        ("param", ChunkSize::PerParameter),
+    ] {
+        let resumed = chunked(size);
+        let got = reshard_with(
+            &base,
+            2,
+            &from_chunks,
+            3,
+            &resumed,
+            &format!("chunks-{tag}"),
+        );
+        let from_parameters = reshard_with(
+            &base,
+            2,
+            &chunked(ChunkSize::PerParameter),
+            3,
+            &resumed,
+            &format!("params-{tag}"),
+        );
+        for (rank, (a, b)) in got.iter().zip(&from_parameters).enumerate() {
+            assert!(
+                params_bits_equal(a, b),
+                "rank {rank}, resumed under {size:?}: the chunked save resumes otherwise than \
+                 the per-parameter one"
+            );
+        }
+    }
 }
 
 /// Hybrid sharding, 4 ranks in 2 shard groups of 2: only the first group writes (one copy, two
