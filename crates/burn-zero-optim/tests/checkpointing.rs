@@ -7,6 +7,9 @@
 //!   more all-gather per sharded parameter than without it, counted at the communicator.
 //! - The activation memory it saves is measured by a counting global allocator: the peak heap
 //!   of forward and backward of transformer-style MLP blocks, with and without checkpointing.
+//! - With the parameters packed into chunks it is bitwise too: a recomputed op gathers its
+//!   parameter's whole chunk again when nothing is kept gathered, and nothing more when the
+//!   gather cache holds the chunks (one gather per chunk and step, with or without it).
 //!
 //! The two tests share the allocator, so they run one at a time.
 
@@ -22,7 +25,8 @@ use burn::tensor::activation::gelu;
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{Tensor, TensorData};
 use burn_zero_comm::{RankContext, launch};
-use burn_zero_core::{Zero, ZeroConfig, ZeroError, shard};
+use burn_zero_core::chunk::{ChunkKind, ChunkLayout};
+use burn_zero_core::{ChunkSize, Zero, ZeroConfig, ZeroError, shard};
 use burn_zero_optim::ZeroOptimizer;
 use burn_zero_testing::alloc::CountingAllocator;
 use burn_zero_testing::recording::{CallLog, RecordingComm};
@@ -61,10 +65,11 @@ fn with_values<AB: AutodiffBackend, M: Module<AB>>(model: M, values: &[Vec<f32>]
     model.map(&mut SetValues { values, index: 0 })
 }
 
-/// What one rank saw: its final parameters and the all-gathers of each step.
+/// What one rank saw: its final parameters, the all-gathers of each step and the chunk layout.
 struct Run {
     params: Vec<Vec<f32>>,
     gathers: Vec<usize>,
+    chunks: ChunkLayout,
 }
 
 /// Trains the test block (starting from `values`) on `AB` for `STEPS` steps on `WORLD` ranks.
@@ -96,6 +101,7 @@ where
         Ok(Run {
             params: param_values(&model),
             gathers,
+            chunks: zero.store().chunks().clone(),
         })
     })
     .unwrap()
@@ -131,6 +137,76 @@ fn checkpointed_zero3_training_is_bitwise_and_regathers_at_most_once_per_paramet
              sharded parameters)",
             p.gathers, c.gathers
         );
+    }
+}
+
+#[test]
+fn checkpointed_chunked_zero3_training_is_bitwise_and_regathers_at_most_once_per_use() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let values = param_values(&base_model(&Default::default()));
+    // Every parameter sharded, packed into chunks of 256 elements (several per chunk).
+    let chunked = ZeroConfig::new()
+        .with_stage(3)
+        .with_persist_below_numel(0)
+        .with_bucket_size_mb(0.001)
+        .with_chunk_size(ChunkSize::Elements(256));
+    // The per-parameter reference: every use gathers.
+    let reference = train_block::<Plain>(
+        &values,
+        &chunked
+            .clone()
+            .with_chunk_size(ChunkSize::PerParameter)
+            .with_max_live_gathered_bytes(0),
+    );
+    let sharded = values.len();
+    // Nothing kept gathered: each use of a parameter gathers its whole chunk (one all-gather,
+    // the other members cut out and dropped), so a recomputed op gathers once more per
+    // parameter it reads, as without chunks. With the default cache a chunk stays gathered
+    // from its first use in forward through backward and its recomputations: one gather per
+    // sharded chunk and step, checkpointing or not.
+    for cache in [0, ZeroConfig::new().max_live_gathered_bytes] {
+        let config = chunked.clone().with_max_live_gathered_bytes(cache);
+        let plain = train_block::<Plain>(&values, &config);
+        let checkpointed = train_block::<Checkpointed>(&values, &config);
+        for (rank, (p, c)) in plain.iter().zip(&checkpointed).enumerate() {
+            let chunks = p.chunks.count(ChunkKind::Sharded);
+            assert!(
+                p.chunks.chunks().iter().any(|c| c.members.len() > 1),
+                "rank {rank}: {:?}",
+                p.chunks
+            );
+            assert!(
+                params_bits_equal(&p.params, &reference[rank].params),
+                "cache {cache}, rank {rank}: chunks changed the result"
+            );
+            assert!(
+                params_bits_equal(&p.params, &c.params),
+                "cache {cache}, rank {rank}: checkpointing changed the result"
+            );
+            for (step, (&without, &with)) in p.gathers.iter().zip(&c.gathers).enumerate() {
+                if cache == 0 {
+                    // As many gathers as uses, like one parameter per chunk.
+                    assert_eq!(without, reference[rank].gathers[step], "rank {rank}");
+                    assert!(
+                        with >= without && with <= without + sharded,
+                        "rank {rank}, step {step}: {with} all-gathers with checkpointing, \
+                         {without} without, {sharded} sharded parameters"
+                    );
+                } else {
+                    assert_eq!(
+                        (without, with),
+                        (chunks, chunks),
+                        "rank {rank}, step {step}: all-gathers without and with checkpointing, \
+                         against {chunks} sharded chunks"
+                    );
+                }
+            }
+            println!(
+                "cache {cache} B, rank {rank}: all-gathers per step {:?} without checkpointing, \
+                 {:?} with ({chunks} sharded chunks of {sharded} parameters)",
+                p.gathers, c.gathers
+            );
+        }
     }
 }
 

@@ -10,6 +10,8 @@
 //!   parameters alone, as computed here from their shapes.
 //! - Ranks that disagree on which parameters are frozen fail to shard, naming the parameter; a
 //!   parameter frozen or unfrozen after sharding is refused by the optimizer.
+//! - All of it holds with the parameters packed into chunks: frozen and trainable parameters
+//!   never share a chunk, and frozen chunks are never reduced.
 
 use std::sync::Arc;
 
@@ -19,7 +21,8 @@ use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn_zero_comm::{RankContext, launch};
-use burn_zero_core::{ZeroConfig, ZeroError, shard};
+use burn_zero_core::chunk::ChunkKind;
+use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
 use burn_zero_optim::ZeroOptimizer;
 use burn_zero_testing::recording::{CallLog, RecordingComm};
 use burn_zero_testing::{
@@ -31,6 +34,11 @@ const LR: f64 = 1e-2;
 /// The block's parameters in visit order: the embedding, then attention's query, key, value
 /// and output (weight and bias each) are frozen; the rest trains.
 const FROZEN: usize = 9;
+
+/// One parameter per chunk, and chunks of 256 elements: several frozen parameters share
+/// chunks, and so do several trainable ones (checked in
+/// `frozen_and_trainable_parameters_fill_chunks_of_their_own`).
+const CHUNK_SIZES: [ChunkSize; 2] = [ChunkSize::PerParameter, ChunkSize::Elements(256)];
 
 /// Sets `require_grad` of each parameter, in visit order, from `trainable`.
 struct SetTrainable<F: FnMut(usize) -> bool> {
@@ -88,11 +96,12 @@ fn a_frozen_base_trains_bitwise_like_single_rank_burn_and_never_moves() {
                 "reference, parameter #{i}: only the frozen ones keep their values"
             );
         }
-        for stage in 0..=3 {
+        for (stage, chunk_size) in (0..=3).flat_map(|s| CHUNK_SIZES.map(|c| (s, c))) {
             let config = ZeroConfig::new()
                 .with_stage(stage)
                 .with_persist_below_numel(12)
-                .with_bucket_size_mb(0.001);
+                .with_bucket_size_mb(0.001)
+                .with_chunk_size(chunk_size);
             let got = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
                 let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
                 let mut optimizer = ZeroOptimizer::new(&zero, AdamWConfig::new().build());
@@ -110,7 +119,8 @@ fn a_frozen_base_trains_bitwise_like_single_rank_burn_and_never_moves() {
                 for (i, (g, w)) in params.iter().zip(&want).enumerate() {
                     assert!(
                         bits_equal(g, w),
-                        "world {world_size}, stage {stage}, rank {rank}, parameter #{i}"
+                        "world {world_size}, stage {stage}, {chunk_size:?}, rank {rank}, \
+                         parameter #{i}"
                     );
                 }
             }
@@ -120,6 +130,12 @@ fn a_frozen_base_trains_bitwise_like_single_rank_burn_and_never_moves() {
 
 #[test]
 fn frozen_parameters_are_never_reduced_and_hold_no_optimizer_memory() {
+    for chunk_size in CHUNK_SIZES {
+        never_reduced(chunk_size);
+    }
+}
+
+fn never_reduced(chunk_size: ChunkSize) {
     const WORLD: usize = 2;
     let base = frozen_base();
     let numels = numels(&base);
@@ -127,11 +143,13 @@ fn frozen_parameters_are_never_reduced_and_hold_no_optimizer_memory() {
     let trainable_share: usize = numels[FROZEN..].iter().map(|&n| share(n)).sum();
     let all_share: usize = numels.iter().map(|&n| share(n)).sum();
     // Every parameter sharded, f32 gradients: each step reduce-scatters WORLD rows of each
-    // trainable parameter's padded block, and nothing else.
+    // trainable parameter's padded block, and nothing else. With chunks too: a chunk's shard
+    // is its members' padded blocks end to end, with nothing past them.
     let config = ZeroConfig::new()
         .with_stage(3)
         .with_persist_below_numel(0)
-        .with_bucket_size_mb(0.0005);
+        .with_bucket_size_mb(0.0005)
+        .with_chunk_size(chunk_size);
     let per_rank = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
         let log = CallLog::default();
         let recorder = Arc::new(RecordingComm::new(ctx.comm().clone(), log.clone()));
@@ -152,13 +170,20 @@ fn frozen_parameters_are_never_reduced_and_hold_no_optimizer_memory() {
                     .map(|n| n.trim().parse::<usize>().unwrap())
                     .sum()
             };
+            let scatters = calls
+                .iter()
+                .filter(|(call, _)| call.starts_with("reduce_scatter"))
+                .count();
             reduced_per_step.push((
                 elements("reduce_scatter"),
                 elements("all_reduce"),
                 zero.last_reduction().bytes,
+                scatters,
             ));
         }
-        let layout: Vec<usize> = zero.bucket_layout().into_iter().flatten().collect();
+        let buckets = zero.bucket_layout();
+        let chunks = zero.store().chunks().clone();
+        let layout: Vec<usize> = buckets.iter().flatten().copied().collect();
         let trainable: Vec<usize> = (0..numels.len())
             .filter(|&key| zero.is_trainable(key))
             .collect();
@@ -170,20 +195,45 @@ fn frozen_parameters_are_never_reduced_and_hold_no_optimizer_memory() {
             report,
             optimizer.master_bytes(),
             optimizer.state_bytes(),
+            (buckets, chunks),
         ))
     })
     .unwrap();
-    for (rank, (layout, trainable, reduced, report, master, state)) in per_rank.iter().enumerate() {
+    for (rank, (layout, trainable, reduced, report, master, state, (buckets, chunks))) in
+        per_rank.iter().enumerate()
+    {
         assert_eq!(*trainable, (FROZEN..numels.len()).collect::<Vec<_>>());
+        if chunk_size != ChunkSize::PerParameter {
+            // A bucket per trainable chunk, and none for the frozen chunks: the trainable
+            // parameters' 10, 10, 140 and 14 elements fill one chunk of 256, the next 140, 10,
+            // 10 and 10 another.
+            let trainable_chunks: Vec<Vec<usize>> = chunks
+                .chunks()
+                .iter()
+                .filter(|c| c.trainable)
+                .map(|c| c.members.iter().map(|m| m.key).collect())
+                .collect();
+            assert_eq!(
+                trainable_chunks,
+                [vec![9, 10, 11, 12], vec![13, 14, 15, 16]],
+                "rank {rank}"
+            );
+            let mut sorted = buckets.clone();
+            sorted.sort();
+            assert_eq!(sorted, trainable_chunks, "rank {rank}");
+        }
         let mut layout = layout.clone();
         layout.sort_unstable();
         assert_eq!(
             layout, *trainable,
             "rank {rank}: buckets hold the trainable only"
         );
-        for (step, &(scattered, all_reduced, bytes)) in reduced.iter().enumerate() {
+        for (step, &(scattered, all_reduced, bytes, scatters)) in reduced.iter().enumerate() {
             // Gradient norms and the loss are not reduced here (no clipping, no scaler).
             assert_eq!(all_reduced, 0, "rank {rank}, step {step}");
+            // One reduce-scatter per bucket: with chunks, per trainable chunk (2, against the
+            // buckets of `bucket_size_mb` without).
+            assert_eq!(scatters, buckets.len(), "rank {rank}, step {step}");
             assert_eq!(
                 scattered,
                 WORLD * trainable_share,
@@ -212,6 +262,49 @@ fn frozen_parameters_are_never_reduced_and_hold_no_optimizer_memory() {
             reduced[0].0,
             report.parameter_shards.current,
             report.gradient_shards.peak,
+        );
+    }
+}
+
+#[test]
+fn frozen_and_trainable_parameters_fill_chunks_of_their_own() {
+    let config = ZeroConfig::new()
+        .with_stage(3)
+        .with_persist_below_numel(12)
+        .with_chunk_size(ChunkSize::Elements(256));
+    let layouts = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+        let (_model, zero) = shard(frozen_base(), &ctx, &config)?;
+        Ok(zero.store().chunks().clone())
+    })
+    .unwrap();
+    for (rank, layout) in layouts.iter().enumerate() {
+        for chunk in layout.chunks() {
+            for member in &chunk.members {
+                assert_eq!(
+                    chunk.trainable,
+                    member.key >= FROZEN,
+                    "rank {rank}: parameter #{} in chunk {chunk:?}",
+                    member.key
+                );
+            }
+        }
+        // Several parameters per chunk on both sides, sharded and replicated: the frozen
+        // embedding (130) and query weight (100), the trainable MLP's weights and bias.
+        let packed = |trainable: bool, kind: ChunkKind| {
+            layout
+                .chunks()
+                .iter()
+                .any(|c| c.trainable == trainable && c.kind == kind && c.members.len() > 1)
+        };
+        assert!(packed(false, ChunkKind::Sharded), "rank {rank}: {layout:?}");
+        assert!(packed(true, ChunkKind::Sharded), "rank {rank}: {layout:?}");
+        assert!(
+            packed(false, ChunkKind::Replicated),
+            "rank {rank}: {layout:?}"
+        );
+        assert!(
+            packed(true, ChunkKind::Replicated),
+            "rank {rank}: {layout:?}"
         );
     }
 }

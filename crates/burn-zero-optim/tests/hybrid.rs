@@ -8,6 +8,9 @@
 //! is divided once by N. For N = 4, S = 2 that is ((g0 + g1) + (g2 + g3)) / 4, which is not the
 //! flat order (((g0 + g1) + g2) + g3) / 4 of plain sharding; the test checks that the two
 //! references differ, so matching one of them bit for bit says which order was used.
+//!
+//! Chunks (`ZeroConfig::chunk_size`) are laid out over the shard group's ranks and reduced in
+//! the same two collectives per chunk: training stays bitwise, and the bytes do not change.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +20,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn_zero_comm::{CommError, Communicator, RankContext, ReduceOp, launch};
-use burn_zero_core::{ZeroConfig, ZeroError, shard};
+use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
 use burn_zero_optim::ZeroOptimizer;
 use burn_zero_testing::{
     Block, Inner, Train, base_model, micro_batch, param_values, params_bits_equal,
@@ -95,6 +98,35 @@ fn sharded(base: &Block<Train>, world: usize, config: &ZeroConfig) -> Vec<Vec<Ve
     .unwrap_or_else(|e| panic!("{world} ranks, {config:?}: {e}"))
 }
 
+/// One parameter per chunk (gradient buckets of `bucket_size_mb`), and chunks of 256 elements,
+/// which pack several parameters of the test block together over a shard group of 2 or 3
+/// (checked by `chunks_of_256_elements_pack_several_parameters_per_shard_group`).
+const CHUNK_SIZES: [ChunkSize; 2] = [ChunkSize::PerParameter, ChunkSize::Elements(256)];
+
+#[test]
+fn chunks_of_256_elements_pack_several_parameters_per_shard_group() {
+    for (world, shard_group) in [(4, 2), (6, 3)] {
+        let config = config(3, shard_group).with_chunk_size(ChunkSize::Elements(256));
+        let layouts = launch::<Flex, _, _, ZeroError>(world, &[Default::default()], |ctx| {
+            let (_model, zero) = shard(base_model(ctx.device()), &ctx, &config)?;
+            Ok(zero.store().chunks().clone())
+        })
+        .unwrap();
+        for (rank, layout) in layouts.iter().enumerate() {
+            assert_eq!(layout, &layouts[0], "rank {rank}: every rank packs alike");
+            let packed = layout
+                .chunks()
+                .iter()
+                .filter(|c| c.members.len() > 1)
+                .count();
+            assert!(packed >= 2, "N = {world}, S = {shard_group}: {layout:?}");
+            // Blocks over the shard group: a 130-element embedding is 65 or 44 elements.
+            let (chunk, _) = layout.place(0).unwrap();
+            assert_eq!(chunk.members[0].block_len, 130usize.div_ceil(shard_group));
+        }
+    }
+}
+
 fn config(stage: u8, shard: usize) -> ZeroConfig {
     ZeroConfig::new()
         .with_stage(stage)
@@ -115,16 +147,20 @@ fn hybrid_training_matches_single_rank_training_in_hybrid_order_bitwise() {
             "N = {world}, S = {shard}: the hybrid and flat orders give the same bits, so this \
              test could not tell them apart"
         );
-        for stage in 0..=3 {
-            for overlap in [true, false] {
-                let config = config(stage, shard).with_overlap_comm(overlap);
-                let got = sharded(&base, world, &config);
-                for (rank, params) in got.iter().enumerate() {
-                    assert!(
-                        params_bits_equal(params, &want),
-                        "N = {world}, S = {shard}, stage {stage}, overlap {overlap}: rank \
-                         {rank} differs from the hybrid-order reference"
-                    );
+        for chunk_size in CHUNK_SIZES {
+            for stage in 0..=3 {
+                for overlap in [true, false] {
+                    let config = config(stage, shard)
+                        .with_overlap_comm(overlap)
+                        .with_chunk_size(chunk_size);
+                    let got = sharded(&base, world, &config);
+                    for (rank, params) in got.iter().enumerate() {
+                        assert!(
+                            params_bits_equal(params, &want),
+                            "N = {world}, S = {shard}, stage {stage}, overlap {overlap}, \
+                             {chunk_size:?}: rank {rank} differs from the hybrid-order reference"
+                        );
+                    }
                 }
             }
         }
@@ -246,9 +282,15 @@ impl Communicator<Flex> for Counting {
 
 #[test]
 fn bytes_inside_and_across_groups_and_model_state_follow_the_shard_group_size() {
+    for chunk_size in CHUNK_SIZES {
+        bytes_and_model_state(chunk_size);
+    }
+}
+
+fn bytes_and_model_state(chunk_size: ChunkSize) {
     let base = base_model(&Default::default());
     let (world, group_size) = (4, 2);
-    let config = config(3, group_size);
+    let config = config(3, group_size).with_chunk_size(chunk_size);
     let per_rank = launch::<Flex, _, _, ZeroError>(world, &[Default::default()], |ctx| {
         let bytes = Arc::new(Bytes::default());
         let counting: Arc<dyn Communicator<Flex>> = Arc::new(Counting {
@@ -280,6 +322,8 @@ fn bytes_inside_and_across_groups_and_model_state_follow_the_shard_group_size() 
             .map(|c| c.load(Ordering::SeqCst))
             .sum();
         let counted = 2 * zero.last_reduction().collectives as u64;
+        let buckets = zero.bucket_layout();
+        let chunks = zero.store().chunks().clone();
         drop(model);
         Ok((
             moved,
@@ -288,10 +332,11 @@ fn bytes_inside_and_across_groups_and_model_state_follow_the_shard_group_size() 
             zero.replica(),
             infos,
             (reductions, counted),
+            (buckets, chunks),
         ))
     })
     .unwrap();
-    for (rank, (moved, report, state, replica, infos, (reductions, counted))) in
+    for (rank, (moved, report, state, replica, infos, (reductions, counted), (buckets, chunks))) in
         per_rank.iter().enumerate()
     {
         // Two steps, each reducing every bucket inside the shard group and then across the
@@ -301,11 +346,28 @@ fn bytes_inside_and_across_groups_and_model_state_follow_the_shard_group_size() 
             "rank {rank}: reductions the engine saw over two steps against twice the last \
              step's count"
         );
+        assert_eq!(*counted, 2 * 2 * buckets.len() as u64, "rank {rank}");
+        if chunk_size != ChunkSize::PerParameter {
+            // With chunks a bucket is a chunk (every parameter trains here): two collectives
+            // per chunk and step, fewer than one parameter per chunk needs.
+            let members: Vec<Vec<usize>> = chunks
+                .chunks()
+                .iter()
+                .map(|c| c.members.iter().map(|m| m.key).collect())
+                .collect();
+            assert_eq!(buckets.len(), members.len(), "rank {rank}: {buckets:?}");
+            for bucket in buckets {
+                assert!(members.contains(bucket), "rank {rank}: {bucket:?}");
+            }
+            assert!(buckets.len() < infos.len(), "rank {rank}: {buckets:?}");
+        }
         // Predicted from the parameter list (f32, 4 bytes an element): a sharded parameter is
         // gathered once in forward (kept for backward by the gather cache) and its gradient
         // reduce-scattered inside the group, padded to S blocks; its block of the sum is then
         // all-reduced across the groups. A replicated parameter's gradient is all-reduced
-        // inside the group and then across.
+        // inside the group and then across. Chunks change none of it: a chunk's shard is its
+        // members' padded blocks end to end, with no padding past them, so a chunk's gather,
+        // reduce-scatter and all-reduces move exactly its members' bytes, in fewer calls.
         let (mut inside, mut across, mut params, mut elements) = (0, 0, 0, 0);
         for info in infos {
             let n = info.shape.num_elements();
@@ -325,7 +387,8 @@ fn bytes_inside_and_across_groups_and_model_state_follow_the_shard_group_size() 
         assert_eq!(
             moved,
             &[0, inside as u64, across as u64],
-            "rank {rank}: bytes of one step on the world, inside the group and across groups"
+            "rank {rank}, {chunk_size:?}: bytes of one step on the world, inside the group and \
+             across groups"
         );
         assert_eq!(
             *replica,

@@ -2,14 +2,17 @@
 //! which parameters are gathered; later passes issue the next gathers ahead of use. Training is
 //! bitwise the same with and without it, every gather after a pass's first is served by a
 //! prefetch, a pass that changes the order falls back to gathering on demand, and ranks whose
-//! orders differ fail with a schedule mismatch rather than hang.
+//! orders differ fail with a schedule mismatch rather than hang. With the parameters packed
+//! into chunks, prefetch runs ahead by chunks: every chunk gather after a pass's first is
+//! served by a prefetch, and training stays bitwise the same as one parameter per chunk.
 
 use std::time::Duration;
 
 use burn::backend::Flex;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn_zero_comm::{LaunchOptions, launch, launch_with};
-use burn_zero_core::{GatherStats, ZeroConfig, ZeroError, shard};
+use burn_zero_core::chunk::{ChunkKind, ChunkLayout};
+use burn_zero_core::{ChunkSize, GatherStats, ZeroConfig, ZeroError, shard};
 use burn_zero_optim::ZeroOptimizer;
 use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
 
@@ -19,6 +22,9 @@ const LR: f64 = 1e-2;
 /// Room for the two largest gathered parameters (140 f32 each) and a little more: backward
 /// gathers again, and prefetches must evict cached parameters to fit.
 const SMALL_CACHE: usize = 1200;
+
+/// One parameter per chunk, and chunks of 256 elements (several parameters each).
+const CHUNK_SIZES: [ChunkSize; 2] = [ChunkSize::PerParameter, ChunkSize::Elements(256)];
 
 fn config(prefetch: usize) -> ZeroConfig {
     ZeroConfig::new()
@@ -36,6 +42,18 @@ fn run(
     config: &ZeroConfig,
     twice: impl Fn(usize, usize) -> bool + Sync,
 ) -> Vec<(Vec<Vec<f32>>, GatherStats)> {
+    run_chunked(base, config, twice)
+        .into_iter()
+        .map(|(params, stats, _)| (params, stats))
+        .collect()
+}
+
+/// [`run`], with each rank's chunk layout.
+fn run_chunked(
+    base: &Block<Train>,
+    config: &ZeroConfig,
+    twice: impl Fn(usize, usize) -> bool + Sync,
+) -> Vec<(Vec<Vec<f32>>, GatherStats, ChunkLayout)> {
     launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, config)?;
         let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
@@ -49,7 +67,7 @@ fn run(
             model = optimizer.step(LR, model, grads);
         }
         let stats = zero.gather_stats();
-        Ok((param_values(&model), stats))
+        Ok((param_values(&model), stats, zero.store().chunks().clone()))
     })
     .unwrap_or_else(|e| panic!("{config:?}: {e}"))
 }
@@ -122,6 +140,89 @@ fn a_pass_in_another_order_gathers_on_demand_and_stays_bitwise() {
         );
         assert_eq!(stats.diverged_passes, 2, "rank {rank}: {stats:?}");
         assert!(stats.prefetched > 0, "rank {rank}: {stats:?}");
+    }
+}
+
+/// Chunked prefetch: every chunk gather after a pass's first is served by a prefetch; with
+/// the default budget a pass gathers each sharded chunk once (the other members are cut out
+/// and cached), so the gathers per pass are the sharded chunks; and training is bitwise one
+/// parameter per chunk gathering on demand.
+#[test]
+fn chunked_prefetch_runs_ahead_by_chunks_and_is_bitwise() {
+    let base = base_model(&Default::default());
+    let reference = run(&base, &config(0), |_, _| false);
+    let chunked = |prefetch| config(prefetch).with_chunk_size(ChunkSize::Elements(256));
+    let on_demand = run_chunked(&base, &chunked(0), |_, _| false);
+    for depth in [1, 3] {
+        let ahead = run_chunked(&base, &chunked(depth), |_, _| false);
+        for (rank, ((want, plain, layout), (got, stats, _))) in
+            on_demand.iter().zip(&ahead).enumerate()
+        {
+            assert!(
+                layout.chunks().iter().any(|c| c.members.len() > 1),
+                "{layout:?}"
+            );
+            assert!(
+                params_bits_equal(got, want) && params_bits_equal(got, &reference[rank].0),
+                "depth {depth}, rank {rank}: parameters differ from gathering on demand"
+            );
+            let chunks = layout.count(ChunkKind::Sharded) as u64;
+            assert_eq!(plain.prefetched, 0);
+            assert_eq!(plain.gathers, STEPS as u64 * chunks, "{plain:?}");
+            assert_eq!(stats.gathers, plain.gathers, "depth {depth}: gathers");
+            // Fewer gathers than one parameter per chunk needs.
+            assert!(plain.gathers < reference[rank].1.gathers, "{plain:?}");
+            assert_eq!(
+                stats.prefetched,
+                (STEPS as u64 - 1) * (chunks - 1),
+                "depth {depth}, rank {rank}: {stats:?}"
+            );
+            assert_eq!(stats.discarded, 0, "{stats:?}");
+            assert_eq!(stats.diverged_passes, 0, "{stats:?}");
+        }
+    }
+}
+
+/// Chunked prefetch under a gather budget that holds one chunk of 256 f32 elements (1 KiB) and
+/// little more, and with a pass in another order: bitwise one parameter per chunk gathering on
+/// demand.
+#[test]
+fn chunked_prefetch_within_a_small_budget_and_out_of_order_is_bitwise() {
+    let base = base_model(&Default::default());
+    for twice in [false, true] {
+        let twice = move |step: usize, _rank: usize| twice && step == 2;
+        let small = |prefetch, chunk_size| {
+            config(prefetch)
+                .with_max_live_gathered_bytes(SMALL_CACHE)
+                .with_chunk_size(chunk_size)
+        };
+        let reference = run(&base, &small(0, ChunkSize::PerParameter), twice);
+        for chunk_size in CHUNK_SIZES {
+            for depth in [0, 1, 2] {
+                let ahead = run(&base, &small(depth, chunk_size), twice);
+                for (rank, ((want, _), (got, stats))) in reference.iter().zip(&ahead).enumerate() {
+                    assert!(
+                        params_bits_equal(got, want),
+                        "{chunk_size:?}, depth {depth}, twice {}, rank {rank}: parameters \
+                         differ from gathering on demand one parameter per chunk",
+                        twice(2, rank)
+                    );
+                    // The pass that runs forward twice leaves the recorded order, and so does
+                    // the next one (as without chunks).
+                    let diverged = if depth > 0 && twice(2, rank) { 2 } else { 0 };
+                    assert_eq!(stats.diverged_passes, diverged, "{chunk_size:?}: {stats:?}");
+                    assert_eq!(
+                        stats.prefetched > 0,
+                        depth > 0,
+                        "{chunk_size:?}, depth {depth}: {stats:?}"
+                    );
+                    println!(
+                        "{chunk_size:?}, depth {depth}, twice {}, rank {rank}: {stats:?}",
+                        twice(2, rank)
+                    );
+                }
+            }
+        }
     }
 }
 
