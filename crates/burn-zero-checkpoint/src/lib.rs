@@ -21,7 +21,6 @@ mod load;
 mod params;
 mod read;
 mod save;
-mod state;
 mod write;
 
 pub use consolidate::{Consolidated, OutputDtype, consolidate, consolidate_checkpoint};

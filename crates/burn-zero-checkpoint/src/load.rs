@@ -19,7 +19,7 @@ use crate::error::CheckpointError;
 use crate::format::{Metadata, TensorKind, tensor_name, to_burn};
 use crate::params::{NewValues, RankParams, agree, collect, tensor_from_bytes, unbound};
 use crate::read::RankFiles;
-use crate::state::{for_each_tensor, from_tree, tree_from_json};
+use burn_zero_optim::state_tree::{for_each_tensor, from_tree, tree_from_json};
 
 /// What [`load`] found.
 #[derive(Debug, Clone, PartialEq)]

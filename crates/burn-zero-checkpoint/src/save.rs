@@ -25,8 +25,8 @@ use crate::params::{
     RankParam, RankParams, agree, agree_on, collect, flat_bytes, slice_bytes, unbound,
 };
 use crate::read::element_size;
-use crate::state::{for_each_tensor, to_tree, tree_to_json};
 use crate::write::{PendingTensor, sync_dir, write_atomically, write_safetensors};
+use burn_zero_optim::state_tree::{for_each_tensor, to_tree, tree_to_json};
 
 /// How [`save`] writes and rotates.
 #[derive(Debug, Clone, PartialEq)]

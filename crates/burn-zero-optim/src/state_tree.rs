@@ -6,7 +6,8 @@
 //! which every tensor with one element per element of the master copy can be cut apart or
 //! joined, while the rest — the skeleton, with scalars such as Adam's step count — stays as it
 //! is. The optimizer splits a chunk's flat state into its parameters' states this way (and
-//! joins them back); checkpoints cut each parameter's state into pieces per rank.
+//! joins them back); checkpoints cut each parameter's state into pieces per rank, keep the
+//! skeleton as JSON, and put the bytes cut for the loading rank back into it.
 
 use burn::record::{FullPrecisionSettings, Record};
 use burn::tensor::backend::Backend;
