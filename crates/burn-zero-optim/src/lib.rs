@@ -5,6 +5,7 @@
 
 mod chunked;
 mod clip;
+mod fused;
 mod loss_scale;
 mod master;
 mod optimizer;
@@ -14,6 +15,7 @@ mod state;
 pub mod state_tree;
 
 pub use clip::NormType;
+pub use fused::{FusedAdam, FusedAdamW, FusedConfigError};
 pub use loss_scale::{DynamicLossScaler, LossScalerConfig};
 pub use optimizer::{StateSize, ZeroOptimizer};
 pub use placement::{Offload, OnDevice, Placement};

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::{
-    GradientsParams, LearningRate, MultiGradientsParams, Optimizer, SimpleOptimizer,
+    AdamConfig, AdamWConfig, GradientsParams, LearningRate, MultiGradientsParams, Optimizer,
+    SimpleOptimizer,
 };
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
@@ -14,6 +15,7 @@ use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
 
 use crate::chunked::Stepped;
 use crate::clip::{LocalStats, NormType};
+use crate::fused::{FusedAdam, FusedAdamW, FusedConfigError};
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
 use crate::master::{Master, cast_to};
 use crate::placement::{Offload, OnDevice, Placement};
@@ -107,6 +109,22 @@ pub(crate) struct Taken<H: Backend> {
     pub key: usize,
     /// This rank's part of the reduced gradient, flat, where the masters live.
     pub grad: Tensor<H, 1>,
+}
+
+impl<B: Backend> ZeroOptimizer<FusedAdam, B, OnDevice> {
+    /// Adam from Burn's `config`, fused: each flat master shard is stepped in one pass on host
+    /// backends (see [`FusedAdam`] for what falls back to Burn's per-tensor step). Refuses
+    /// hyperparameters that cannot work, and Burn's per-parameter gradient clipping, by name.
+    pub fn adam(zero: &ZeroState<B>, config: &AdamConfig) -> Result<Self, FusedConfigError> {
+        Ok(Self::new(zero, FusedAdam::new(config)?))
+    }
+}
+
+impl<B: Backend> ZeroOptimizer<FusedAdamW, B, OnDevice> {
+    /// AdamW from Burn's `config`, fused (see [`FusedAdamW`]).
+    pub fn adamw(zero: &ZeroState<B>, config: &AdamWConfig) -> Result<Self, FusedConfigError> {
+        Ok(Self::new(zero, FusedAdamW::new(config)?))
+    }
 }
 
 impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B, OnDevice>
@@ -294,11 +312,19 @@ where
     /// One optimizer step with learning rate `lr`: `module` updated with `grads` (from
     /// `GradientsParams::from_grads`). Parameters without a gradient on any rank are left as
     /// they are; on an overflow every parameter and all optimizer state are left as they are.
+    ///
+    /// # Panics
+    /// When `lr` is negative or not finite, before anything changes.
     pub fn step<AB, M>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M
     where
         AB: AutodiffBackend<InnerBackend = Zero<B>>,
         M: AutodiffModule<AB>,
     {
+        assert!(
+            lr.is_finite() && lr >= 0.0,
+            "burn-zero: the learning rate {lr} is not a finite number of 0 or more; nothing was \
+             stepped"
+        );
         let mut collect = Collect::<B, P> {
             zero: bound(&self.zero),
             grads,

@@ -80,14 +80,25 @@ where
     OS::State<1>: StateBytes,
 {
     let base = base_model(&Default::default());
+    // One parameter per chunk (gradient buckets), and chunks of 256 elements (flat masters).
+    let configs = common::configs().into_iter().flat_map(|config| {
+        [
+            config.clone(),
+            config.with_chunk_size(burn_zero_core::ChunkSize::Elements(256)),
+        ]
+    });
+    let configs: Vec<_> = configs.collect();
     for world_size in [1, 2, 4] {
         let want = reference(&base, world_size, init());
-        for config in common::configs() {
+        for config in configs.clone() {
             let got = sharded(&base, world_size, &config, &build);
             assert_same(
                 &got,
                 &want,
-                &format!("{name}, world {world_size}, stage {}", config.stage),
+                &format!(
+                    "{name}, world {world_size}, stage {}, {:?}",
+                    config.stage, config.chunk_size
+                ),
             );
         }
     }
@@ -115,4 +126,30 @@ fn adamw_matches_single_rank_training_bitwise() {
 fn sgd_with_momentum_matches_single_rank_training_bitwise() {
     let sgd = || SgdConfig::new().with_momentum(Some(MomentumConfig::new().with_momentum(0.9)));
     check("SGD", || sgd().init(), || sgd().build::<Flex>());
+}
+
+/// The fused optimizers (one pass over a flat shard on Flex) end bitwise where Burn's own
+/// per-tensor optimizers end, with and without weight decay.
+#[test]
+fn fused_adam_and_adamw_match_single_rank_training_bitwise() {
+    use burn::optim::decay::WeightDecayConfig;
+    use burn_zero_optim::{FusedAdam, FusedAdamW};
+
+    let adam = || AdamConfig::new().with_weight_decay(Some(WeightDecayConfig::new(1e-2)));
+    check(
+        "fused Adam, L2 weight decay",
+        || adam().init(),
+        || FusedAdam::new(&adam()).expect("fusable"),
+    );
+    check(
+        "fused Adam",
+        || AdamConfig::new().init(),
+        || FusedAdam::new(&AdamConfig::new()).expect("fusable"),
+    );
+    let adamw = || AdamWConfig::new().with_weight_decay(5e-2);
+    check(
+        "fused AdamW",
+        || adamw().init(),
+        || FusedAdamW::new(&adamw()).expect("fusable"),
+    );
 }

@@ -12,8 +12,10 @@
 //! the backends' own reference count, so a buffer is only written while no tensor shares it.
 //!
 //! The arithmetic ([`HostFloat`]) reproduces the backends' own, so results are bitwise those
-//! of the Burn-ops path.
+//! of the Burn-ops path. [`adam_step`] is the optimizer's fused Adam/AdamW pass over such
+//! memory.
 
+mod adam;
 mod element;
 mod pack;
 mod pool;
@@ -23,6 +25,7 @@ use std::any::{Any, TypeId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};
 
+pub use adam::{AdamRule, AdamStep, adam_step};
 pub use element::{FloatVisitor, HostFloat, visit};
 pub(crate) use pack::{HostPacker, divide_row, unpack};
 pub use pool::BufferPool;
