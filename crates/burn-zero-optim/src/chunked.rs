@@ -33,27 +33,38 @@ pub(crate) type Stepped<B> = HashMap<ParamId, ZeroTensor<B>>;
 /// New values by parameter key, while a step writes them.
 type ByKey<B> = HashMap<usize, ZeroTensor<B>>;
 
+/// A trainable chunk's gradient on this rank: its members' parts end to end, in f32.
+pub(crate) struct ChunkGrad<H: Backend> {
+    /// The chunk's id in the layout.
+    pub chunk: usize,
+    /// Whether the parts are shards (every rank's part counts in the global norm) rather than
+    /// whole replicated gradients (counted on rank 0 only).
+    pub sharded: bool,
+    pub grad: Tensor<H, 1>,
+}
+
 impl<O, B: Backend, P: Placement<B>> ZeroOptimizer<O, B, P>
 where
     O: SimpleOptimizer<P::Host>,
 {
-    /// Steps every trainable chunk whose members all have a gradient in `taken` (their
-    /// current values in `values`, by key), taking those gradients out; returns each member's
-    /// new value by key. Parameters of no chunk (or of a chunk without gradients) are left in
-    /// `taken` for the per-parameter step.
-    pub(crate) fn step_chunks(
-        &mut self,
-        lr: f64,
-        factor: f64,
+    /// Takes the gradients of every trainable chunk whose members have one out of `taken` and
+    /// joins them into the chunk's flat gradient (its parts end to end, in f32), so that
+    /// statistics and the step see one tensor per chunk. Parameters of no chunk stay in
+    /// `taken`.
+    pub(crate) fn join_chunk_grads(
+        &self,
         taken: &mut HashMap<ParamId, Taken<P::Host>>,
-        values: &HashMap<usize, ZeroTensor<B>>,
-    ) -> Stepped<B> {
-        let zero = self.zero.clone().expect("a stepping optimizer is bound");
-        let store = zero.store().clone();
-        let keys: HashMap<usize, ParamId> = taken.iter().map(|(id, t)| (t.key, *id)).collect();
-        let mut ids = keys.clone();
-        let mut stepped = ByKey::new();
-        for chunk in store.chunks().chunks().iter().filter(|c| c.trainable) {
+    ) -> Vec<ChunkGrad<P::Host>> {
+        let zero = self.zero.as_ref().expect("a stepping optimizer is bound");
+        let mut ids: HashMap<usize, ParamId> = taken.iter().map(|(id, t)| (t.key, *id)).collect();
+        let mut joined = Vec::new();
+        for chunk in zero
+            .store()
+            .chunks()
+            .chunks()
+            .iter()
+            .filter(|c| c.trainable)
+        {
             let present = chunk
                 .members
                 .iter()
@@ -71,7 +82,7 @@ where
                     chunk.id
                 );
             }
-            let grads: Vec<Tensor<P::Host, 1>> = chunk
+            let parts: Vec<Tensor<P::Host, 1>> = chunk
                 .members
                 .iter()
                 .map(|m| {
@@ -79,16 +90,39 @@ where
                     cast_to(taken.remove(&id).expect("taken").grad, DType::F32)
                 })
                 .collect();
+            joined.push(ChunkGrad {
+                chunk: chunk.id,
+                sharded: chunk.kind == ChunkKind::Sharded,
+                grad: Tensor::cat(parts, 0),
+            });
+        }
+        joined
+    }
+
+    /// Steps every chunk of `grads` (their members' current values in `values`, by key);
+    /// returns each member's new value by parameter.
+    pub(crate) fn step_chunks(
+        &mut self,
+        lr: f64,
+        factor: f64,
+        grads: Vec<ChunkGrad<P::Host>>,
+        values: &HashMap<usize, ZeroTensor<B>>,
+        ids: &HashMap<usize, ParamId>,
+    ) -> Stepped<B> {
+        let zero = self.zero.clone().expect("a stepping optimizer is bound");
+        let store = zero.store().clone();
+        let mut stepped = ByKey::new();
+        for ChunkGrad { chunk, grad, .. } in grads {
+            let chunk = &store.chunks().chunks()[chunk];
             self.chunk_master(&store, chunk, values);
             let master = self.flat.get_mut(&chunk.id).expect("made above");
-            let updated = master.step(&self.optim, lr, Tensor::cat(grads, 0), factor);
-            let dtype = chunk.dtype;
-            let updated = cast_to(P::to_model(updated, store.device()), dtype);
+            let updated = master.step(&self.optim, lr, grad, factor);
+            let updated = cast_to(P::to_model(updated, store.device()), chunk.dtype);
             self.write_back(&store, chunk, updated, values, &mut stepped);
         }
         stepped
             .into_iter()
-            .filter_map(|(key, value)| Some((*keys.get(&key)?, value)))
+            .filter_map(|(key, value)| Some((*ids.get(&key)?, value)))
             .collect()
     }
 

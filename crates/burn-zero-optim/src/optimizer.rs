@@ -13,7 +13,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{DType, Device, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
 
-use crate::chunked::Stepped;
+use crate::chunked::{ChunkGrad, Stepped};
 use crate::clip::{LocalStats, NormType};
 use crate::fused::{FusedAdam, FusedAdamW, FusedConfigError};
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
@@ -385,18 +385,22 @@ where
             self.accumulated.clear();
         }
 
-        let Some(factor) = self.gradient_factor(&taken, &order) else {
+        // With chunks, each chunk's gradient parts are joined once, for the statistics and
+        // the step alike.
+        let chunked = !bound(&self.zero).store().chunks().is_per_parameter();
+        let ids: HashMap<usize, ParamId> = taken.iter().map(|(id, t)| (t.key, *id)).collect();
+        let chunk_grads = if chunked {
+            self.join_chunk_grads(&mut taken)
+        } else {
+            Vec::new()
+        };
+        let Some(factor) = self.gradient_factor(&taken, &order, &chunk_grads) else {
             self.skipped += 1;
             tracing::warn!(scale = self.loss_scale(), "gradient overflow: step skipped");
             // Backward consumed the parameters' marks: renew them, values untouched.
             return module.map(&mut Refill { optimizer: self });
         };
-        let chunked = !bound(&self.zero).store().chunks().is_per_parameter();
-        let stepped = if chunked {
-            self.step_chunks(lr, factor, &mut taken, &values)
-        } else {
-            HashMap::new()
-        };
+        let stepped = self.step_chunks(lr, factor, chunk_grads, &values, &ids);
         let mut apply = Apply {
             optimizer: self,
             lr,
@@ -428,6 +432,7 @@ where
         &mut self,
         taken: &HashMap<ParamId, Taken<P::Host>>,
         order: &[ParamId],
+        chunk_grads: &[ChunkGrad<P::Host>],
     ) -> Option<f64> {
         if self.clipping.is_none() && self.scaler.is_none() {
             return Some(1.0);
@@ -439,8 +444,12 @@ where
         let norm_type = self.clipping.map_or(NormType::L2, |(_, n)| n);
         let host = P::host_device(zero.device());
         let mut stats = LocalStats::<P::Host>::default();
+        // One statistic per chunk (its flat gradient), then per parameter outside chunks.
+        for chunk in chunk_grads {
+            stats.add(&chunk.grad, norm_type, chunk.sharded || zero.rank() == 0);
+        }
         for id in order {
-            let t = &taken[id];
+            let Some(t) = taken.get(id) else { continue };
             let counts = zero.gradient_is_sharded(t.key) || zero.rank() == 0;
             stats.add(&t.grad, norm_type, counts);
         }

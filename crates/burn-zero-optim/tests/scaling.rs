@@ -5,7 +5,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn_zero_comm::launch;
-use burn_zero_core::{ZeroConfig, ZeroError, shard};
+use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
 use burn_zero_optim::{LossScalerConfig, NormType, ZeroOptimizer};
 use burn_zero_testing::{
     Block, Inner, Train, average_grads, base_model, micro_batch, param_values, params_bits_equal,
@@ -75,10 +75,14 @@ fn clipping_by_the_global_norm_matches_the_full_gradient_reference() {
         );
         let want = param_values(&model);
 
-        for stage in [2, 3] {
+        // One parameter per chunk, and chunks of 256 elements, whose statistics are one per
+        // chunk (added in another order: the norm agrees to rounding, not to the bit).
+        let chunkings = [ChunkSize::PerParameter, ChunkSize::Elements(256)];
+        for (stage, chunk_size) in [2, 3].into_iter().flat_map(|s| chunkings.map(|c| (s, c))) {
             let config = ZeroConfig::new()
                 .with_stage(stage)
-                .with_persist_below_numel(12);
+                .with_persist_below_numel(12)
+                .with_chunk_size(chunk_size);
             let per_rank =
                 launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
                     let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
