@@ -12,6 +12,9 @@
 //! over host memory ([`host`]), and a [`BufferPool`] gives the bucket the previous step's
 //! buffer. Every other backend uses Burn tensor ops. All paths do the same arithmetic in the
 //! same order, so they agree bit for bit on the same backend.
+//!
+//! The optimizer's step has the same two paths: [`host::adam_step`] over host memory and
+//! [`adam_step_kernel`], one launch per flat shard on the cubecl backends above.
 
 mod error;
 mod fallback;
@@ -31,6 +34,48 @@ pub use kernel::fused;
 pub use pack::Packer;
 pub use spec::{BucketSpec, MemberSpec, PackPath};
 pub use unpack::{RowPart, unpack, unpack_row};
+
+/// One Adam or AdamW step of a flat f32 shard in one kernel launch, on a `CubeBackend` (wgpu
+/// or CUDA, plain or fused): per element, [`host::adam_step`]'s arithmetic (Burn's operations
+/// in Burn's order), with the step's scalars computed on the host as it computes them.
+///
+/// `param`, `grad` and the moments `(m, v)` hold the same number of f32 elements (any shape;
+/// contiguous ones are read in vectors). `moments` is `None` when there are none yet: on the
+/// first step (`step.time == 1`) the moments are built from the gradient, as Burn does, and
+/// moments given then are not read (their buffers may be written); on a later step `None`
+/// means zero moments. Returns the new parameter (in `param`'s shape) and moments. Each is
+/// written into its input's buffer when nothing else holds that buffer, else into a new one.
+///
+/// `None` when `B` has no kernel in this build ([`kernel_available`] is false); an error, with
+/// nothing launched, for a tensor that is not f32 or an f32 the device cannot compute in
+/// ([`KernelError::UnsupportedDType`]), or a gradient or moment whose length differs from the
+/// parameter's ([`KernelError::GradientSize`]).
+#[allow(clippy::type_complexity)]
+pub fn adam_step_kernel<B: Backend>(
+    step: &host::AdamStep,
+    param: B::FloatTensorPrimitive,
+    grad: B::FloatTensorPrimitive,
+    moments: Option<(B::FloatTensorPrimitive, B::FloatTensorPrimitive)>,
+) -> Option<
+    Result<
+        (
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
+        ),
+        KernelError,
+    >,
+> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        kernel::adam_step::<B>(step, param, grad, moments)
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = (step, param, grad, moments);
+        None
+    }
+}
 
 /// Whether `B` gets the kernel path: a `CubeBackend` on a runtime compiled into this build,
 /// plain or fused.

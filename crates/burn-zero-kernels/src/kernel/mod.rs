@@ -8,6 +8,7 @@
 //! covers every `CubeBackend<R, F, I, BT>`. Under fusion, inputs are resolved to their
 //! `CubeTensor` and results registered back ([`fused`]).
 
+mod adam;
 pub mod fused;
 mod pack;
 mod unpack;
@@ -109,6 +110,29 @@ pub(crate) fn unpack<B: Backend>(
         ));
     }
     let _ = (reduced, offset, len, postdivide, dtype);
+    None
+}
+
+/// One Adam/AdamW step with a kernel: `None` when `B` has no kernels in this build.
+pub(crate) fn adam_step<B: Backend>(
+    step: &crate::host::AdamStep,
+    param: B::FloatTensorPrimitive,
+    grad: B::FloatTensorPrimitive,
+    moments: Option<(B::FloatTensorPrimitive, B::FloatTensorPrimitive)>,
+) -> Option<Result<adam::Stepped<B::FloatTensorPrimitive>, KernelError>> {
+    #[cfg(feature = "wgpu")]
+    if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
+        return Some(adam::adam_step::<B, cubecl::wgpu::WgpuRuntime>(
+            step, param, grad, moments,
+        ));
+    }
+    #[cfg(feature = "cuda")]
+    if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
+        return Some(adam::adam_step::<B, cubecl::cuda::CudaRuntime>(
+            step, param, grad, moments,
+        ));
+    }
+    let _ = (step, param, grad, moments);
     None
 }
 

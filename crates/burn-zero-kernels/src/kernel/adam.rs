@@ -1,0 +1,301 @@
+//! Adam and AdamW: one launch steps a flat f32 shard (parameter, gradient, both moments).
+//!
+//! Per element the kernel does [`crate::host::adam_step`]'s arithmetic: Burn's operations in
+//! Burn's order, each rounded to f32, on scalars computed and rounded on the host exactly as
+//! the host path computes them ([`Scalars::of`]).
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, TensorMetadata};
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use cubecl::std::tensor::layout::linear::LinearView;
+use cubecl::{CubeDim, calculate_cube_count_elemwise};
+
+use super::{address_type, from_cube, into_cube, storage_type, vector_size};
+use crate::KernelError;
+use crate::host::{AdamRule, AdamStep};
+
+/// One Adam/AdamW step. Inputs (read-only) are `param`, `grad`, `m_in`, `v_in`, in that
+/// order; each output is a buffer of its own or, when the input's buffer may be written, that
+/// buffer (an alias of input 0, 2 or 3).
+///
+/// Scalars (each an f32 computed on the host):
+/// - Adam: `bias_1 = c = s / (1−β₁ᵗ)` with `s = √(1−β₂ᵗ)`, `epsilon = ε·s`, `decay = λ`;
+///   `bias_2` unused.
+/// - AdamW: `bias_1 = 1−β₁ᵗ`, `bias_2 = 1−β₂ᵗ`, `epsilon = ε`, `decay = keep = 1 − lr·λ`.
+///
+/// Comptime flags: `first` builds the moments from the gradient (Burn's first step; the
+/// moments' inputs are not read); otherwise `moments` says whether there are moments to read
+/// (without, they are zero); `adamw` picks the rule; `decay` whether λ (Adam) or `keep`
+/// (AdamW) applies; `scaled` whether the gradient is multiplied by `factor` first.
+#[cube(launch, address_type = "dynamic")]
+#[allow(clippy::too_many_arguments)]
+fn adam_update<F: Float, N: Size>(
+    param: &LinearView<Vector<F, N>>,
+    grad: &LinearView<Vector<F, N>>,
+    m_in: &LinearView<Vector<F, N>>,
+    v_in: &LinearView<Vector<F, N>>,
+    param_out: &mut LinearView<Vector<F, N>, ReadWrite>,
+    m_out: &mut LinearView<Vector<F, N>, ReadWrite>,
+    v_out: &mut LinearView<Vector<F, N>, ReadWrite>,
+    lr: InputScalar,
+    beta_1: InputScalar,
+    beta_2: InputScalar,
+    one_minus_beta_1: InputScalar,
+    one_minus_beta_2: InputScalar,
+    bias_1: InputScalar,
+    bias_2: InputScalar,
+    epsilon: InputScalar,
+    decay: InputScalar,
+    factor: InputScalar,
+    #[comptime] first: bool,
+    #[comptime] moments: bool,
+    #[comptime] adamw: bool,
+    #[comptime] decays: bool,
+    #[comptime] scaled: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    if !param_out.is_in_bounds(ABSOLUTE_POS) {
+        terminate!();
+    }
+    let p = param[ABSOLUTE_POS];
+    let mut g = grad[ABSOLUTE_POS];
+    if scaled {
+        g *= Vector::new(factor.get::<F>());
+    }
+    if decays && !adamw {
+        // Burn's L2 penalty: `p·λ + g` (the sum's operands commute exactly).
+        g = p * Vector::new(decay.get::<F>()) + g;
+    }
+    let f1 = Vector::new(one_minus_beta_1.get::<F>());
+    let f2 = Vector::new(one_minus_beta_2.get::<F>());
+    let mut m = g * f1;
+    let mut v = (g * g) * f2;
+    if !first {
+        let mut m_old = Vector::<F, N>::from_int(0);
+        let mut v_old = Vector::<F, N>::from_int(0);
+        if moments {
+            m_old = m_in[ABSOLUTE_POS];
+            v_old = v_in[ABSOLUTE_POS];
+        }
+        m = m_old * Vector::new(beta_1.get::<F>()) + m;
+        v = v_old * Vector::new(beta_2.get::<F>()) + v;
+    }
+    let lr = Vector::new(lr.get::<F>());
+    let epsilon = Vector::new(epsilon.get::<F>());
+    let mut next = p;
+    if adamw {
+        let u = (m / Vector::new(bias_1.get::<F>()))
+            / (Vector::sqrt(v / Vector::new(bias_2.get::<F>())) + epsilon);
+        if decays {
+            next = p * Vector::new(decay.get::<F>());
+        }
+        next -= u * lr;
+    } else {
+        let u = (m * Vector::new(bias_1.get::<F>())) / (Vector::sqrt(v) + epsilon);
+        next -= u * lr;
+    }
+    param_out[ABSOLUTE_POS] = next;
+    m_out[ABSOLUTE_POS] = m;
+    v_out[ABSOLUTE_POS] = v;
+}
+
+/// The step's scalars, computed and rounded to f32 on the host exactly as
+/// [`crate::host::adam_step`] computes them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Scalars {
+    pub lr: f32,
+    pub beta_1: f32,
+    pub beta_2: f32,
+    pub one_minus_beta_1: f32,
+    pub one_minus_beta_2: f32,
+    pub bias_1: f32,
+    pub bias_2: f32,
+    pub epsilon: f32,
+    /// λ (Adam) or `keep` (AdamW), when the rule has one.
+    pub decay: Option<f32>,
+    pub factor: Option<f32>,
+    pub adamw: bool,
+    pub first: bool,
+}
+
+impl Scalars {
+    pub(crate) fn of(step: &AdamStep) -> Self {
+        let (b1, b2) = (step.beta_1, step.beta_2);
+        // The host path raises β to the step number at run time (`powi` on values it does not
+        // know at compile time); hiding the operands keeps a caller with constant
+        // hyperparameters from having the compiler fold `powi` differently.
+        let t = std::hint::black_box(step.time);
+        let (p1, p2) = (
+            std::hint::black_box(b1).powi(t),
+            std::hint::black_box(b2).powi(t),
+        );
+        let (decay, adamw, bias_1, bias_2, epsilon) = match step.rule {
+            AdamRule::Adam { weight_decay } => {
+                let s = (1.0 - p2).sqrt();
+                let c = s / (1.0 - p1);
+                (weight_decay, false, c, 1.0, step.epsilon * s)
+            }
+            AdamRule::AdamW { keep } => (keep, true, 1.0 - p1, 1.0 - p2, step.epsilon),
+        };
+        Self {
+            lr: step.lr,
+            beta_1: b1,
+            beta_2: b2,
+            one_minus_beta_1: 1.0 - b1,
+            one_minus_beta_2: 1.0 - b2,
+            bias_1,
+            bias_2,
+            epsilon,
+            decay,
+            factor: step.factor,
+            adamw,
+            first: step.time == 1,
+        }
+    }
+}
+
+/// The tensors of a step on runtime `R`: the new parameter and moments.
+pub(crate) type Stepped<P> = (P, P, P);
+
+/// Steps on runtime `R`. Lengths and dtypes are checked here; `moments` is `None` for zero
+/// moments (and ignored on the first step except as buffers to write into).
+pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
+    step: &AdamStep,
+    param: B::FloatTensorPrimitive,
+    grad: B::FloatTensorPrimitive,
+    moments: Option<(B::FloatTensorPrimitive, B::FloatTensorPrimitive)>,
+) -> Result<Stepped<B::FloatTensorPrimitive>, KernelError> {
+    let len = param.shape().num_elements();
+    let mut tensors = vec![&param, &grad];
+    if let Some((m, v)) = &moments {
+        tensors.extend([m, v]);
+    }
+    for tensor in &tensors {
+        let dtype = tensor.dtype();
+        if dtype != DType::F32 {
+            return Err(KernelError::UnsupportedDType {
+                dtype,
+                path: "Adam kernel",
+            });
+        }
+    }
+    for tensor in &tensors[1..] {
+        let actual = tensor.shape().num_elements();
+        if actual != len {
+            return Err(KernelError::GradientSize {
+                expected: len,
+                actual,
+            });
+        }
+    }
+    let param: CubeTensor<R> = into_cube::<B, R>(param);
+    let grad: CubeTensor<R> = into_cube::<B, R>(grad);
+    let moments = moments.map(|(m, v)| (into_cube::<B, R>(m), into_cube::<B, R>(v)));
+    let client = param.client.clone();
+    let dtype = storage_type(&client, DType::F32)?;
+    let scalars = Scalars::of(step);
+    let shape = param.shape();
+
+    if len == 0 {
+        let (m, v) = moments.unwrap_or_else(|| (param.clone(), param.clone()));
+        return Ok((
+            from_cube::<B, R>(param),
+            from_cube::<B, R>(m),
+            from_cube::<B, R>(v),
+        ));
+    }
+
+    // An output goes into its input's buffer when nothing else holds that buffer and the
+    // input is laid out as the output is (contiguous); otherwise into a new buffer.
+    let writable = |t: &CubeTensor<R>| t.can_mut() && t.is_contiguous();
+    let fresh = || {
+        empty_device_dtype(
+            client.clone(),
+            param.device.clone(),
+            shape.clone(),
+            DType::F32,
+        )
+    };
+    let param_out = if writable(&param) {
+        None
+    } else {
+        Some(fresh())
+    };
+    let (m_out, v_out) = match &moments {
+        Some((m, v)) => ((!writable(m)).then(fresh), (!writable(v)).then(fresh)),
+        None => (Some(fresh()), Some(fresh())),
+    };
+
+    let contiguous = [Some(&param), Some(&grad)]
+        .into_iter()
+        .chain(moments.iter().flat_map(|(m, v)| [Some(m), Some(v)]))
+        .flatten()
+        .all(|t| t.is_contiguous());
+    let widths: &[usize] = if contiguous { &[len] } else { &[1] };
+    let vector = vector_size(&client, DType::F32.size(), widths);
+    let units = len / vector;
+    let cube_dim = CubeDim::new(&client, units);
+
+    let mut all: Vec<&CubeTensor<R>> = vec![&param, &grad];
+    if let Some((m, v)) = &moments {
+        all.extend([m, v]);
+    }
+    all.extend(param_out.iter().chain(&m_out).chain(&v_out));
+    let address = address_type(&all);
+
+    // Inputs 0..4: param, grad, m, v. Without moments to read, the gradient (never written)
+    // stands in for them.
+    let (m_in, v_in) = match &moments {
+        Some((m, v)) => (m.clone(), v.clone()),
+        None => (grad.clone(), grad.clone()),
+    };
+    let output = |out: &Option<CubeTensor<R>>, input: &CubeTensor<R>, pos: usize| match out {
+        Some(out) => out.clone().into_linear_view(),
+        None => input.as_linear_view_alias(pos),
+    };
+    let scalar = |value: f32| InputScalar::new(value, DType::F32);
+    let launch_param_out = output(&param_out, &param, 0);
+    let launch_m_out = output(&m_out, &m_in, 2);
+    let launch_v_out = output(&v_out, &v_in, 3);
+    adam_update::launch::<R>(
+        &client,
+        calculate_cube_count_elemwise(&client, units, cube_dim),
+        cube_dim,
+        address,
+        vector,
+        param.clone().into_linear_view(),
+        grad.into_linear_view(),
+        m_in.clone().into_linear_view(),
+        v_in.clone().into_linear_view(),
+        launch_param_out,
+        launch_m_out,
+        launch_v_out,
+        scalar(scalars.lr),
+        scalar(scalars.beta_1),
+        scalar(scalars.beta_2),
+        scalar(scalars.one_minus_beta_1),
+        scalar(scalars.one_minus_beta_2),
+        scalar(scalars.bias_1),
+        scalar(scalars.bias_2),
+        scalar(scalars.epsilon),
+        scalar(scalars.decay.unwrap_or(1.0)),
+        scalar(scalars.factor.unwrap_or(1.0)),
+        scalars.first,
+        moments.is_some(),
+        scalars.adamw,
+        scalars.decay.is_some(),
+        scalars.factor.is_some(),
+        dtype,
+    );
+    let param = param_out.unwrap_or(param);
+    let m = m_out.unwrap_or(m_in);
+    let v = v_out.unwrap_or(v_in);
+    Ok((
+        from_cube::<B, R>(param),
+        from_cube::<B, R>(m),
+        from_cube::<B, R>(v),
+    ))
+}

@@ -1,0 +1,258 @@
+//! Kernel launches per optimizer step on wgpu, counted at the backend boundary: cubecl's
+//! compute client logs every kernel it launches ("Executing <kernel>") when its profiling log
+//! is at the `minimal` level, whatever issued the launch (this crate, Burn's tensor ops, Burn's
+//! fusion layer). This binary turns that log on, into a file of its own, before any wgpu client
+//! exists, and counts the lines between two launches of a marker kernel of its own.
+//!
+//! Target: at most one launch per optimizer step of a flat shard. Burn's per-tensor
+//! Adam on the same shard is counted alongside for comparison.
+//!
+//! Without a wgpu adapter every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1`
+//! (CI) makes that a failure.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use burn::backend::wgpu::{CubeBackend, CubeTensor, WgpuDevice, WgpuRuntime};
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::{AdamConfig, AdamWConfig, SimpleOptimizer};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use burn_fusion::Fusion;
+use burn_zero_kernels::adam_step_kernel;
+use burn_zero_kernels::host::{AdamRule, AdamStep};
+use burn_zero_optim::{FusedAdam, FusedAdamW};
+use burn_zero_testing::skip;
+use cubecl::config::profiling::ProfilingLogLevel;
+use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+use cubecl::prelude::*;
+
+type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
+type Fused = Fusion<Plain>;
+
+/// The marker: a kernel nothing else launches.
+#[cube(launch)]
+fn launch_count_marker(out: &mut Array<f32>) {
+    if ABSOLUTE_POS == 0 {
+        out[0] = 1.0;
+    }
+}
+
+/// The execution log of this process: cubecl's profiling log at `minimal`, in a file.
+struct Log {
+    path: PathBuf,
+    /// Markers launched so far.
+    markers: AtomicUsize,
+    /// The tests of this binary count one at a time: the log is one stream.
+    lock: Mutex<()>,
+}
+
+fn log() -> &'static Log {
+    static LOG: OnceLock<Log> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let path =
+            std::env::temp_dir().join(format!("burn-zero-launches-{}.log", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let mut config = CubeClRuntimeConfig::default();
+        config.profiling.logger.level = ProfilingLogLevel::Minimal;
+        config.profiling.logger.file = Some(path.clone());
+        config.profiling.logger.append = true;
+        // Before any client reads the configuration (the first wgpu use in this process).
+        CubeClRuntimeConfig::set(config);
+        Log {
+            path,
+            markers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+        }
+    })
+}
+
+/// Whether `test` can run (a wgpu adapter), with the launch log turned on.
+fn runs(test: &str) -> bool {
+    log();
+    skip::wgpu_adapter(test)
+}
+
+fn lines(path: &PathBuf) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn is_marker(line: &str) -> bool {
+    line.contains("LaunchCountMarker")
+}
+
+/// Launches the marker and waits until the log has written it: every launch made before it
+/// on this device is then in the file (the log is one ordered channel per device). Returns
+/// the marker's line number.
+fn mark(device: &WgpuDevice) -> usize {
+    let log = log();
+    let client = WgpuRuntime::client(device);
+    let out = client.empty(4);
+    let nth = log.markers.fetch_add(1, Ordering::SeqCst) + 1;
+    launch_count_marker::launch::<WgpuRuntime>(
+        &client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(1),
+        unsafe { ArrayArg::from_raw_parts(out, 1) },
+    );
+    cubecl::future::block_on(client.sync()).expect("the device syncs");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = lines(&log.path)
+            .iter()
+            .enumerate()
+            .filter(|(_, line)| is_marker(line))
+            .nth(nth - 1)
+            .map(|(at, _)| at);
+        if let Some(at) = found {
+            return at;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the marker never reached the log"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The kernels launched on `device` while `work` runs (it must leave nothing pending: sync a
+/// fused backend).
+fn launches(device: &WgpuDevice, work: impl FnOnce()) -> Vec<String> {
+    let log = log();
+    let _one_at_a_time = log.lock.lock().unwrap_or_else(|e| e.into_inner());
+    let start = mark(device);
+    work();
+    let end = mark(device);
+    let all = lines(&log.path);
+    all[start + 1..end]
+        .iter()
+        .filter(|line| line.starts_with("Executing"))
+        .cloned()
+        .collect()
+}
+
+fn flat<B: Backend>(values: &[f32], device: &B::Device) -> Tensor<B, 1> {
+    Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), device)
+}
+
+fn values(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 31 + seed * 17) % 97) as f32 - 48.0) / 25.0)
+        .collect()
+}
+
+/// One step of `optimizer` on backend `B`, its launches counted (the result is synced, so a
+/// fused backend's queued work is in the count).
+fn counted_step<B: Backend<Device = WgpuDevice>, O: SimpleOptimizer<B>>(
+    optimizer: &O,
+    device: &WgpuDevice,
+    param: &mut Tensor<B, 1>,
+    state: &mut Option<O::State<1>>,
+    grad: Tensor<B, 1>,
+) -> Vec<String> {
+    B::sync(device).unwrap();
+    launches(device, || {
+        let (p, s) = optimizer.step(1e-3, param.clone(), grad, state.take());
+        *param = p;
+        *state = s;
+        B::sync(device).unwrap();
+    })
+}
+
+/// Steps `optimizer` four times on a 4,096-element shard and returns each step's launches.
+fn four_steps<B: Backend<Device = WgpuDevice>, O: SimpleOptimizer<B>>(
+    optimizer: &O,
+    device: &WgpuDevice,
+) -> Vec<Vec<String>> {
+    let n = 4096;
+    let mut param = flat::<B>(&values(n, 0), device);
+    let mut state = None;
+    (0..4)
+        .map(|t| {
+            let grad = flat::<B>(&values(n, t + 1), device);
+            counted_step(optimizer, device, &mut param, &mut state, grad)
+        })
+        .collect()
+}
+
+fn assert_one_adam_launch(what: &str, steps: &[Vec<String>]) {
+    for (t, step) in steps.iter().enumerate() {
+        assert_eq!(step.len(), 1, "{what}, step {}: launches {step:?}", t + 1);
+        assert!(step[0].contains("AdamUpdate"), "{what}: {step:?}");
+    }
+}
+
+#[test]
+fn a_fused_step_of_a_flat_shard_is_one_launch() {
+    if !runs("a_fused_step_of_a_flat_shard_is_one_launch") {
+        return;
+    }
+    let device = WgpuDevice::default();
+    let adam = AdamConfig::new().with_weight_decay(Some(WeightDecayConfig::new(0.01)));
+    let fused_adam = FusedAdam::new(&adam).unwrap();
+    let fused_adamw = FusedAdamW::new(&AdamWConfig::new()).unwrap();
+    assert_one_adam_launch(
+        "FusedAdam, plain wgpu",
+        &four_steps::<Plain, _>(&fused_adam, &device),
+    );
+    assert_one_adam_launch(
+        "FusedAdam, fused wgpu",
+        &four_steps::<Fused, _>(&fused_adam, &device),
+    );
+    assert_one_adam_launch(
+        "FusedAdamW, plain wgpu",
+        &four_steps::<Plain, _>(&fused_adamw, &device),
+    );
+    assert_one_adam_launch(
+        "FusedAdamW, fused wgpu",
+        &four_steps::<Fused, _>(&fused_adamw, &device),
+    );
+
+    // The same count for Burn's per-tensor Adam shows what the kernel saves, and that the
+    // counter sees Burn's own launches too (measured: 11 on the first step, 15 after).
+    let burn = four_steps::<Plain, _>(&adam.build(), &device);
+    for (t, step) in burn.iter().enumerate() {
+        assert!(step.len() >= 10, "Burn's Adam, step {}: {step:?}", t + 1);
+        assert!(step.iter().all(|line| !line.contains("AdamUpdate")));
+    }
+}
+
+#[test]
+fn the_kernel_alone_is_one_launch() {
+    if !runs("the_kernel_alone_is_one_launch") {
+        return;
+    }
+    let device = WgpuDevice::default();
+    let n = 4096;
+    for time in [1, 2] {
+        let step = AdamStep {
+            rule: AdamRule::Adam { weight_decay: None },
+            lr: 1e-3,
+            beta_1: 0.9,
+            beta_2: 0.999,
+            epsilon: 1e-5,
+            time,
+            factor: None,
+        };
+        let tensor = |seed| -> CubeTensor<WgpuRuntime> {
+            flat::<Plain>(&values(n, seed), &device)
+                .into_primitive()
+                .tensor()
+        };
+        let (p, g) = (tensor(0), tensor(1));
+        let moments = (time > 1).then(|| (tensor(2), tensor(3)));
+        Plain::sync(&device).unwrap();
+        let launched = launches(&device, || {
+            let stepped = adam_step_kernel::<Plain>(&step, p, g, moments);
+            assert!(matches!(stepped, Some(Ok(_))));
+            Plain::sync(&device).unwrap();
+        });
+        assert_eq!(launched.len(), 1, "step {time}: {launched:?}");
+    }
+}

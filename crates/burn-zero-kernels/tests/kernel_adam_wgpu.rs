@@ -1,0 +1,566 @@
+//! The Adam/AdamW kernel (`adam_step_kernel`) against the host step
+//! (`burn_zero_kernels::host::adam_step`, Burn's operations in Burn's order, each rounded to
+//! f32) on `CubeBackend<WgpuRuntime>` and under Burn's fusion layer (`burn::backend::Wgpu`),
+//! on Mesa lavapipe where there is no GPU: 1,000 steps of parameter and both moments compared
+//! bit for bit after every step, on gradients of changing sign and magnitude (from subnormal
+//! squares to 10⁷), with exact zeros of both signs. The same through the fused optimizer
+//! (`FusedAdam`, `FusedAdamW`), against its host path on Flex and against Burn's own `Adam` and
+//! `AdamW` on the same wgpu backend.
+//!
+//! Measured on lavapipe: bitwise everywhere, so the assertions are bitwise (the compiler keeps
+//! every rounding: no contraction into fused multiply-adds, correctly rounded division and
+//! square root). Without a wgpu adapter every test says it was skipped, unless
+//! `BURN_ZERO_REQUIRE_WGPU=1` (CI) makes that a failure.
+
+use burn::backend::Flex;
+use burn::backend::wgpu::{CubeBackend, CubeTensor, WgpuDevice, WgpuRuntime};
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::{AdamConfig, AdamWConfig, SimpleOptimizer};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use burn_fusion::Fusion;
+use burn_zero_kernels::host::{AdamRule, AdamStep, adam_step};
+use burn_zero_kernels::{KernelError, adam_step_kernel, kernel_available};
+use burn_zero_optim::{FusedAdam, FusedAdamW};
+use burn_zero_testing::skip;
+
+type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
+type Fused = Fusion<Plain>;
+
+fn runs(test: &str) -> bool {
+    skip::wgpu_adapter(test)
+}
+
+/// xorshift64*: uniform in [0, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Step `t`'s gradient: random signs, magnitudes over 32 decades (10⁻²⁸ to 10⁴, scaled by a
+/// factor from 10⁻³ to 10³ that changes from step to step: squares from zero through the
+/// subnormals to 10¹⁴), about one in twenty exactly zero (half of them -0.0).
+fn gradient(rng: &mut Rng, n: usize, t: usize) -> Vec<f32> {
+    let scale = 10f64.powi((t % 7) as i32 - 3);
+    (0..n)
+        .map(|_| {
+            let pick = rng.next();
+            if pick < 0.025 {
+                0.0
+            } else if pick < 0.05 {
+                -0.0
+            } else {
+                let magnitude = 10f64.powf(rng.next() * 32.0 - 28.0) * scale;
+                let sign = if rng.next() < 0.5 { -1.0 } else { 1.0 };
+                (sign * magnitude) as f32
+            }
+        })
+        .collect()
+}
+
+fn upload<B: Backend>(values: &[f32], device: &B::Device) -> B::FloatTensorPrimitive {
+    Tensor::<B, 1>::from_data(TensorData::new(values.to_vec(), [values.len()]), device)
+        .into_primitive()
+        .tensor()
+}
+
+fn download<B: Backend>(tensor: B::FloatTensorPrimitive) -> Vec<f32> {
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(tensor))
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+/// A configuration: the rule for a step's learning rate, the hyperparameters, the factor.
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    name: &'static str,
+    adamw: bool,
+    weight_decay: Option<f32>,
+    beta_1: f32,
+    beta_2: f32,
+    epsilon: f32,
+    /// Multiply the gradient by this on every step (loss scaling, clipping).
+    factor: Option<f32>,
+}
+
+impl Config {
+    fn step(&self, t: usize) -> AdamStep {
+        // A learning rate that changes every step (a schedule), rounded as Burn rounds it.
+        let lr = 1e-3 * (1.0 + (t % 11) as f64 / 3.0);
+        let rule = if self.adamw {
+            let decay = lr * self.weight_decay.map_or(0.0, f64::from);
+            AdamRule::AdamW {
+                keep: (decay != 0.0).then_some((1.0 - decay) as f32),
+            }
+        } else {
+            AdamRule::Adam {
+                weight_decay: self.weight_decay,
+            }
+        };
+        AdamStep {
+            rule,
+            lr: lr as f32,
+            beta_1: self.beta_1,
+            beta_2: self.beta_2,
+            epsilon: self.epsilon,
+            time: t as i32,
+            factor: self.factor,
+        }
+    }
+}
+
+const CONFIGS: [Config; 4] = [
+    Config {
+        name: "adam",
+        adamw: false,
+        weight_decay: None,
+        beta_1: 0.9,
+        beta_2: 0.999,
+        epsilon: 1e-5,
+        factor: None,
+    },
+    Config {
+        name: "adam, L2 0.01, factor 0.37",
+        adamw: false,
+        weight_decay: Some(0.01),
+        beta_1: 0.85,
+        beta_2: 0.995,
+        epsilon: 1e-8,
+        factor: Some(0.37),
+    },
+    Config {
+        name: "adamw 0.05",
+        adamw: true,
+        weight_decay: Some(0.05),
+        beta_1: 0.9,
+        beta_2: 0.999,
+        epsilon: 1e-5,
+        factor: None,
+    },
+    Config {
+        name: "adamw, no decay, factor 1/1024",
+        adamw: true,
+        weight_decay: None,
+        beta_1: 0.8,
+        beta_2: 0.95,
+        epsilon: 1e-6,
+        factor: Some(1.0 / 1024.0),
+    },
+];
+
+/// Runs `steps` steps of `config` over `n` elements on the kernel and on the host, comparing
+/// parameter and moments after every step; returns the first step where they differ.
+fn first_difference<B: Backend<Device = WgpuDevice>>(
+    config: &Config,
+    n: usize,
+    steps: usize,
+    seed: u64,
+) -> Option<(usize, &'static str)> {
+    let device = WgpuDevice::default();
+    let mut rng = Rng::new(seed);
+    let start: Vec<f32> = (0..n)
+        .map(|i| {
+            if i % 17 == 0 {
+                0.0
+            } else {
+                ((rng.next() * 4.0 - 2.0) as f32) * 10f32.powi((i % 5) as i32 - 2)
+            }
+        })
+        .collect();
+    let (mut p, mut m, mut v) = (start.clone(), vec![0.0f32; n], vec![0.0f32; n]);
+    let mut param = upload::<B>(&start, &device);
+    let mut moments = None;
+    for t in 1..=steps {
+        let g = gradient(&mut rng, n, t);
+        let step = config.step(t);
+        adam_step(&step, &mut p, &g, &mut m, &mut v, 1);
+        let grad = upload::<B>(&g, &device);
+        let (np, nm, nv) = adam_step_kernel::<B>(&step, param, grad, moments)
+            .expect("wgpu has the kernel")
+            .expect("an f32 step");
+        for (what, device, host) in [("param", &np, &p), ("m", &nm, &m), ("v", &nv, &v)] {
+            let device = download::<B>(device.clone());
+            let same = device
+                .iter()
+                .zip(host)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            if !same {
+                return Some((t, what));
+            }
+        }
+        (param, moments) = (np, Some((nm, nv)));
+    }
+    None
+}
+
+#[test]
+fn kernel_adam_is_the_host_step_bit_for_bit_over_a_thousand_steps() {
+    if !runs("kernel_adam_is_the_host_step_bit_for_bit_over_a_thousand_steps") {
+        return;
+    }
+    let mut failures = Vec::new();
+    for config in &CONFIGS {
+        // 1,031 elements: one at a time; 2,048: in vectors of four.
+        for n in [1031, 2048] {
+            if let Some((t, what)) = first_difference::<Plain>(config, n, 1000, 0xADA3 + n as u64) {
+                failures.push(format!(
+                    "{}, {n} elements: {what} differs at step {t}",
+                    config.name
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn fused_kernel_adam_is_the_host_step_bit_for_bit() {
+    if !runs("fused_kernel_adam_is_the_host_step_bit_for_bit") {
+        return;
+    }
+    let mut failures = Vec::new();
+    for config in &CONFIGS {
+        if let Some((t, what)) = first_difference::<Fused>(config, 1031, 1000, 0xF05E) {
+            failures.push(format!("{}: {what} differs at step {t}", config.name));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The initial parameter of the optimizer tests.
+fn start(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| (rng.next() * 6.0 - 3.0) as f32).collect()
+}
+
+fn bits<B: Backend>(tensor: Tensor<B, 1>) -> Vec<u32> {
+    tensor
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
+fn flat<B: Backend>(values: &[f32], device: &B::Device) -> Tensor<B, 1> {
+    Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), device)
+}
+
+/// Steps optimizer `a` on backend `A` and `b` on `B` side by side for `steps` steps (same
+/// start, gradients and learning rates) and compares the parameters after every step; returns
+/// the first step where they differ.
+fn side_by_side<A, B, OA, OB>(
+    a: &OA,
+    b: &OB,
+    device_a: &A::Device,
+    device_b: &B::Device,
+    steps: usize,
+    seed: u64,
+) -> Option<usize>
+where
+    A: Backend,
+    B: Backend,
+    OA: SimpleOptimizer<A>,
+    OB: SimpleOptimizer<B>,
+{
+    let n = 1536;
+    let start = start(n, seed);
+    let mut rng = Rng::new(seed ^ 0x5EED);
+    let (mut pa, mut pb) = (flat::<A>(&start, device_a), flat::<B>(&start, device_b));
+    let (mut sa, mut sb) = (None, None);
+    for t in 1..=steps {
+        let g = gradient(&mut rng, n, t);
+        let lr = 1e-3 * (1.0 + (t % 11) as f64 / 3.0);
+        let (na, nsa) = a.step(lr, pa, flat::<A>(&g, device_a), sa);
+        let (nb, nsb) = b.step(lr, pb, flat::<B>(&g, device_b), sb);
+        if bits(na.clone()) != bits(nb.clone()) {
+            return Some(t);
+        }
+        (pa, sa, pb, sb) = (na, nsa, nb, nsb);
+    }
+    None
+}
+
+fn adam_configs() -> [AdamConfig; 2] {
+    [
+        AdamConfig::new(),
+        AdamConfig::new()
+            .with_beta_1(0.8)
+            .with_beta_2(0.99)
+            .with_epsilon(1e-7)
+            .with_weight_decay(Some(WeightDecayConfig::new(0.02))),
+    ]
+}
+
+fn adamw_configs() -> [AdamWConfig; 2] {
+    [
+        AdamWConfig::new().with_weight_decay(0.05),
+        AdamWConfig::new().with_weight_decay(0.0).with_beta_2(0.98),
+    ]
+}
+
+/// `FusedAdam`/`FusedAdamW` on wgpu (the kernel) against the same on Flex (the host pass) and
+/// against Burn's `Adam`/`AdamW` on the same wgpu backend, 1,000 steps.
+fn fused_optimizers_against_host_and_burn<B: Backend<Device = WgpuDevice>>(steps: usize) {
+    let device = WgpuDevice::default();
+    let host = Default::default();
+    let mut failures = Vec::new();
+    for (i, config) in adam_configs().iter().enumerate() {
+        let fused = FusedAdam::new(config).unwrap();
+        assert!(
+            fused.fuses::<B>(),
+            "FusedAdam takes the kernel on {}",
+            B::name(&device)
+        );
+        let seed = 0xC0FFEE + i as u64;
+        if let Some(t) = side_by_side::<B, Flex, _, _>(&fused, &fused, &device, &host, steps, seed)
+        {
+            failures.push(format!("Adam #{i}: kernel vs host pass, step {t}"));
+        }
+        let burn = config.build();
+        if let Some(t) = side_by_side::<B, B, _, _>(&fused, &burn, &device, &device, steps, seed) {
+            failures.push(format!("Adam #{i}: kernel vs Burn's Adam, step {t}"));
+        }
+    }
+    for (i, config) in adamw_configs().iter().enumerate() {
+        let fused = FusedAdamW::new(config).unwrap();
+        assert!(
+            fused.fuses::<B>(),
+            "FusedAdamW takes the kernel on {}",
+            B::name(&device)
+        );
+        let seed = 0xBEEF + i as u64;
+        if let Some(t) = side_by_side::<B, Flex, _, _>(&fused, &fused, &device, &host, steps, seed)
+        {
+            failures.push(format!("AdamW #{i}: kernel vs host pass, step {t}"));
+        }
+        let burn = config.build();
+        if let Some(t) = side_by_side::<B, B, _, _>(&fused, &burn, &device, &device, steps, seed) {
+            failures.push(format!("AdamW #{i}: kernel vs Burn's AdamW, step {t}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn fused_optimizers_on_plain_wgpu_are_the_host_pass_and_burns_bit_for_bit() {
+    if !runs("fused_optimizers_on_plain_wgpu_are_the_host_pass_and_burns_bit_for_bit") {
+        return;
+    }
+    fused_optimizers_against_host_and_burn::<Plain>(1000);
+}
+
+#[test]
+fn fused_optimizers_on_fused_wgpu_are_the_host_pass_and_burns_bit_for_bit() {
+    if !runs("fused_optimizers_on_fused_wgpu_are_the_host_pass_and_burns_bit_for_bit") {
+        return;
+    }
+    assert!(kernel_available::<burn::backend::Wgpu>());
+    fused_optimizers_against_host_and_burn::<Fused>(1000);
+}
+
+/// The options the kernel does not cover keep Burn's step on wgpu (bitwise Burn's).
+#[test]
+fn uncovered_options_fall_back_to_burns_step_on_wgpu() {
+    if !runs("uncovered_options_fall_back_to_burns_step_on_wgpu") {
+        return;
+    }
+    let device = WgpuDevice::default();
+    let amsgrad = AdamConfig::new().with_amsgrad(true);
+    let fused = FusedAdam::new(&amsgrad).unwrap();
+    assert!(!fused.fuses::<Plain>());
+    let burn = amsgrad.build();
+    assert_eq!(
+        side_by_side::<Plain, Plain, _, _>(&fused, &burn, &device, &device, 20, 7),
+        None
+    );
+    let cautious = AdamWConfig::new().with_cautious_weight_decay(true);
+    let fused = FusedAdamW::new(&cautious).unwrap();
+    assert!(!fused.fuses::<Plain>());
+    let burn = cautious.build();
+    assert_eq!(
+        side_by_side::<Plain, Plain, _, _>(&fused, &burn, &device, &device, 20, 8),
+        None
+    );
+}
+
+fn step_at(time: i32) -> AdamStep {
+    AdamStep {
+        rule: AdamRule::Adam {
+            weight_decay: Some(0.01),
+        },
+        lr: 1e-2,
+        beta_1: 0.9,
+        beta_2: 0.999,
+        epsilon: 1e-5,
+        time,
+        factor: None,
+    }
+}
+
+/// The memory a plain tensor's buffer lives in, as cubecl names it.
+fn buffer(tensor: &CubeTensor<WgpuRuntime>) -> String {
+    format!("{:?}", tensor.handle.memory)
+}
+
+/// Unshared buffers are updated where they are; a shared parameter or moment is left as it
+/// was and the result goes into a new buffer.
+#[test]
+fn kernel_writes_in_place_only_what_nothing_else_holds() {
+    if !runs("kernel_writes_in_place_only_what_nothing_else_holds") {
+        return;
+    }
+    let device = WgpuDevice::default();
+    let n = 1000;
+    let (p0, g) = (start(n, 1), start(n, 2));
+    let (m0, v0): (Vec<f32>, Vec<f32>) = (start(n, 3), start(n, 4).iter().map(|x| x * x).collect());
+    let prim = |values: &[f32]| upload::<Plain>(values, &device);
+
+    // Unshared: the outputs are the inputs' buffers.
+    let (p, m, v) = (prim(&p0), prim(&m0), prim(&v0));
+    let before = [buffer(&p), buffer(&m), buffer(&v)];
+    let (np, nm, nv) = adam_step_kernel::<Plain>(&step_at(3), p, prim(&g), Some((m, v)))
+        .unwrap()
+        .unwrap();
+    assert_eq!([buffer(&np), buffer(&nm), buffer(&nv)], before);
+    let (mut hp, mut hm, mut hv) = (p0.clone(), m0.clone(), v0.clone());
+    adam_step(&step_at(3), &mut hp, &g, &mut hm, &mut hv, 1);
+    for (device, host) in [(np, &hp), (nm, &hm), (nv, &hv)] {
+        let device: Vec<u32> = download::<Plain>(device)
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        let host: Vec<u32> = host.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(device, host);
+    }
+
+    // Shared: the inputs keep their values.
+    let (p, m, v) = (prim(&p0), prim(&m0), prim(&v0));
+    let (kept_p, kept_m, kept_v) = (p.clone(), m.clone(), v.clone());
+    let (np, nm, nv) = adam_step_kernel::<Plain>(&step_at(3), p, prim(&g), Some((m, v)))
+        .unwrap()
+        .unwrap();
+    assert_ne!(buffer(&np), buffer(&kept_p));
+    assert_ne!(buffer(&nm), buffer(&kept_m));
+    assert_ne!(buffer(&nv), buffer(&kept_v));
+    assert_eq!(download::<Plain>(kept_p), p0);
+    assert_eq!(download::<Plain>(kept_m), m0);
+    assert_eq!(download::<Plain>(kept_v), v0);
+    assert_eq!(download::<Plain>(np), hp);
+}
+
+/// A gradient in another layout (a transposed view) is read element by element, in its
+/// logical order; `None` moments after the first step are zeros.
+#[test]
+fn strided_gradient_and_zero_moments() {
+    if !runs("strided_gradient_and_zero_moments") {
+        return;
+    }
+    let device = WgpuDevice::default();
+    let (rows, cols) = (33, 32);
+    let p0 = start(rows * cols, 5);
+    let stored = start(rows * cols, 6);
+    // `stored` is [cols, rows]; its transpose is the [rows, cols] gradient.
+    let grad =
+        Tensor::<Plain, 2>::from_data(TensorData::new(stored.clone(), [cols, rows]), &device)
+            .transpose();
+    let logical: Vec<f32> = (0..rows * cols)
+        .map(|k| stored[(k % cols) * rows + k / cols])
+        .collect();
+    let param = Tensor::<Plain, 2>::from_data(TensorData::new(p0.clone(), [rows, cols]), &device);
+    let (np, nm, nv) = adam_step_kernel::<Plain>(
+        &step_at(4),
+        param.into_primitive().tensor(),
+        grad.into_primitive().tensor(),
+        None,
+    )
+    .unwrap()
+    .unwrap();
+    let (mut hp, mut hm, mut hv) = (p0, vec![0.0; rows * cols], vec![0.0; rows * cols]);
+    adam_step(&step_at(4), &mut hp, &logical, &mut hm, &mut hv, 1);
+    let read = |t| -> Vec<u32> {
+        Tensor::<Plain, 2>::from_primitive(TensorPrimitive::Float(t))
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f32::to_bits)
+            .collect()
+    };
+    let host = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+    assert_eq!(read(np), host(&hp));
+    assert_eq!(read(nm), host(&hm));
+    assert_eq!(read(nv), host(&hv));
+}
+
+#[test]
+fn wrong_dtype_and_lengths_are_refused_by_name() {
+    if !runs("wrong_dtype_and_lengths_are_refused_by_name") {
+        return;
+    }
+    let device = WgpuDevice::default();
+    let p = || upload::<Plain>(&start(64, 1), &device);
+    // `from_data` stores floats in the backend's default dtype, so the f16 copy is a cast.
+    let half = Tensor::<Plain, 1>::from_data(TensorData::new(start(64, 2), [64]), &device)
+        .cast(DType::F16);
+    assert_eq!(half.dtype(), DType::F16, "the test needs an f16 gradient");
+    let half = half.into_primitive().tensor();
+    let error = adam_step_kernel::<Plain>(&step_at(1), p(), half, None)
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        error,
+        KernelError::UnsupportedDType {
+            dtype: DType::F16,
+            path: "Adam kernel"
+        }
+    );
+    let short = upload::<Plain>(&start(63, 3), &device);
+    let error = adam_step_kernel::<Plain>(&step_at(1), p(), short, None)
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        error,
+        KernelError::GradientSize {
+            expected: 64,
+            actual: 63
+        }
+    );
+    let long = upload::<Plain>(&start(65, 4), &device);
+    let error = adam_step_kernel::<Plain>(&step_at(2), p(), p(), Some((p(), long)))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        error,
+        KernelError::GradientSize {
+            expected: 64,
+            actual: 65
+        }
+    );
+}
+
+/// Backends without a kernel answer `None` (Flex steps on the host path instead).
+#[test]
+fn no_kernel_on_flex() {
+    let device = Default::default();
+    let p = flat::<Flex>(&start(8, 1), &device)
+        .into_primitive()
+        .tensor();
+    let g = flat::<Flex>(&start(8, 2), &device)
+        .into_primitive()
+        .tensor();
+    assert!(!kernel_available::<Flex>());
+    assert!(adam_step_kernel::<Flex>(&step_at(1), p, g, None).is_none());
+}
