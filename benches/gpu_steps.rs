@@ -1,9 +1,12 @@
 //! The burn-zero side of the GPU check's step time: the scaling suite's GPT step under
 //! `Autodiff<Zero<_>>` on CUDA device 0, one rank, `NcclGroup`, at the ZeRO stage given by
-//! `--stage` (every parameter sharded, as in the scaling suite), with `ZeroOptimizer` over
-//! Burn's Adam. Prints and writes (`--out`) the step times and the rank's memory accounting
-//! (the tracer's figures; the runner reads the driver's own beside them). The plain-Burn side
-//! is `benches/plain-burn/benches/plain_gpu.rs`; `scripts/gpu-check.sh` runs both.
+//! `--stage` (every parameter sharded, as in the scaling suite), with one parameter per chunk
+//! or the searched chunk size (`--chunk-size param|search`), with `ZeroOptimizer` over Burn's
+//! Adam. Prints and writes (`--out`) the step times, the rank's memory accounting (the tracer's
+//! figures; the runner reads the driver's own beside them), the chunk layout and burn-zero's
+//! counts per timed step (collectives by kind, device synchronisations, host reads). The
+//! plain-Burn side is `benches/plain-burn/benches/plain_gpu.rs`; `scripts/gpu-check.sh` runs
+//! both.
 //!
 //! Without a CUDA device it writes `{"skipped": "<reason>"}` and exits successfully.
 
@@ -18,7 +21,8 @@ use burn::backend::Autodiff;
 use burn::optim::AdamConfig;
 use burn_zero::comm::nccl::{CudaBackend, CudaDevice, NcclGroup, NcclOptions, cuda_device_count};
 use burn_zero::comm::{Communicator, RankContext};
-use burn_zero::{Zero, ZeroConfig, ZeroOptimizer, shard};
+use burn_zero::core::chunk::ChunkKind;
+use burn_zero::{ChunkSize, Zero, ZeroConfig, ZeroOptimizer, shard};
 use clap::Parser;
 
 use gpu_steps::StepArgs;
@@ -33,8 +37,29 @@ struct Args {
     /// ZeRO stage, 0 to 3.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     stage: u8,
+    /// How parameters are grouped into chunks, each gathered and reduced with one collective:
+    /// `param` (one parameter per chunk) or `search` (the searched size).
+    #[arg(long, default_value = "param", value_parser = parse_chunk_size)]
+    chunk_size: ChunkSize,
     #[command(flatten)]
     steps: StepArgs,
+}
+
+/// `--chunk-size`: `param` or `search`.
+fn parse_chunk_size(text: &str) -> Result<ChunkSize, String> {
+    match text {
+        "param" => Ok(ChunkSize::PerParameter),
+        "search" => Ok(ChunkSize::default_search()),
+        other => Err(format!("{other:?}: give `param` or `search`")),
+    }
+}
+
+/// The name `--chunk-size` takes for `size`.
+fn chunk_size_name(size: &ChunkSize) -> &'static str {
+    match size {
+        ChunkSize::PerParameter => "param",
+        _ => "search",
+    }
 }
 
 fn run(args: &Args) -> Result<serde_json::Value, String> {
@@ -49,12 +74,21 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
     let parameters = model.parameters();
     let config = ZeroConfig::new()
         .with_stage(args.stage)
-        .with_persist_below_numel(0);
+        .with_persist_below_numel(0)
+        .with_chunk_size(args.chunk_size);
     let (model, zero) = shard(model, &ctx, &config).map_err(|e| format!("shard: {e}"))?;
     let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+    // burn-zero's counts over the timed steps (the runner's synchronisation after each step is
+    // Burn's own, not counted).
+    let mut before = None;
     let (_model, seconds) =
-        gpu_steps::time_steps(model, &mut optimizer, &corpus, &args.steps, &device)?;
+        gpu_steps::time_steps_with(model, &mut optimizer, &corpus, &args.steps, &device, || {
+            before = Some(zero.counts())
+        })?;
+    let counts = zero.counts() - before.unwrap_or_default();
     let memory = Some(zero.memory_report());
+    let chunks = zero.store().chunks();
+    let per_step = |n: u64| n as f64 / args.steps.steps.max(1) as f64;
     let mut result = gpu_steps::result(
         "burn-zero",
         "Autodiff<Zero<CubeBackend<CudaRuntime>>> + NcclGroup",
@@ -63,6 +97,21 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
     );
     result["stage"] = args.stage.into();
     result["world_size"] = 1.into();
+    result["chunk_size"] = chunk_size_name(&args.chunk_size).into();
+    result["chunks"] = serde_json::json!({
+        "sharded": chunks.count(ChunkKind::Sharded),
+        "replicated": chunks.count(ChunkKind::Replicated),
+        "padding_elements": chunks.padding(zero.world_size()),
+    });
+    result["counts_per_step"] = serde_json::json!({
+        "all_gathers": per_step(counts.all_gathers),
+        "reduce_scatters": per_step(counts.reduce_scatters),
+        "all_reduces": per_step(counts.all_reduces),
+        "other_collectives": per_step(counts.other_collectives),
+        "collectives": per_step(counts.collectives()),
+        "syncs": per_step(counts.syncs),
+        "host_reads": per_step(counts.host_reads),
+    });
     result["memory"] = serde_json::to_value(memory).map_err(|e| e.to_string())?;
     Ok(result)
 }
@@ -70,9 +119,11 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
 fn main() {
     let args = Args::parse();
     let result = match cuda_device_count() {
-        Ok(0) => {
-            Ok(serde_json::json!({ "skipped": "no CUDA device visible", "stage": args.stage }))
-        }
+        Ok(0) => Ok(serde_json::json!({
+            "skipped": "no CUDA device visible",
+            "stage": args.stage,
+            "chunk_size": chunk_size_name(&args.chunk_size),
+        })),
         Ok(_) => run(&args),
         Err(error) => Err(error.to_string()),
     };

@@ -28,18 +28,34 @@ pub struct StepArgs {
 }
 
 /// Seconds of each timed step, and the model after them.
+// Each side includes this file as its own module and uses one of the two.
+#[allow(dead_code)]
 pub fn time_steps<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
+    model: Gpt<B>,
+    optimizer: &mut O,
+    corpus: &Corpus,
+    args: &StepArgs,
+    device: &B::Device,
+) -> Result<(Gpt<B>, Vec<f64>), String> {
+    time_steps_with(model, optimizer, corpus, args, device, || {})
+}
+
+/// [`time_steps`], calling `timed_start` once the warm-up steps are done and the device is
+/// synchronised, just before the first timed step (where a caller snapshots its counters).
+pub fn time_steps_with<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
     mut model: Gpt<B>,
     optimizer: &mut O,
     corpus: &Corpus,
     args: &StepArgs,
     device: &B::Device,
+    timed_start: impl FnOnce(),
 ) -> Result<(Gpt<B>, Vec<f64>), String> {
     let sync = || B::sync(device).map_err(|e| format!("synchronising the device: {e:?}"));
     for step in 0..args.warmup {
         model = workload::step(model, optimizer, corpus, step, 0, 1, device);
     }
     sync()?;
+    timed_start();
     let mut seconds = Vec::with_capacity(args.steps);
     for step in args.warmup..args.warmup + args.steps {
         let started = Instant::now();

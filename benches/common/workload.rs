@@ -38,8 +38,13 @@ pub fn corpus() -> Corpus {
 
 /// The initial model, seeded and materialised (lazily initialised parameters hold values).
 pub fn model<B: AutodiffBackend>(corpus: &Corpus, device: &B::Device) -> Gpt<B> {
+    model_of(PRESET, corpus, device)
+}
+
+/// [`model`] of another size (`benches/chunks.rs` runs `small` and `base`).
+pub fn model_of<B: AutodiffBackend>(preset: Preset, corpus: &Corpus, device: &B::Device) -> Gpt<B> {
     B::seed(device, SEED);
-    let model = PRESET.config(corpus.vocab(), SEQ_LEN).init(device);
+    let model = preset.config(corpus.vocab(), SEQ_LEN).init(device);
     model.visit(&mut Materialise);
     model
 }

@@ -116,6 +116,11 @@ def steps(out):
             "round_medians_s": medians,
             "driver_peak_mib": max((v.get("driver_peak_mib", 0) for v in values), default=0) or None,
         }
+        # burn-zero's counts per step and chunk layout (the same in every round).
+        for key in ("chunk_size", "chunks", "counts_per_step"):
+            found = next((v[key] for v in values if v.get(key) is not None and "skipped" not in v), None)
+            if found is not None:
+                row[key] = found
         memory = next((v.get("memory") for v in values if v.get("memory")), None)
         if memory:
             row["tracer_peak_bytes"] = {
@@ -128,6 +133,11 @@ def steps(out):
         for config, row in table.items():
             if config.startswith("zero-") and reference and row["median_step_s"]:
                 row[f"ratio_to_{base}"] = row["median_step_s"] / reference
+    # Searched chunks against one parameter per chunk at stage 3.
+    per_parameter = (table.get("zero-3") or {}).get("median_step_s")
+    searched = table.get("zero-3-search")
+    if searched and per_parameter and searched["median_step_s"]:
+        searched["ratio_to_zero-3"] = searched["median_step_s"] / per_parameter
     return {"configs": table, "goal": "stage 3 at most 1.10x plain Burn"}
 
 
@@ -235,6 +245,27 @@ def markdown(report):
                 f"{r.get('ratio_to_plain-cube', '-') if not isinstance(r.get('ratio_to_plain-cube'), float) else format(r['ratio_to_plain-cube'], '.3f')} | "
                 f"{r.get('ratio_to_plain-cuda', '-') if not isinstance(r.get('ratio_to_plain-cuda'), float) else format(r['ratio_to_plain-cuda'], '.3f')} | "
                 f"{'-' if tracer is None else f'{tracer / 1e6:.2f}'} | {r.get('driver_peak_mib') or '-'} |")
+    else:
+        lines.append(s["steps"]["status"] if not st else st.get("skipped", "-"))
+
+    lines += ["", "## Collectives and synchronisations per step", ""]
+    counted = {c: r for c, r in ((st or {}).get("configs") or {}).items() if r.get("counts_per_step")}
+    if counted:
+        lines += ["burn-zero's own counts over the timed steps of each run, divided by the steps (exact): "
+                  "collectives by kind, device synchronisations, host reads; chunks as `--chunk-size` "
+                  "laid them out (`param`: one parameter per chunk).", "",
+                  "| run | chunk size | chunks (sharded / replicated) | all-gathers | reduce-scatters | "
+                  "all-reduces | other | syncs | host reads |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for config, r in sorted(counted.items()):
+            c, k = r["counts_per_step"], r.get("chunks") or {}
+            lines.append(
+                f"| {config} | {r.get('chunk_size', '-')} | {k.get('sharded', '-')} / {k.get('replicated', '-')} | "
+                f"{c['all_gathers']:g} | {c['reduce_scatters']:g} | {c['all_reduces']:g} | "
+                f"{c['other_collectives']:g} | {c['syncs']:g} | {c['host_reads']:g} |")
+        ratio = (st["configs"].get("zero-3-search") or {}).get("ratio_to_zero-3")
+        if isinstance(ratio, float):
+            lines += ["", f"Stage 3 step time, searched chunks / one parameter per chunk: {ratio:.3f}."]
     else:
         lines.append(s["steps"]["status"] if not st else st.get("skipped", "-"))
 

@@ -6,9 +6,11 @@
 #
 # Sections: environment, tests (CUDA kernels, NCCL engine, training on NCCL, train_gpt under
 # zero-run), nccl (collective bandwidth), pack (pack/unpack against a device copy), steps
-# (GPT step time, Zero at stages 0-3 against plain Burn, with memory), fsdp2 (PyTorch FSDP2 on
-# the same GPT). A section that fails records its error and the others still run; at the end
-# REPORT_DIR holds report.json, report.md and every section's log.
+# (GPT step time, Zero at stages 0-3 with one parameter per chunk and at stage 3 with the
+# searched chunk size, against plain Burn, with memory and burn-zero's collectives and device
+# synchronisations per step), fsdp2 (PyTorch FSDP2 on the same GPT). A section that fails
+# records its error and the others still run; at the end REPORT_DIR holds report.json,
+# report.md and every section's log.
 #
 # Environment: NCCL_LIB_DIR (a folder holding libnccl.so or libnccl.so.2), GPU_CHECK_ROUNDS
 # (step-time rounds, default 3), GPU_CHECK_SECTIONS (space-separated subset to run),
@@ -181,8 +183,14 @@ steps() {
         for stage in 0 1 2 3; do
             echo "--- round $round: burn-zero stage $stage"
             with_driver_memory "$out/data/steps/zero-$stage-$round.driver-mib" \
-                "$bin/gpu-steps" --stage "$stage" --out "$out/data/steps/zero-$stage-$round.json" || rc=1
+                "$bin/gpu-steps" --stage "$stage" --chunk-size param \
+                --out "$out/data/steps/zero-$stage-$round.json" || rc=1
         done
+        # Chunks: the stage-3 step with the searched chunk size beside one parameter per chunk.
+        echo "--- round $round: burn-zero stage 3, searched chunks"
+        with_driver_memory "$out/data/steps/zero-3-search-$round.driver-mib" \
+            "$bin/gpu-steps" --stage 3 --chunk-size search \
+            --out "$out/data/steps/zero-3-search-$round.json" || rc=1
     done
     return $rc
 }
