@@ -4,8 +4,9 @@
 mod common;
 
 use burn::backend::Flex;
-use burn::tensor::DType;
-use burn_zero_kernels::{PackPath, Packer, kernel_available, unpack};
+use burn::tensor::{DType, Tensor, TensorData};
+use burn_zero_kernels::host::{AdamRule, AdamStep};
+use burn_zero_kernels::{PackPath, Packer, adam_step_kernel, kernel_available, unpack};
 use common::{Case, assert_bitwise, read, reference_unpack};
 
 type B = Flex;
@@ -117,4 +118,28 @@ fn fallback_large_member() {
         );
         check(&case, PackPath::Fallback);
     }
+}
+
+/// Flex has no Adam kernel: the kernel entry point answers `None` (the fused optimizer steps
+/// Flex with the host pass instead).
+#[test]
+fn no_adam_kernel_on_flex() {
+    let device = Default::default();
+    let flat = |values: Vec<f32>| -> Tensor<B, 1> {
+        let n = values.len();
+        Tensor::from_data(TensorData::new(values, [n]), &device)
+    };
+    let step = AdamStep {
+        rule: AdamRule::Adam { weight_decay: None },
+        lr: 1e-3,
+        beta_1: 0.9,
+        beta_2: 0.999,
+        epsilon: 1e-5,
+        time: 1,
+        factor: None,
+    };
+    let p = flat(vec![0.5; 8]).into_primitive().tensor();
+    let g = flat(vec![0.25; 8]).into_primitive().tensor();
+    assert!(!kernel_available::<B>());
+    assert!(adam_step_kernel::<B>(&step, p, g, None).is_none());
 }

@@ -550,17 +550,3 @@ fn wrong_dtype_and_lengths_are_refused_by_name() {
         }
     );
 }
-
-/// Backends without a kernel answer `None` (Flex steps on the host path instead).
-#[test]
-fn no_kernel_on_flex() {
-    let device = Default::default();
-    let p = flat::<Flex>(&start(8, 1), &device)
-        .into_primitive()
-        .tensor();
-    let g = flat::<Flex>(&start(8, 2), &device)
-        .into_primitive()
-        .tensor();
-    assert!(!kernel_available::<Flex>());
-    assert!(adam_step_kernel::<Flex>(&step_at(1), p, g, None).is_none());
-}
