@@ -35,13 +35,14 @@
 //! paired runs. `cargo bench --bench chunks` (add `--features wgpu` for burn-zero's cubecl
 //! pack kernels on wgpu; without it gradient buckets are packed with Burn ops there).
 
+#[path = "common/adapter.rs"]
+mod adapter;
 #[path = "common/workload.rs"]
 mod workload;
 
 use std::time::{Duration, Instant};
 
-use burn::backend::wgpu::graphics::AutoGraphicsApi;
-use burn::backend::wgpu::{RuntimeOptions, WgpuDevice, init_setup};
+use burn::backend::wgpu::WgpuDevice;
 use burn::backend::{Autodiff, Flex, Wgpu};
 use burn::optim::{AdamConfig, Optimizer};
 use burn::tensor::backend::Backend;
@@ -381,28 +382,6 @@ fn run<B: Backend>(device: &B::Device, plan: Plan) -> [Figures; 2] {
     figures.into_iter().next().expect("rank 0")
 }
 
-/// The name of the wgpu adapter Burn's default device gets, or why there is none. Burn panics
-/// on first use of a device without an adapter; the probe initialises the default device
-/// itself (with the options Burn's lazy initialisation uses) and catches that panic.
-fn wgpu_adapter() -> Result<String, String> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let probe = std::panic::catch_unwind(|| {
-        let setup =
-            init_setup::<AutoGraphicsApi>(&WgpuDevice::default(), RuntimeOptions::default());
-        let info = setup.adapter.get_info();
-        format!("{} ({:?}, {})", info.name, info.backend, info.driver_info)
-    });
-    std::panic::set_hook(hook);
-    probe.map_err(|payload| {
-        payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "the wgpu device panicked".into())
-    })
-}
-
 /// Both sides of one configuration.
 struct Measured {
     plan: Plan,
@@ -659,7 +638,7 @@ fn main() {
     let plans = plans();
     let wgpu = WgpuDevice::default();
     let adapter = if plans.iter().any(|p| p.kind == Kind::Wgpu) {
-        Some(wgpu_adapter())
+        Some(adapter::wgpu_adapter())
     } else {
         None
     };

@@ -37,6 +37,11 @@
 //! alternate within each round so drift on a shared machine falls on all of them alike.
 //! `cargo bench --bench optimizer`.
 
+#[path = "common/adapter.rs"]
+mod adapter;
+#[path = "common/workload.rs"]
+mod workload;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -48,6 +53,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_zero::optim::FusedAdam;
 use burn_zero_kernels::host::{AdamRule, AdamStep, adam_step};
+use workload::median;
 
 /// Counts the heap bytes requested, to show which steps allocate.
 struct Counting;
@@ -301,17 +307,6 @@ impl Samples {
     }
 }
 
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let mid = sorted.len() / 2;
-    match sorted.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => sorted[mid],
-        _ => (sorted[mid - 1] + sorted[mid]) / 2.0,
-    }
-}
-
 /// One round of one side: an untimed step, then `steps` timed ones.
 fn round(side: &mut dyn Side, steps: usize, into: &mut Samples) {
     side.step();
@@ -382,29 +377,6 @@ fn torch_available() -> Result<(), String> {
     } else {
         Err("PyTorch does not import in python3".into())
     }
-}
-
-/// The name of the wgpu adapter Burn's default device gets, or why there is none (Burn panics
-/// on first use of a device without an adapter).
-fn wgpu_adapter() -> Result<String, String> {
-    use burn::backend::wgpu::graphics::AutoGraphicsApi;
-    use burn::backend::wgpu::{RuntimeOptions, init_setup};
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let probe = std::panic::catch_unwind(|| {
-        let setup =
-            init_setup::<AutoGraphicsApi>(&WgpuDevice::default(), RuntimeOptions::default());
-        let info = setup.adapter.get_info();
-        format!("{} ({:?}, {})", info.name, info.backend, info.driver_info)
-    });
-    std::panic::set_hook(hook);
-    probe.map_err(|payload| {
-        payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "the wgpu device panicked".into())
-    })
 }
 
 fn env_or(name: &str, default: &str) -> String {
@@ -654,7 +626,7 @@ fn main() {
     let adapter = if env_or("OPTIMIZER_WGPU", "1") == "0" {
         Err("skipped (OPTIMIZER_WGPU=0)".to_string())
     } else {
-        wgpu_adapter()
+        adapter::wgpu_adapter()
     };
     if let Err(why) = &adapter {
         eprintln!("wgpu rows: no adapter: {why}");
@@ -695,7 +667,7 @@ fn report(
     torch: &Result<(), String>,
     adapter: &Result<String, String>,
 ) {
-    let (cpu, cpus, mem) = machine();
+    let (cpu, cpus, mem, _) = workload::machine();
     let torch_version = torch.as_ref().ok().and_then(|_| torch_version());
     let mut md = format!(
         "One Adam step over one flat f32 shard; {cpu}, {cpus} CPUs, {:.0} GiB; {threads} threads \
@@ -976,28 +948,4 @@ fn bytes(b: f64) -> String {
     } else {
         format!("{b:.0} B")
     }
-}
-
-/// CPU model, logical CPUs, memory.
-fn machine() -> (String, usize, u64) {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo
-        .lines()
-        .find_map(|line| line.strip_prefix("model name"))
-        .map(|rest| rest.trim_start_matches([' ', '\t', ':']).trim().to_string())
-        .unwrap_or_else(|| "unknown CPU".to_string());
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let mem = meminfo
-        .lines()
-        .find_map(|line| line.strip_prefix("MemTotal:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .map_or(0, |kb| kb * 1024);
-    (cpu, cpus, mem)
 }
