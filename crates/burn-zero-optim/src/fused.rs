@@ -133,7 +133,9 @@ impl Hyper {
     }
 }
 
-fn serialised(config: &impl serde::Serialize) -> Result<serde_json::Value, FusedConfigError> {
+pub(crate) fn serialised(
+    config: &impl serde::Serialize,
+) -> Result<serde_json::Value, FusedConfigError> {
     serde_json::to_value(config).map_err(|e| FusedConfigError::Unreadable(e.to_string()))
 }
 
@@ -392,13 +394,13 @@ fn host_step<B: Backend, const D: usize>(
 }
 
 /// A float tensor of a host backend as host memory.
-fn host<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> HostTensor {
+pub(crate) fn host<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> HostTensor {
     HostTensor::from_primitive::<B>(tensor.into_primitive().tensor())
         .unwrap_or_else(|_| unreachable!("the backend was checked to be a host backend"))
 }
 
 /// `tensor` if its f32 buffer may be written in place, else a contiguous copy of it.
-fn writable(mut tensor: HostTensor, backend: HostBackend) -> HostTensor {
+pub(crate) fn writable(mut tensor: HostTensor, backend: HostBackend) -> HostTensor {
     if tensor.as_mut_slice::<f32>().is_some() {
         return tensor;
     }

@@ -6,6 +6,7 @@
 mod chunked;
 mod clip;
 mod fused;
+mod fused_sgd;
 mod loss_scale;
 mod master;
 mod optimizer;
@@ -16,6 +17,7 @@ pub mod state_tree;
 
 pub use clip::NormType;
 pub use fused::{FusedAdam, FusedAdamW, FusedConfigError};
+pub use fused_sgd::{FusedSgd, FusedSgdState, Velocity};
 pub use loss_scale::{DynamicLossScaler, LossScalerConfig};
 pub use optimizer::{StateSize, ZeroOptimizer};
 pub use placement::{Offload, OnDevice, Placement};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::{
     AdamConfig, AdamWConfig, GradientsParams, LearningRate, MultiGradientsParams, Optimizer,
-    SimpleOptimizer,
+    SgdConfig, SimpleOptimizer,
 };
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
@@ -16,6 +16,7 @@ use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
 use crate::chunked::{ChunkGrad, Stepped};
 use crate::clip::{LocalStats, NormType};
 use crate::fused::{FusedAdam, FusedAdamW, FusedConfigError};
+use crate::fused_sgd::FusedSgd;
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
 use crate::master::{Master, cast_to};
 use crate::placement::{Offload, OnDevice, Placement};
@@ -124,6 +125,14 @@ impl<B: Backend> ZeroOptimizer<FusedAdamW, B, OnDevice> {
     /// AdamW from Burn's `config`, fused (see [`FusedAdamW`]).
     pub fn adamw(zero: &ZeroState<B>, config: &AdamWConfig) -> Result<Self, FusedConfigError> {
         Ok(Self::new(zero, FusedAdamW::new(config)?))
+    }
+}
+
+impl<B: Backend> ZeroOptimizer<FusedSgd, B, OnDevice> {
+    /// SGD from Burn's `config`, fused (see [`FusedSgd`]): each flat master shard is stepped
+    /// in one pass on host backends, weight decay and momentum included.
+    pub fn sgd(zero: &ZeroState<B>, config: &SgdConfig) -> Result<Self, FusedConfigError> {
+        Ok(Self::new(zero, FusedSgd::new(config)?))
     }
 }
 

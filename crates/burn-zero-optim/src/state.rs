@@ -38,3 +38,10 @@ impl<B: Backend> StateBytes for SgdState<B, 1> {
         self.momentum.as_ref().map_or(0, |_| numel * 4)
     }
 }
+
+impl<B: Backend> StateBytes for crate::FusedSgdState<B, 1> {
+    /// The velocity (one fp32 value per element) when momentum is on.
+    fn state_bytes(&self, numel: usize) -> usize {
+        self.momentum.as_ref().map_or(0, |_| numel * 4)
+    }
+}

@@ -1,14 +1,16 @@
 //! The fused Adam and AdamW against Burn's own, one step at a time on flat tensors: bitwise on
 //! Flex (the one-pass path) over many steps with gradients that change sign and scale, bitwise
-//! where they fall back, and bad hyperparameters refused by name.
+//! where they fall back, and bad hyperparameters refused by name. The fused SGD likewise, in
+//! every combination of its options, and its records read as Burn's.
 
 use burn::backend::{Flex, NdArray};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::grad_clipping::GradientClippingConfig;
-use burn::optim::{AdamConfig, AdamWConfig, SimpleOptimizer};
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamConfig, AdamWConfig, SgdConfig, SimpleOptimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use burn_zero_optim::{FusedAdam, FusedAdamW, FusedConfigError};
+use burn_zero_optim::{FusedAdam, FusedAdamW, FusedConfigError, FusedSgd};
 
 fn flat<B: Backend>(values: Vec<f32>) -> Tensor<B, 1> {
     let len = values.len();
@@ -150,4 +152,137 @@ fn a_negative_or_non_finite_learning_rate_is_refused_before_anything_changes() {
     for message in &messages[0] {
         assert!(message.contains("learning rate"), "{message}");
     }
+}
+
+/// Every combination of SGD's options: no momentum, momentum with and without dampening,
+/// Nesterov; with and without weight decay.
+fn sgd_configs() -> Vec<SgdConfig> {
+    let momenta = [
+        None,
+        Some(MomentumConfig::new().with_momentum(0.9)),
+        Some(
+            MomentumConfig::new()
+                .with_momentum(0.8)
+                .with_dampening(0.25),
+        ),
+        Some(MomentumConfig::new().with_momentum(0.9).with_nesterov(true)),
+    ];
+    let decays = [None, Some(WeightDecayConfig::new(0.05))];
+    momenta
+        .iter()
+        .flat_map(|m| {
+            decays.iter().map(move |d| {
+                SgdConfig::new()
+                    .with_momentum(m.clone())
+                    .with_weight_decay(d.clone())
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn fused_sgd_is_burns_sgd_bitwise_over_a_thousand_steps() {
+    for config in sgd_configs() {
+        let fused = FusedSgd::new(&config).unwrap();
+        assert!(fused.fuses::<Flex>() && fused.fuses::<NdArray>());
+        side_by_side::<Flex, _, _>(&fused, &config.build::<Flex>(), 1000);
+        side_by_side::<NdArray, _, _>(&fused, &config.build::<NdArray>(), 200);
+    }
+}
+
+/// A fused SGD state's record is Burn's: each reads the other's, and stepping on from either
+/// stays bitwise on Burn's path.
+#[test]
+fn fused_sgd_records_are_burns() {
+    use burn::record::{FullPrecisionSettings, Record};
+
+    let config = SgdConfig::new().with_momentum(Some(MomentumConfig::new().with_momentum(0.9)));
+    let fused = FusedSgd::new(&config).unwrap();
+    let burn = config.build::<Flex>();
+    let p = flat::<Flex>((0..64).map(|i| i as f32 / 10.0).collect());
+    let g = || flat::<Flex>((0..64).map(|i| (i as f32 - 30.0) / 7.0).collect());
+    let (pf, sf) = fused.step(0.01, p.clone(), g(), None);
+    let (pb, sb) = burn.step(0.01, p, g(), None);
+    assert_eq!(bits(pf.clone()), bits(pb.clone()));
+    let device = Default::default();
+    // Burn's state read as the fused one, and the other way round.
+    let item = sb.unwrap().into_item::<FullPrecisionSettings>();
+    let json = serde_json::to_value(&item).unwrap();
+    let as_fused = burn_zero_optim::FusedSgdState::<Flex, 1>::from_item::<FullPrecisionSettings>(
+        serde_json::from_value(json).unwrap(),
+        &device,
+    );
+    let item = sf.unwrap().into_item::<FullPrecisionSettings>();
+    let json = serde_json::to_value(&item).unwrap();
+    let as_burn = burn::optim::SgdState::<Flex, 1>::from_item::<FullPrecisionSettings>(
+        serde_json::from_value(json).unwrap(),
+        &device,
+    );
+    let (a, _) = fused.step(0.01, pb, g(), Some(as_fused));
+    let (b, _) = burn.step(0.01, pf, g(), Some(as_burn));
+    assert_eq!(bits(a), bits(b));
+}
+
+/// The Burn-ops path (any other backend, or a tensor the pass does not take): a 2-D tensor on
+/// Flex steps there, bitwise equal to Burn's SGD.
+#[test]
+fn fused_sgd_off_the_pass_is_burns_sgd() {
+    let config = SgdConfig::new()
+        .with_weight_decay(Some(WeightDecayConfig::new(0.05)))
+        .with_momentum(Some(
+            MomentumConfig::new()
+                .with_momentum(0.9)
+                .with_dampening(0.1)
+                .with_nesterov(true),
+        ));
+    let fused = FusedSgd::new(&config).unwrap();
+    let burn = config.build::<Flex>();
+    let square = |seed: usize| -> Tensor<Flex, 2> {
+        let values: Vec<f32> = (0..64)
+            .map(|i| ((i * 13 + seed * 7) % 31) as f32 / 9.0 - 1.5)
+            .collect();
+        Tensor::from_data(TensorData::new(values, [8, 8]), &Default::default())
+    };
+    let (mut a, mut b) = (square(0), square(0));
+    let (mut sa, mut sb) = (None, None);
+    for step in 0..50 {
+        let (na, nsa) = fused.step(1e-2, a, square(step + 1), sa);
+        let (nb, nsb) = burn.step(1e-2, b, square(step + 1), sb);
+        assert_eq!(
+            bits(na.clone().flatten(0, 1)),
+            bits(nb.clone().flatten(0, 1)),
+            "step {step}"
+        );
+        (a, sa, b, sb) = (na, nsa, nb, nsb);
+    }
+}
+
+#[test]
+fn bad_sgd_hyperparameters_are_refused_by_name() {
+    let momentum = |m: f64, d: f64| {
+        SgdConfig::new().with_momentum(Some(
+            MomentumConfig::new().with_momentum(m).with_dampening(d),
+        ))
+    };
+    let error = FusedSgd::new(&momentum(-0.5, 0.0)).err().unwrap();
+    assert!(
+        matches!(
+            error,
+            FusedConfigError::Hyperparameter {
+                name: "momentum",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    let error = FusedSgd::new(&momentum(0.9, f64::NAN)).err().unwrap();
+    assert!(error.to_string().contains("dampening"), "{error}");
+    let decayed = SgdConfig::new().with_weight_decay(Some(WeightDecayConfig::new(f32::INFINITY)));
+    let error = FusedSgd::new(&decayed).err().unwrap();
+    assert!(error.to_string().contains("weight_decay"), "{error}");
+    let clipped = SgdConfig::new().with_gradient_clipping(Some(GradientClippingConfig::Value(1.0)));
+    assert_eq!(
+        FusedSgd::new(&clipped).err(),
+        Some(FusedConfigError::GradientClipping)
+    );
 }

@@ -153,3 +153,27 @@ fn fused_adam_and_adamw_match_single_rank_training_bitwise() {
         || FusedAdamW::new(&adamw()).expect("fusable"),
     );
 }
+
+/// The fused SGD (one pass over a flat shard on Flex) ends bitwise where Burn's SGD ends, with
+/// weight decay, dampened momentum and Nesterov.
+#[test]
+fn fused_sgd_matches_single_rank_training_bitwise() {
+    use burn::optim::decay::WeightDecayConfig;
+    use burn_zero_optim::FusedSgd;
+
+    let sgd = || {
+        SgdConfig::new()
+            .with_weight_decay(Some(WeightDecayConfig::new(1e-2)))
+            .with_momentum(Some(
+                MomentumConfig::new()
+                    .with_momentum(0.9)
+                    .with_dampening(0.1)
+                    .with_nesterov(true),
+            ))
+    };
+    check(
+        "fused SGD, decay and Nesterov momentum",
+        || sgd().init(),
+        || FusedSgd::new(&sgd()).expect("fusable"),
+    );
+}

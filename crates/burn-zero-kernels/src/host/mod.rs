@@ -12,13 +12,14 @@
 //! the backends' own reference count, so a buffer is only written while no tensor shares it.
 //!
 //! The arithmetic ([`HostFloat`]) reproduces the backends' own, so results are bitwise those
-//! of the Burn-ops path. [`adam_step`] is the optimizer's fused Adam/AdamW pass over such
-//! memory.
+//! of the Burn-ops path. [`adam_step`] and [`sgd_step`] are the optimizer's fused Adam/AdamW
+//! and SGD passes over such memory.
 
 mod adam;
 mod element;
 mod pack;
 mod pool;
+mod sgd;
 
 use std::any::{Any, TypeId};
 
@@ -29,6 +30,7 @@ pub use adam::{AdamRule, AdamStep, adam_step};
 pub use element::{FloatVisitor, HostFloat, visit};
 pub(crate) use pack::{HostPacker, divide_row, unpack};
 pub use pool::BufferPool;
+pub use sgd::{SgdMomentum, SgdStep, sgd_step};
 
 #[cfg(feature = "flex")]
 use burn::backend::flex::FlexTensor;
