@@ -13,8 +13,9 @@
 //! buffer. Every other backend uses Burn tensor ops. All paths do the same arithmetic in the
 //! same order, so they agree bit for bit on the same backend.
 //!
-//! The optimizer's step has the same two paths: [`host::adam_step`] over host memory and
-//! [`adam_step_kernel`], one launch per flat shard on the cubecl backends above.
+//! The optimizer's step has the same two paths: [`host::adam_step`] and [`host::sgd_step`]
+//! over host memory, [`adam_step_kernel`] and [`sgd_step_kernel`], one launch per flat shard
+//! on the cubecl backends above.
 
 mod error;
 mod fallback;
@@ -73,6 +74,33 @@ pub fn adam_step_kernel<B: Backend>(
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
         let _ = (step, param, grad, moments);
+        None
+    }
+}
+
+/// One SGD step of a flat f32 shard in one kernel launch, on a `CubeBackend` (wgpu or CUDA,
+/// plain or fused): per element, [`host::sgd_step`]'s arithmetic (Burn's operations in Burn's
+/// order). `velocity` is read on a momentum step that is not the first (`step.momentum`'s
+/// `first`); without momentum it is ignored. Returns the new parameter and, with momentum,
+/// the velocity, each written into its input's buffer when nothing else holds it.
+///
+/// `None` when `B` has no kernel in this build; an error, with nothing launched, for a tensor
+/// that is not f32 ([`KernelError::UnsupportedDType`]) or a gradient or velocity whose length
+/// differs from the parameter's ([`KernelError::GradientSize`]).
+#[allow(clippy::type_complexity)]
+pub fn sgd_step_kernel<B: Backend>(
+    step: &host::SgdStep,
+    param: B::FloatTensorPrimitive,
+    grad: B::FloatTensorPrimitive,
+    velocity: Option<B::FloatTensorPrimitive>,
+) -> Option<Result<(B::FloatTensorPrimitive, Option<B::FloatTensorPrimitive>), KernelError>> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        kernel::sgd_step::<B>(step, param, grad, velocity)
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = (step, param, grad, velocity);
         None
     }
 }

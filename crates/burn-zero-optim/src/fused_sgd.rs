@@ -3,11 +3,12 @@
 //! Burn's `Sgd` is up to seven tensor operations per step, each a pass over the shard.
 //! [`FusedSgd`] is a `SimpleOptimizer` built from Burn's `SgdConfig` whose step on a host
 //! backend (Flex, NdArray, and offloaded state) is one pass over host memory split over
-//! threads (`burn_zero_kernels::host::sgd_step`), bitwise equal to Burn's optimizer: the same
-//! operations in the same order, each rounded to f32. Every option is fused there. On every
-//! other backend (wgpu and CUDA included: there is no SGD kernel yet), for f64/f16/bf16
-//! tensors and for tensors of more than one dimension, it steps with Burn's operations in
-//! Burn's order. Burn's per-parameter gradient clipping is refused, as for Adam.
+//! threads (`burn_zero_kernels::host::sgd_step`), and on a cubecl backend compiled into
+//! `burn-zero-kernels` (wgpu, CUDA; plain or Burn's fused backends) one kernel launch
+//! (`burn_zero_kernels::sgd_step_kernel`), each bitwise equal to Burn's optimizer: the same
+//! operations in the same order, each rounded to f32. Every option is fused. On every other
+//! backend, for f64/f16/bf16 tensors and for tensors of more than one dimension, it steps with
+//! Burn's operations in Burn's order. Burn's per-parameter gradient clipping is refused, as for Adam.
 //!
 //! Burn's `SgdState` keeps its velocity private, so the one-pass path could not read it;
 //! [`FusedSgdState`] holds the same tensor under the same field names, so its record is
@@ -19,6 +20,7 @@ use burn::record::Record;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Device, Tensor, TensorPrimitive};
 use burn_zero_kernels::host::{HostBackend, HostTensor, SgdMomentum, SgdStep, sgd_step};
+use burn_zero_kernels::{kernel_available, sgd_step_kernel};
 
 use crate::fused::{FusedConfigError, host, serialised, writable};
 
@@ -107,10 +109,10 @@ impl FusedSgd {
         })
     }
 
-    /// Whether a step of an f32 flat shard on backend `B` takes the one-pass path (Flex and
-    /// NdArray).
+    /// Whether a step of an f32 flat shard on backend `B` takes a one-pass path: the host
+    /// pass on Flex and NdArray, the kernel on a cubecl backend with kernels in this build.
     pub fn fuses<B: Backend>(&self) -> bool {
-        HostBackend::of::<B>().is_some()
+        HostBackend::of::<B>().is_some() || kernel_available::<B>()
     }
 
     /// The step's scalars as Burn rounds them; `first` when there is no velocity yet.
@@ -144,6 +146,9 @@ impl<B: Backend> SimpleOptimizer<B> for FusedSgd {
             && velocity.as_ref().is_none_or(|v| v.dtype() == DType::F32);
         let (tensor, velocity) = match HostBackend::of::<B>() {
             Some(backend) if D == 1 && f32s => self.host_step(backend, lr, tensor, grad, velocity),
+            None if D == 1 && f32s && kernel_available::<B>() => {
+                self.kernel_step(lr, tensor, grad, velocity)
+            }
             _ => self.burn_ops_step(lr, tensor, grad, velocity),
         };
         let momentum = velocity.map(|velocity| Velocity { velocity });
@@ -227,5 +232,36 @@ impl FusedSgd {
             kept = Some(v);
         }
         (tensor - grad.mul_scalar(lr), kept)
+    }
+}
+
+impl FusedSgd {
+    /// One kernel launch: the parameter and velocity are written in their own buffers when
+    /// nothing else holds them, new ones otherwise.
+    fn kernel_step<B: Backend, const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<B, D>,
+        grad: Tensor<B, D>,
+        velocity: Option<Tensor<B, D>>,
+    ) -> (Tensor<B, D>, Option<Tensor<B, D>>) {
+        let shape = tensor.shape();
+        let step = self.step_of(lr, velocity.is_none());
+        let primitive = |t: Tensor<B, D>| t.into_primitive().tensor();
+        // Every tensor was checked to be f32 with the parameter's shape, so the kernel cannot
+        // refuse them; they are handed over without another reference, so that their buffers
+        // can be updated in place.
+        let (p, v) = sgd_step_kernel::<B>(
+            &step,
+            primitive(tensor),
+            primitive(grad),
+            velocity.map(primitive),
+        )
+        .expect("the backend has a kernel (checked by the caller)")
+        .unwrap_or_else(|error| panic!("the fused SGD kernel refused an f32 step: {error}"));
+        let back = |t: B::FloatTensorPrimitive| -> Tensor<B, D> {
+            Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t)).reshape(shape.clone())
+        };
+        (back(p), v.map(back))
     }
 }

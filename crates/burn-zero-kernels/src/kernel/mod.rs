@@ -11,6 +11,7 @@
 mod adam;
 pub mod fused;
 mod pack;
+mod sgd;
 mod unpack;
 
 use std::any::{Any, TypeId};
@@ -133,6 +134,29 @@ pub(crate) fn adam_step<B: Backend>(
         ));
     }
     let _ = (step, param, grad, moments);
+    None
+}
+
+/// One SGD step with a kernel: `None` when `B` has no kernels in this build.
+pub(crate) fn sgd_step<B: Backend>(
+    step: &crate::host::SgdStep,
+    param: B::FloatTensorPrimitive,
+    grad: B::FloatTensorPrimitive,
+    velocity: Option<B::FloatTensorPrimitive>,
+) -> Option<Result<sgd::Stepped<B::FloatTensorPrimitive>, KernelError>> {
+    #[cfg(feature = "wgpu")]
+    if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
+        return Some(sgd::sgd_step::<B, cubecl::wgpu::WgpuRuntime>(
+            step, param, grad, velocity,
+        ));
+    }
+    #[cfg(feature = "cuda")]
+    if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
+        return Some(sgd::sgd_step::<B, cubecl::cuda::CudaRuntime>(
+            step, param, grad, velocity,
+        ));
+    }
+    let _ = (step, param, grad, velocity);
     None
 }
 

@@ -4,8 +4,8 @@
 //! fusion layer). This binary turns that log on, into a file of its own, before any wgpu client
 //! exists, and counts the lines between two launches of a marker kernel of its own.
 //!
-//! Target: at most one launch per optimizer step of a flat shard. Burn's per-tensor
-//! Adam on the same shard is counted alongside for comparison.
+//! Target: at most one launch per optimizer step of a flat shard (Adam, AdamW, SGD). Burn's
+//! per-tensor Adam on the same shard is counted alongside for comparison.
 //!
 //! Without a wgpu adapter every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1`
 //! (CI) makes that a failure.
@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 
 use burn::backend::wgpu::{CubeBackend, CubeTensor, WgpuDevice, WgpuRuntime};
 use burn::optim::decay::WeightDecayConfig;
-use burn::optim::{AdamConfig, AdamWConfig, SimpleOptimizer};
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamConfig, AdamWConfig, SgdConfig, SimpleOptimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_fusion::Fusion;
 use burn_zero_kernels::adam_step_kernel;
 use burn_zero_kernels::host::{AdamRule, AdamStep};
-use burn_zero_optim::{FusedAdam, FusedAdamW};
+use burn_zero_optim::{FusedAdam, FusedAdamW, FusedSgd};
 use burn_zero_testing::skip;
 use cubecl::config::profiling::ProfilingLogLevel;
 use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
@@ -255,4 +256,35 @@ fn the_kernel_alone_is_one_launch() {
         });
         assert_eq!(launched.len(), 1, "step {time}: {launched:?}");
     }
+}
+
+#[test]
+fn a_fused_sgd_step_is_one_launch() {
+    if !runs("a_fused_sgd_step_is_one_launch") {
+        return;
+    }
+    let device = WgpuDevice::default();
+    let config = SgdConfig::new()
+        .with_weight_decay(Some(WeightDecayConfig::new(0.01)))
+        .with_momentum(Some(
+            MomentumConfig::new().with_momentum(0.9).with_nesterov(true),
+        ));
+    let fused = FusedSgd::new(&config).unwrap();
+    for (what, steps) in [
+        (
+            "FusedSgd, plain wgpu",
+            four_steps::<Plain, _>(&fused, &device),
+        ),
+        (
+            "FusedSgd, fused wgpu",
+            four_steps::<Fused, _>(&fused, &device),
+        ),
+    ] {
+        for (t, step) in steps.iter().enumerate() {
+            assert_eq!(step.len(), 1, "{what}, step {}: launches {step:?}", t + 1);
+            assert!(step[0].contains("SgdUpdate"), "{what}: {step:?}");
+        }
+    }
+    let burn = four_steps::<Plain, _>(&config.build::<Plain>(), &device);
+    assert!(burn.iter().skip(1).all(|step| step.len() >= 5), "{burn:?}");
 }

@@ -5,7 +5,8 @@
 //! bit for bit after every step, on gradients of changing sign and magnitude (from subnormal
 //! squares to 10⁷), with exact zeros of both signs. The same through the fused optimizer
 //! (`FusedAdam`, `FusedAdamW`), against its host path on Flex and against Burn's own `Adam` and
-//! `AdamW` on the same wgpu backend.
+//! `AdamW` on the same wgpu backend. The SGD kernel (`sgd_step_kernel`, through `FusedSgd`)
+//! likewise, in every combination of weight decay, momentum, dampening and Nesterov.
 //!
 //! Measured on lavapipe: bitwise everywhere, so the assertions are bitwise (the compiler keeps
 //! every rounding: no contraction into fused multiply-adds, correctly rounded division and
@@ -15,13 +16,14 @@
 use burn::backend::Flex;
 use burn::backend::wgpu::{CubeBackend, CubeTensor, WgpuDevice, WgpuRuntime};
 use burn::optim::decay::WeightDecayConfig;
-use burn::optim::{AdamConfig, AdamWConfig, SimpleOptimizer};
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamConfig, AdamWConfig, SgdConfig, SimpleOptimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_fusion::Fusion;
 use burn_zero_kernels::host::{AdamRule, AdamStep, adam_step};
-use burn_zero_kernels::{KernelError, adam_step_kernel, kernel_available};
-use burn_zero_optim::{FusedAdam, FusedAdamW};
+use burn_zero_kernels::{KernelError, adam_step_kernel, kernel_available, sgd_step_kernel};
+use burn_zero_optim::{FusedAdam, FusedAdamW, FusedSgd};
 use burn_zero_testing::skip;
 
 type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
@@ -540,6 +542,113 @@ fn wrong_dtype_and_lengths_are_refused_by_name() {
     );
     let long = upload::<Plain>(&start(65, 4), &device);
     let error = adam_step_kernel::<Plain>(&step_at(2), p(), p(), Some((p(), long)))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        error,
+        KernelError::GradientSize {
+            expected: 64,
+            actual: 65
+        }
+    );
+}
+
+/// Every combination of SGD's options.
+fn sgd_configs() -> Vec<SgdConfig> {
+    let momenta = [
+        None,
+        Some(MomentumConfig::new().with_momentum(0.9)),
+        Some(
+            MomentumConfig::new()
+                .with_momentum(0.8)
+                .with_dampening(0.25),
+        ),
+        Some(MomentumConfig::new().with_momentum(0.9).with_nesterov(true)),
+    ];
+    let decays = [None, Some(WeightDecayConfig::new(0.05))];
+    momenta
+        .iter()
+        .flat_map(|m| {
+            decays.iter().map(move |d| {
+                SgdConfig::new()
+                    .with_momentum(m.clone())
+                    .with_weight_decay(d.clone())
+            })
+        })
+        .collect()
+}
+
+/// `FusedSgd` on `B` (the kernel) against its host pass on Flex and against Burn's SGD on
+/// `B`, every option combination, `steps` steps each.
+fn fused_sgd_against_host_and_burn<B: Backend<Device = WgpuDevice>>(steps: usize) {
+    let device = WgpuDevice::default();
+    let host = Default::default();
+    let mut failures = Vec::new();
+    for (i, config) in sgd_configs().iter().enumerate() {
+        let fused = FusedSgd::new(config).unwrap();
+        assert!(fused.fuses::<B>(), "FusedSgd takes the kernel");
+        let seed = 0x5_6D + i as u64;
+        if let Some(t) = side_by_side::<B, Flex, _, _>(&fused, &fused, &device, &host, steps, seed)
+        {
+            failures.push(format!("SGD #{i}: kernel vs host pass, step {t}"));
+        }
+        let burn = config.build::<B>();
+        if let Some(t) = side_by_side::<B, B, _, _>(&fused, &burn, &device, &device, steps, seed) {
+            failures.push(format!("SGD #{i}: kernel vs Burn's SGD, step {t}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn fused_sgd_on_plain_wgpu_is_the_host_pass_and_burns_bit_for_bit() {
+    if !runs("fused_sgd_on_plain_wgpu_is_the_host_pass_and_burns_bit_for_bit") {
+        return;
+    }
+    fused_sgd_against_host_and_burn::<Plain>(300);
+}
+
+#[test]
+fn fused_sgd_on_fused_wgpu_is_the_host_pass_and_burns_bit_for_bit() {
+    if !runs("fused_sgd_on_fused_wgpu_is_the_host_pass_and_burns_bit_for_bit") {
+        return;
+    }
+    fused_sgd_against_host_and_burn::<Fused>(300);
+}
+
+#[test]
+fn sgd_kernel_refuses_wrong_dtype_and_lengths_by_name() {
+    if !runs("sgd_kernel_refuses_wrong_dtype_and_lengths_by_name") {
+        return;
+    }
+    use burn_zero_kernels::host::{SgdMomentum, SgdStep};
+    let device = WgpuDevice::default();
+    let step = SgdStep {
+        lr: 1e-2,
+        weight_decay: None,
+        momentum: Some(SgdMomentum {
+            momentum: 0.9,
+            keep_grad: 1.0,
+            nesterov: false,
+            first: false,
+        }),
+    };
+    let p = || upload::<Plain>(&start(64, 1), &device);
+    let half = Tensor::<Plain, 1>::from_data(TensorData::new(start(64, 2), [64]), &device)
+        .cast(DType::F16);
+    let half = half.into_primitive().tensor();
+    let error = sgd_step_kernel::<Plain>(&step, p(), half, None)
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        error,
+        KernelError::UnsupportedDType {
+            dtype: DType::F16,
+            path: "SGD kernel"
+        }
+    );
+    let long = upload::<Plain>(&start(65, 4), &device);
+    let error = sgd_step_kernel::<Plain>(&step, p(), p(), Some(long))
         .unwrap()
         .unwrap_err();
     assert_eq!(

@@ -1,0 +1,190 @@
+//! SGD: one launch steps a flat f32 shard (parameter, gradient and, with momentum, velocity).
+//!
+//! Per element the kernel does [`crate::host::sgd_step`]'s arithmetic: Burn's operations in
+//! Burn's order, each rounded to f32, with the scalars the host path uses.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, TensorMetadata};
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use cubecl::std::tensor::layout::linear::LinearView;
+use cubecl::{CubeDim, calculate_cube_count_elemwise};
+
+use super::{address_type, from_cube, into_cube, storage_type, vector_size};
+use crate::KernelError;
+use crate::host::SgdStep;
+
+/// One SGD step. Inputs (read-only) are `param`, `grad`, `v_in`; each output is a buffer of
+/// its own or, when the input's buffer may be written, that buffer (an alias of input 0 or 2).
+/// Without momentum `v_out` is never written.
+///
+/// Comptime flags: `decays` whether the L2 penalty `decay` applies; `momentum` whether there
+/// is a velocity; `first` builds it from the gradient (Burn's first step; `v_in` is not
+/// read); `nesterov` the Nesterov update.
+#[cube(launch, address_type = "dynamic")]
+#[allow(clippy::too_many_arguments)]
+fn sgd_update<F: Float, N: Size>(
+    param: &LinearView<Vector<F, N>>,
+    grad: &LinearView<Vector<F, N>>,
+    v_in: &LinearView<Vector<F, N>>,
+    param_out: &mut LinearView<Vector<F, N>, ReadWrite>,
+    v_out: &mut LinearView<Vector<F, N>, ReadWrite>,
+    lr: InputScalar,
+    decay: InputScalar,
+    mu: InputScalar,
+    keep_grad: InputScalar,
+    #[comptime] decays: bool,
+    #[comptime] momentum: bool,
+    #[comptime] first: bool,
+    #[comptime] nesterov: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    if !param_out.is_in_bounds(ABSOLUTE_POS) {
+        terminate!();
+    }
+    let p = param[ABSOLUTE_POS];
+    let mut g = grad[ABSOLUTE_POS];
+    if decays {
+        // Burn's L2 penalty: `p·λ + g` (the sum's operands commute exactly).
+        g = p * Vector::new(decay.get::<F>()) + g;
+    }
+    if momentum {
+        let mu = Vector::new(mu.get::<F>());
+        let mut v = g;
+        if !first {
+            v = g * Vector::new(keep_grad.get::<F>()) + v_in[ABSOLUTE_POS] * mu;
+        }
+        v_out[ABSOLUTE_POS] = v;
+        if nesterov {
+            g = v * mu + g;
+        } else {
+            g = v;
+        }
+    }
+    param_out[ABSOLUTE_POS] = p - g * Vector::new(lr.get::<F>());
+}
+
+/// The tensors of a step on runtime `R`: the new parameter and, with momentum, velocity.
+pub(crate) type Stepped<P> = (P, Option<P>);
+
+/// Steps on runtime `R`. Lengths and dtypes are checked here. `velocity` is read when the
+/// step has momentum and is not the first (it may then still be given, as a buffer to write).
+pub(super) fn sgd_step<B: Backend, R: CubeRuntime>(
+    step: &SgdStep,
+    param: B::FloatTensorPrimitive,
+    grad: B::FloatTensorPrimitive,
+    velocity: Option<B::FloatTensorPrimitive>,
+) -> Result<Stepped<B::FloatTensorPrimitive>, KernelError> {
+    let len = param.shape().num_elements();
+    let velocity = if step.momentum.is_some() {
+        velocity
+    } else {
+        None
+    };
+    let mut tensors = vec![&param, &grad];
+    tensors.extend(velocity.as_ref());
+    for tensor in &tensors {
+        let dtype = tensor.dtype();
+        if dtype != DType::F32 {
+            return Err(KernelError::UnsupportedDType {
+                dtype,
+                path: "SGD kernel",
+            });
+        }
+    }
+    for tensor in &tensors[1..] {
+        let actual = tensor.shape().num_elements();
+        if actual != len {
+            return Err(KernelError::GradientSize {
+                expected: len,
+                actual,
+            });
+        }
+    }
+    let param: CubeTensor<R> = into_cube::<B, R>(param);
+    let grad: CubeTensor<R> = into_cube::<B, R>(grad);
+    let velocity = velocity.map(into_cube::<B, R>);
+    let client = param.client.clone();
+    let dtype = storage_type(&client, DType::F32)?;
+    let shape = param.shape();
+    let momentum = step.momentum;
+    // Burn's first momentum step builds the velocity from the gradient; without a velocity
+    // to read, a later step would too.
+    let first = momentum.is_some_and(|m| m.first) || velocity.is_none();
+
+    if len == 0 {
+        let velocity = momentum.map(|_| velocity.unwrap_or_else(|| param.clone()));
+        return Ok((from_cube::<B, R>(param), velocity.map(from_cube::<B, R>)));
+    }
+
+    // An output goes into its input's buffer when nothing else holds that buffer and the
+    // input is laid out as the output is (contiguous); otherwise into a new buffer.
+    let writable = |t: &CubeTensor<R>| t.can_mut() && t.is_contiguous();
+    let fresh = || {
+        empty_device_dtype(
+            client.clone(),
+            param.device.clone(),
+            shape.clone(),
+            DType::F32,
+        )
+    };
+    let param_out = (!writable(&param)).then(fresh);
+    let v_out = match (&momentum, &velocity) {
+        (Some(_), Some(v)) => (!writable(v)).then(fresh),
+        (Some(_), None) => Some(fresh()),
+        (None, _) => None,
+    };
+
+    let contiguous = [&param, &grad]
+        .into_iter()
+        .chain(velocity.iter())
+        .all(|t| t.is_contiguous());
+    let widths: &[usize] = if contiguous { &[len] } else { &[1] };
+    let vector = vector_size(&client, DType::F32.size(), widths);
+    let units = len / vector;
+    let cube_dim = CubeDim::new(&client, units);
+
+    let mut all: Vec<&CubeTensor<R>> = vec![&param, &grad];
+    all.extend(velocity.iter().chain(&param_out).chain(&v_out));
+    let address = address_type(&all);
+
+    // Input 2 is the velocity; without one to read, the gradient (never written) stands in.
+    let v_in = velocity.clone().unwrap_or_else(|| grad.clone());
+    let launch_param_out = match &param_out {
+        Some(out) => out.clone().into_linear_view(),
+        None => param.as_linear_view_alias(0),
+    };
+    // Without momentum nothing is written to `v_out`: it aliases the gradient's binding.
+    let launch_v_out = match (&v_out, &momentum) {
+        (Some(out), _) => out.clone().into_linear_view(),
+        (None, Some(_)) => v_in.as_linear_view_alias(2),
+        (None, None) => grad.as_linear_view_alias(1),
+    };
+    let scalar = |value: f32| InputScalar::new(value, DType::F32);
+    sgd_update::launch::<R>(
+        &client,
+        calculate_cube_count_elemwise(&client, units, cube_dim),
+        cube_dim,
+        address,
+        vector,
+        param.clone().into_linear_view(),
+        grad.into_linear_view(),
+        v_in.clone().into_linear_view(),
+        launch_param_out,
+        launch_v_out,
+        scalar(step.lr),
+        scalar(step.weight_decay.unwrap_or(0.0)),
+        scalar(momentum.map_or(0.0, |m| m.momentum)),
+        scalar(momentum.map_or(1.0, |m| m.keep_grad)),
+        step.weight_decay.is_some(),
+        momentum.is_some(),
+        first,
+        momentum.is_some_and(|m| m.nesterov),
+        dtype,
+    );
+    let param = param_out.unwrap_or(param);
+    let velocity = momentum.map(|_| v_out.unwrap_or(v_in));
+    Ok((from_cube::<B, R>(param), velocity.map(from_cube::<B, R>)))
+}
