@@ -5,7 +5,8 @@
 #   run.sh [REPORT_DIR]        (default: ./gpu-check-report)
 #
 # Sections: environment, tests (CUDA kernels, NCCL engine, training on NCCL, train_gpt under
-# zero-run), nccl (collective bandwidth), pack (pack/unpack against a device copy), steps
+# zero-run), nccl (collective bandwidth), pack (pack/unpack against a device copy), optimizer
+# (the fused Adam kernel against Burn's Adam, the copy bandwidth and the host pass), steps
 # (GPT step time, Zero at stages 0-3 with one parameter per chunk and at stage 3 with the
 # searched chunk size, against plain Burn, with memory and burn-zero's collectives and device
 # synchronisations per step), fsdp2 (PyTorch FSDP2 on the same GPT). A section that fails
@@ -22,7 +23,7 @@ mkdir -p "$out/logs" "$out/data"
 out=$(cd "$out" && pwd)
 python=${PYTHON:-python3}
 rounds=${GPU_CHECK_ROUNDS:-3}
-sections=${GPU_CHECK_SECTIONS:-"environment tests nccl pack steps fsdp2"}
+sections=${GPU_CHECK_SECTIONS:-"environment tests nccl pack optimizer steps fsdp2"}
 bin="$here/bin"
 status="$out/data/sections.tsv"
 : >"$status"
@@ -168,6 +169,10 @@ nccl() {
 
 pack() {
     PACK_CUDA_REPORT="$out/data/pack.json" "$bin/pack-cuda" --bench
+}
+
+optimizer() {
+    OPTIMIZER_CUDA_REPORT="$out/data/optimizer.json" "$bin/optimizer-cuda"
 }
 
 steps() {
