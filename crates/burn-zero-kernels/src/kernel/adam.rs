@@ -13,7 +13,7 @@ use cubecl::prelude::*;
 use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-use super::{address_type, from_cube, into_cube, storage_type, vector_size};
+use super::{address_type, check_flat_f32, from_cube, into_cube, storage_type, vector_size};
 use crate::KernelError;
 use crate::host::{AdamRule, AdamStep};
 
@@ -173,24 +173,7 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
     if let Some((m, v)) = &moments {
         tensors.extend([m, v]);
     }
-    for tensor in &tensors {
-        let dtype = tensor.dtype();
-        if dtype != DType::F32 {
-            return Err(KernelError::UnsupportedDType {
-                dtype,
-                path: "Adam kernel",
-            });
-        }
-    }
-    for tensor in &tensors[1..] {
-        let actual = tensor.shape().num_elements();
-        if actual != len {
-            return Err(KernelError::GradientSize {
-                expected: len,
-                actual,
-            });
-        }
-    }
+    check_flat_f32(&tensors, "Adam kernel")?;
     let param: CubeTensor<R> = into_cube::<B, R>(param);
     let grad: CubeTensor<R> = into_cube::<B, R>(grad);
     let moments = moments.map(|(m, v)| (into_cube::<B, R>(m), into_cube::<B, R>(v)));

@@ -160,6 +160,28 @@ pub(crate) fn sgd_step<B: Backend>(
     None
 }
 
+/// The checks an optimizer kernel makes before launching: every tensor f32, and the gradient
+/// and state tensors (all after the first) as long as the parameter (the first).
+fn check_flat_f32<P: burn::tensor::TensorMetadata>(
+    tensors: &[&P],
+    path: &'static str,
+) -> Result<(), KernelError> {
+    for tensor in tensors {
+        let dtype = tensor.dtype();
+        if dtype != DType::F32 {
+            return Err(KernelError::UnsupportedDType { dtype, path });
+        }
+    }
+    let expected = tensors.first().map_or(0, |t| t.shape().num_elements());
+    for tensor in tensors.iter().skip(1) {
+        let actual = tensor.shape().num_elements();
+        if actual != expected {
+            return Err(KernelError::GradientSize { expected, actual });
+        }
+    }
+    Ok(())
+}
+
 /// `value` as a `U`, when `T` and `U` are the same type.
 fn same_type<T: 'static, U: 'static>(value: T) -> Result<U, T> {
     let mut slot = Some(value);

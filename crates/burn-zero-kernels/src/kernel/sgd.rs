@@ -12,7 +12,7 @@ use cubecl::prelude::*;
 use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-use super::{address_type, from_cube, into_cube, storage_type, vector_size};
+use super::{address_type, check_flat_f32, from_cube, into_cube, storage_type, vector_size};
 use crate::KernelError;
 use crate::host::SgdStep;
 
@@ -85,24 +85,7 @@ pub(super) fn sgd_step<B: Backend, R: CubeRuntime>(
     };
     let mut tensors = vec![&param, &grad];
     tensors.extend(velocity.as_ref());
-    for tensor in &tensors {
-        let dtype = tensor.dtype();
-        if dtype != DType::F32 {
-            return Err(KernelError::UnsupportedDType {
-                dtype,
-                path: "SGD kernel",
-            });
-        }
-    }
-    for tensor in &tensors[1..] {
-        let actual = tensor.shape().num_elements();
-        if actual != len {
-            return Err(KernelError::GradientSize {
-                expected: len,
-                actual,
-            });
-        }
-    }
+    check_flat_f32(&tensors, "SGD kernel")?;
     let param: CubeTensor<R> = into_cube::<B, R>(param);
     let grad: CubeTensor<R> = into_cube::<B, R>(grad);
     let velocity = velocity.map(into_cube::<B, R>);
