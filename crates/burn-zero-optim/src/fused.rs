@@ -32,7 +32,7 @@ use burn::optim::{
     LearningRate, SimpleOptimizer,
 };
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Device, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Device, Shape, Tensor, TensorPrimitive};
 use burn_zero_kernels::host::{AdamRule, AdamStep, HostBackend, HostTensor, adam_step};
 use burn_zero_kernels::{adam_step_kernel, kernel_available};
 
@@ -331,16 +331,24 @@ fn kernel_step<B: Backend, const D: usize>(
     let (p, m, v) = adam_step_kernel::<B>(&step, primitive(tensor), primitive(grad), moments)
         .expect("the backend has a kernel (checked above)")
         .unwrap_or_else(|error| panic!("the fused Adam kernel refused an f32 step: {error}"));
-    let back = |t: B::FloatTensorPrimitive| -> Tensor<B, D> {
-        Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t)).reshape(shape.clone())
-    };
+    let back = |t| shaped::<B, D>(t, &shape);
     let momentum = AdaptiveMomentumState::new(time, back(m), back(v));
     Ok((back(p), momentum))
 }
 
 /// A float tensor's primitive.
-fn primitive<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> B::FloatTensorPrimitive {
+pub(crate) fn primitive<B: Backend, const D: usize>(
+    tensor: Tensor<B, D>,
+) -> B::FloatTensorPrimitive {
     tensor.into_primitive().tensor()
+}
+
+/// A flat float primitive (a one-pass path's result) as a tensor of `shape` again.
+pub(crate) fn shaped<B: Backend, const D: usize>(
+    flat: B::FloatTensorPrimitive,
+    shape: &Shape,
+) -> Tensor<B, D> {
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(flat)).reshape(shape.clone())
 }
 
 /// One pass over host memory: the parameter's buffer updated in place when nothing else holds
@@ -385,10 +393,7 @@ fn host_step<B: Backend, const D: usize>(
         v.as_mut_slice::<f32>().expect("made writable"),
         threads,
     );
-    let back = |t: HostTensor| -> Tensor<B, D> {
-        Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t.into_primitive::<B>()))
-            .reshape(shape.clone())
-    };
+    let back = |t: HostTensor| shaped::<B, D>(t.into_primitive::<B>(), &shape);
     let momentum = AdaptiveMomentumState::new(time, back(m), back(v));
     Ok((back(p), momentum))
 }

@@ -18,11 +18,11 @@
 use burn::optim::{LearningRate, SgdConfig, SimpleOptimizer};
 use burn::record::Record;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Device, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Device, Tensor};
 use burn_zero_kernels::host::{HostBackend, HostTensor, SgdMomentum, SgdStep, sgd_step};
 use burn_zero_kernels::{kernel_available, sgd_step_kernel};
 
-use crate::fused::{FusedConfigError, host, serialised, writable};
+use crate::fused::{FusedConfigError, host, primitive, serialised, shaped, writable};
 
 /// [`FusedSgd`]'s state: Burn's `SgdState` with a readable velocity. Its record has the
 /// shape of Burn's (`momentum.velocity`), so the two read each other's records.
@@ -192,10 +192,7 @@ impl FusedSgd {
                 .map(|v| v.as_mut_slice::<f32>().expect("made writable")),
             threads,
         );
-        let back = |t: HostTensor| -> Tensor<B, D> {
-            Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t.into_primitive::<B>()))
-                .reshape(shape.clone())
-        };
+        let back = |t: HostTensor| shaped::<B, D>(t.into_primitive::<B>(), &shape);
         (back(p), v.map(back))
     }
 }
@@ -247,7 +244,6 @@ impl FusedSgd {
     ) -> (Tensor<B, D>, Option<Tensor<B, D>>) {
         let shape = tensor.shape();
         let step = self.step_of(lr, velocity.is_none());
-        let primitive = |t: Tensor<B, D>| t.into_primitive().tensor();
         // Every tensor was checked to be f32 with the parameter's shape, so the kernel cannot
         // refuse them; they are handed over without another reference, so that their buffers
         // can be updated in place.
@@ -255,13 +251,11 @@ impl FusedSgd {
             &step,
             primitive(tensor),
             primitive(grad),
-            velocity.map(primitive),
+            velocity.map(primitive::<B, D>),
         )
         .expect("the backend has a kernel (checked by the caller)")
         .unwrap_or_else(|error| panic!("the fused SGD kernel refused an f32 step: {error}"));
-        let back = |t: B::FloatTensorPrimitive| -> Tensor<B, D> {
-            Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t)).reshape(shape.clone())
-        };
+        let back = |t| shaped::<B, D>(t, &shape);
         (back(p), v.map(back))
     }
 }
