@@ -412,9 +412,19 @@ fn step_at(time: i32) -> AdamStep {
     }
 }
 
-/// The memory a plain tensor's buffer lives in, as cubecl names it.
+/// The identity of the memory a plain tensor's buffer lives in, as cubecl names it. Only the
+/// id: the location printed beside it is filled in by the device thread once the buffer is
+/// allocated, so it may read as unallocated before a kernel and allocated after it.
 fn buffer(tensor: &CubeTensor<WgpuRuntime>) -> String {
-    format!("{:?}", tensor.handle.memory)
+    let debug = format!("{:?}", tensor.handle.memory);
+    let start = debug
+        .find("ManagedMemoryId")
+        .expect("cubecl's handle names its ManagedMemoryId");
+    let end = start
+        + debug[start..]
+            .find('}')
+            .expect("the id closes with a brace");
+    debug[start..=end].to_string()
 }
 
 /// Unshared buffers are updated where they are; a shared parameter or moment is left as it
