@@ -26,6 +26,7 @@ mod pack;
 mod spec;
 mod unpack;
 
+use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 
 pub use error::KernelError;
@@ -67,13 +68,40 @@ pub fn adam_step_kernel<B: Backend>(
         KernelError,
     >,
 > {
+    adam_step_kernel_copying::<B>(step, param, grad, moments, None)
+        .map(|stepped| stepped.map(|(p, m, v, _)| (p, m, v)))
+}
+
+/// [`adam_step_kernel`], and with `copy` (`DType::F16` or `DType::BF16`) the new parameter
+/// also written in that dtype by the same launch, rounded as Burn's cast rounds: the cast a
+/// half-precision model needs after each step, without a second launch reading the master
+/// again. Returns the copy last; an error, with nothing launched, for another copy dtype or
+/// one the device cannot store.
+#[allow(clippy::type_complexity)]
+pub fn adam_step_kernel_copying<B: Backend>(
+    step: &host::AdamStep,
+    param: B::FloatTensorPrimitive,
+    grad: B::FloatTensorPrimitive,
+    moments: Option<(B::FloatTensorPrimitive, B::FloatTensorPrimitive)>,
+    copy: Option<DType>,
+) -> Option<
+    Result<
+        (
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
+            Option<B::FloatTensorPrimitive>,
+        ),
+        KernelError,
+    >,
+> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        kernel::adam_step::<B>(step, param, grad, moments)
+        kernel::adam_step::<B>(step, param, grad, moments, copy)
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
-        let _ = (step, param, grad, moments);
+        let _ = (step, param, grad, moments, copy);
         None
     }
 }

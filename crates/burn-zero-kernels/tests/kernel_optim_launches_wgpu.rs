@@ -4,8 +4,10 @@
 //! fusion layer). This binary turns that log on, into a file of its own, before any wgpu client
 //! exists, and counts the lines between two launches of a marker kernel of its own.
 //!
-//! Target: at most one launch per optimizer step of a flat shard (Adam, AdamW, SGD). Burn's
-//! per-tensor Adam on the same shard is counted alongside for comparison.
+//! Target: at most one launch per optimizer step of a flat shard (Adam, AdamW, SGD), and for
+//! Adam also with the gradient's multiplier and a half-precision parameter's cast. Burn's
+//! per-tensor Adam on the same shard, and the separate multiply and cast, are counted
+//! alongside for comparison.
 //!
 //! Without a wgpu adapter every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1`
 //! (CI) makes that a failure.
@@ -20,11 +22,11 @@ use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, AdamWConfig, SgdConfig, SimpleOptimizer};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 use burn_fusion::Fusion;
 use burn_zero_kernels::adam_step_kernel;
 use burn_zero_kernels::host::{AdamRule, AdamStep};
-use burn_zero_optim::{FusedAdam, FusedAdamW, FusedSgd};
+use burn_zero_optim::{FlatStep, FusedAdam, FusedAdamW, FusedSgd, OnePass};
 use burn_zero_testing::skip;
 use cubecl::config::profiling::ProfilingLogLevel;
 use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
@@ -287,4 +289,49 @@ fn a_fused_sgd_step_is_one_launch() {
     }
     let burn = four_steps::<Plain, _>(&config.build::<Plain>(), &device);
     assert!(burn.iter().skip(1).all(|step| step.len() >= 5), "{burn:?}");
+}
+
+/// A half-precision parameter's step with a gradient multiplier (unscaling, clipping): the
+/// one pass (`OnePass::step_flat`) is one launch with the factor and the f16 copy inside it,
+/// where the step with a separate multiply and cast is three.
+#[test]
+fn a_one_pass_step_with_factor_and_half_copy_is_one_launch() {
+    let test = "a_one_pass_step_with_factor_and_half_copy_is_one_launch";
+    if !runs(test) {
+        return;
+    }
+    let device = WgpuDevice::default();
+    if !skip::dtype_supported(test, Plain::supports_dtype(&device, DType::F16), "f16", "") {
+        return;
+    }
+    let fused = FusedAdam::new(&AdamConfig::new()).unwrap();
+    let n = 4096;
+    let mut master = flat::<Plain>(&values(n, 0), &device);
+    let mut state = None;
+    for t in 0..3 {
+        let grad = flat::<Plain>(&values(n, t + 1), &device);
+        Plain::sync(&device).unwrap();
+        let launched = launches(&device, || {
+            let FlatStep {
+                master: next,
+                state: next_state,
+                written,
+            } = fused.step_flat(1e-3, master.clone(), grad, 0.25, state.take(), DType::F16);
+            assert_eq!(written.map(|w| w.dtype()), Some(DType::F16));
+            master = next;
+            state = next_state;
+            Plain::sync(&device).unwrap();
+        });
+        assert_eq!(launched.len(), 1, "step {}: {launched:?}", t + 1);
+        assert!(launched[0].contains("AdamUpdate"), "{launched:?}");
+    }
+    // The separate passes: multiply, step, cast.
+    let grad = flat::<Plain>(&values(n, 9), &device);
+    Plain::sync(&device).unwrap();
+    let separate = launches(&device, || {
+        let (next, _) = fused.step(1e-3, master.clone(), grad.mul_scalar(0.25), state.take());
+        let _half = next.cast(DType::F16);
+        Plain::sync(&device).unwrap();
+    });
+    assert_eq!(separate.len(), 3, "{separate:?}");
 }

@@ -8,6 +8,9 @@
 //! `AdamW` on the same wgpu backend. The SGD kernel (`sgd_step_kernel`, through `FusedSgd`)
 //! likewise, in every combination of weight decay, momentum, dampening and Nesterov.
 //!
+//! The launch's half-precision copy of the new parameter (`adam_step_kernel_copying`) against
+//! Burn's cast on the same device, where the adapter stores the half type.
+//!
 //! Measured on lavapipe: bitwise everywhere, so the assertions are bitwise (the compiler keeps
 //! every rounding: no contraction into fused multiply-adds, correctly rounded division and
 //! square root). Without a wgpu adapter every test says it was skipped, unless
@@ -22,7 +25,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_fusion::Fusion;
 use burn_zero_kernels::host::{AdamRule, AdamStep, adam_step};
-use burn_zero_kernels::{KernelError, adam_step_kernel, kernel_available, sgd_step_kernel};
+use burn_zero_kernels::{
+    KernelError, adam_step_kernel, adam_step_kernel_copying, kernel_available, sgd_step_kernel,
+};
 use burn_zero_optim::{FusedAdam, FusedAdamW, FusedSgd};
 use burn_zero_testing::skip;
 
@@ -667,5 +672,104 @@ fn sgd_kernel_refuses_wrong_dtype_and_lengths_by_name() {
             expected: 64,
             actual: 65
         }
+    );
+}
+
+/// The launch's half-precision copy of the new parameter is Burn's cast of that parameter on
+/// the same device, bit for bit, over steps with a gradient multiplier; the parameter and
+/// moments stay the host pass's. Each copy dtype the adapter stores (lavapipe: f16, not bf16).
+#[test]
+fn kernel_half_copy_is_burns_cast_bit_for_bit() {
+    let test = "kernel_half_copy_is_burns_cast_bit_for_bit";
+    if !runs(test) {
+        return;
+    }
+    let device = WgpuDevice::default();
+    let mut checked = 0;
+    for dtype in [DType::F16, DType::BF16] {
+        if !Plain::supports_dtype(&device, dtype) {
+            continue;
+        }
+        checked += 1;
+        let n = 1031;
+        let mut rng = Rng::new(0xC0B1);
+        let (mut hp, mut hm, mut hv) = (start(n, 5), vec![0.0f32; n], vec![0.0f32; n]);
+        let (mut p, mut moments) = (upload::<Plain>(&hp, &device), None);
+        for t in 1..=20 {
+            let g = gradient(&mut rng, n, t);
+            let step = AdamStep {
+                factor: Some(0.37),
+                ..step_at(t as i32)
+            };
+            let (np, nm, nv, copy) = adam_step_kernel_copying::<Plain>(
+                &step,
+                p,
+                upload::<Plain>(&g, &device),
+                moments,
+                Some(dtype),
+            )
+            .unwrap()
+            .unwrap();
+            adam_step(&step, &mut hp, &g, &mut hm, &mut hv, 1);
+            // The copy is Burn's cast of the launch's parameter on the same device.
+            let cast = |t: Tensor<Plain, 1>| -> Vec<u32> {
+                t.into_data()
+                    .convert::<f32>()
+                    .to_vec::<f32>()
+                    .unwrap()
+                    .into_iter()
+                    .map(f32::to_bits)
+                    .collect()
+            };
+            let copy = Tensor::<Plain, 1>::from_primitive(TensorPrimitive::Float(
+                copy.expect("a copy was asked for"),
+            ));
+            assert_eq!(copy.dtype(), dtype);
+            let burns = Tensor::<Plain, 1>::from_primitive(TensorPrimitive::Float(np.clone()));
+            assert_eq!(
+                cast(copy),
+                cast(burns.cast(dtype)),
+                "{dtype:?} copy at step {t}"
+            );
+            let (np2, nm2, nv2) = (np.clone(), nm.clone(), nv.clone());
+            for (device, host, what) in [(np2, &hp, "parameter"), (nm2, &hm, "m"), (nv2, &hv, "v")]
+            {
+                let device: Vec<u32> = download::<Plain>(device)
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect();
+                let host: Vec<u32> = host.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(device, host, "{dtype:?} step {t}: {what}");
+            }
+            p = np;
+            moments = Some((nm, nv));
+        }
+    }
+    if checked == 0 {
+        skip::dtype_supported(test, false, "f16 or bf16 storage", "");
+    }
+}
+
+/// A copy in a dtype other than f16 and bf16 is refused by name, before anything is launched.
+#[test]
+fn kernel_copy_in_another_dtype_is_refused() {
+    if !runs("kernel_copy_in_another_dtype_is_refused") {
+        return;
+    }
+    let device = WgpuDevice::default();
+    let p = upload::<Plain>(&[1.0, 2.0], &device);
+    let g = upload::<Plain>(&[0.5, 0.5], &device);
+    let refused = adam_step_kernel_copying::<Plain>(&step_at(1), p, g, None, Some(DType::F64))
+        .unwrap()
+        .err();
+    assert!(
+        matches!(
+            refused,
+            Some(KernelError::UnsupportedDType {
+                dtype: DType::F64,
+                ..
+            })
+        ),
+        "{refused:?}"
     );
 }

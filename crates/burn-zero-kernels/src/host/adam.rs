@@ -16,6 +16,12 @@
 //!
 //! Large shards are split over threads; each thread's loop is compiled twice, for the x86-64
 //! baseline and for AVX2, and the wider one runs where the processor has it.
+//!
+//! A half-precision model's parameters are the master's values cast after the step;
+//! [`adam_step_copying`] writes that cast in the same pass, block by block while the updated
+//! values are in cache, instead of reading the whole master again.
+
+use half::{bf16, f16};
 
 /// Which update rule.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,6 +65,45 @@ impl AdamStep {
 /// pass over a few hundred KiB.
 const PER_THREAD: usize = 1 << 18;
 
+/// Elements updated before their half-precision copy is written: small enough that the
+/// updated values are still in the first-level cache when they are read again for the copy.
+const COPY_BLOCK: usize = 2048;
+
+/// Where the parameter's new values go in half precision, written in the same pass as the
+/// step: the cast a half-precision model needs after each step of its fp32 master.
+#[derive(Debug)]
+pub enum HalfCopy<'a> {
+    /// IEEE half precision, converted as Flex's cast converts.
+    F16(&'a mut [f16]),
+    /// bfloat16, converted as Flex's cast converts (see `CopyElement` on how that rounds).
+    Bf16(&'a mut [bf16]),
+}
+
+/// A half-precision element a step's values are copied into.
+///
+/// Converted as Flex's cast converts (`from_f64` of the value widened to f64), not with
+/// `from_f32`: the two differ. `half`'s `bf16::from_f64` drops the low 32 bits of the f64
+/// before rounding, so an f32 whose discarded low bits decide a tie rounds to even where
+/// `bf16::from_f32` rounds up (measured: one bf16 ulp on a few elements of a training run).
+/// Calling the backend's own conversion keeps the copy bitwise Burn's cast.
+trait CopyElement: Copy + Send + Sync {
+    fn from_f32(value: f32) -> Self;
+}
+
+impl CopyElement for f16 {
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        f16::from_f64(f64::from(value))
+    }
+}
+
+impl CopyElement for bf16 {
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        bf16::from_f64(f64::from(value))
+    }
+}
+
 /// Steps `param` with `grad`, updating the moments `m` and `v` (their contents are ignored on
 /// the first step, whose moments come from the gradient). All four have the same length.
 ///
@@ -72,55 +117,145 @@ pub fn adam_step(
     v: &mut [f32],
     threads: usize,
 ) {
+    drive::<f16>(step, param, grad, m, v, None, threads);
+}
+
+/// [`adam_step`], also writing the parameter's new values into `copy` in half precision in
+/// the same pass (each element converted right after its update, while it is in cache).
+///
+/// # Panics
+/// When the lengths differ.
+pub fn adam_step_copying(
+    step: &AdamStep,
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    copy: HalfCopy<'_>,
+    threads: usize,
+) {
+    match copy {
+        HalfCopy::F16(copy) => drive(step, param, grad, m, v, Some(copy), threads),
+        HalfCopy::Bf16(copy) => drive(step, param, grad, m, v, Some(copy), threads),
+    }
+}
+
+/// Checks the lengths and splits the pass over threads.
+fn drive<T: CopyElement>(
+    step: &AdamStep,
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    copy: Option<&mut [T]>,
+    threads: usize,
+) {
     let len = param.len();
+    let copy_len = copy.as_ref().map_or(len, |c| c.len());
     assert!(
-        grad.len() == len && m.len() == len && v.len() == len,
-        "adam_step: parameter, gradient and moments must have one length ({len}, {}, {}, {})",
+        grad.len() == len && m.len() == len && v.len() == len && copy_len == len,
+        "adam_step: parameter, gradient, moments and copy must have one length ({len}, {}, {}, \
+         {}, {copy_len})",
         grad.len(),
         m.len(),
         v.len()
     );
     let threads = threads.clamp(1, len.div_ceil(PER_THREAD).max(1));
     if threads == 1 {
-        run(step, param, grad, m, v);
+        run(step, param, grad, m, v, copy);
         return;
     }
     let per = len.div_ceil(threads);
+    let copies: Vec<Option<&mut [T]>> = match copy {
+        Some(copy) => copy.chunks_mut(per).map(Some).collect(),
+        None => (0..len.div_ceil(per)).map(|_| None).collect(),
+    };
     std::thread::scope(|scope| {
         let parts = param
             .chunks_mut(per)
             .zip(grad.chunks(per))
             .zip(m.chunks_mut(per))
-            .zip(v.chunks_mut(per));
-        for (((param, grad), m), v) in parts {
-            scope.spawn(move || run(step, param, grad, m, v));
+            .zip(v.chunks_mut(per))
+            .zip(copies);
+        for ((((param, grad), m), v), copy) in parts {
+            scope.spawn(move || run(step, param, grad, m, v, copy));
         }
     });
 }
 
 /// One thread's part, on the widest vector unit the processor has.
-fn run(step: &AdamStep, param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32]) {
+fn run<T: CopyElement>(
+    step: &AdamStep,
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    copy: Option<&mut [T]>,
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the processor has AVX2 (checked just above), the only requirement of
         // `run_avx2`'s target feature; its body is safe code.
-        unsafe { run_avx2(step, param, grad, m, v) };
+        unsafe { run_avx2(step, param, grad, m, v, copy) };
         return;
     }
-    run_portable(step, param, grad, m, v);
+    run_portable(step, param, grad, m, v, copy);
 }
 
-/// [`update`] compiled for AVX2 (8 lanes of f32). AVX2 does not bring fused multiply-add into
-/// it: `fma` is a target feature of its own, not enabled here.
+/// [`blocks`] compiled for AVX2 (8 lanes of f32). AVX2 does not bring fused multiply-add
+/// into it: `fma` is a target feature of its own, not enabled here.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn run_avx2(step: &AdamStep, param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32]) {
-    update(step, param, grad, m, v);
+fn run_avx2<T: CopyElement>(
+    step: &AdamStep,
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    copy: Option<&mut [T]>,
+) {
+    blocks(step, param, grad, m, v, copy);
 }
 
-/// [`update`] for the baseline of the build's target.
-fn run_portable(step: &AdamStep, param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32]) {
-    update(step, param, grad, m, v);
+/// [`blocks`] for the baseline of the build's target.
+fn run_portable<T: CopyElement>(
+    step: &AdamStep,
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    copy: Option<&mut [T]>,
+) {
+    blocks(step, param, grad, m, v, copy);
+}
+
+/// The whole part in one [`update`] without a copy; with one, block by block, each block's
+/// copy written right after its update.
+#[inline(always)]
+fn blocks<T: CopyElement>(
+    step: &AdamStep,
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    copy: Option<&mut [T]>,
+) {
+    let Some(copy) = copy else {
+        update(step, param, grad, m, v);
+        return;
+    };
+    let parts = param
+        .chunks_mut(COPY_BLOCK)
+        .zip(grad.chunks(COPY_BLOCK))
+        .zip(m.chunks_mut(COPY_BLOCK))
+        .zip(v.chunks_mut(COPY_BLOCK))
+        .zip(copy.chunks_mut(COPY_BLOCK));
+    for ((((param, grad), m), v), copy) in parts {
+        update(step, param, grad, m, v);
+        for (c, &p) in copy.iter_mut().zip(param.iter()) {
+            *c = T::from_f32(p);
+        }
+    }
 }
 
 /// The pass itself. Inlined into each caller, so each gets its own vector width.
@@ -240,5 +375,47 @@ mod tests {
             (p, m, v)
         };
         assert_eq!(run(1), run(4));
+    }
+
+    /// The copy is the stepped parameter cast element by element, whatever the split.
+    #[test]
+    fn the_copy_is_the_cast_of_the_step() {
+        let n = (PER_THREAD * 2) + COPY_BLOCK + 5;
+        let grad: Vec<f32> = (0..n).map(|i| ((i % 89) as f32 - 44.0) / 23.0).collect();
+        let start: Vec<f32> = (0..n).map(|i| (i % 17) as f32 / 9.0 - 0.7).collect();
+        let s = step(
+            AdamRule::Adam {
+                weight_decay: Some(0.01),
+            },
+            2,
+            Some(0.25),
+        );
+        let (mut p, mut m, mut v) = (start.clone(), vec![0.1; n], vec![0.2; n]);
+        adam_step(&s, &mut p, &grad, &mut m, &mut v, 1);
+        for threads in [1, 3] {
+            let (mut q, mut m2, mut v2) = (start.clone(), vec![0.1; n], vec![0.2; n]);
+            let (mut halves, mut brains) = (vec![f16::ZERO; n], vec![bf16::ZERO; n]);
+            let copy = HalfCopy::F16(&mut halves);
+            adam_step_copying(&s, &mut q, &grad, &mut m2, &mut v2, copy, threads);
+            assert_eq!((&q, &m2, &v2), (&p, &m, &v));
+            let (mut r, mut m3, mut v3) = (start.clone(), vec![0.1; n], vec![0.2; n]);
+            let copy = HalfCopy::Bf16(&mut brains);
+            adam_step_copying(&s, &mut r, &grad, &mut m3, &mut v3, copy, threads);
+            assert_eq!(r, p);
+            for i in 0..n {
+                let wide = f64::from(p[i]);
+                assert_eq!(halves[i].to_bits(), f16::from_f64(wide).to_bits());
+                assert_eq!(brains[i].to_bits(), bf16::from_f64(wide).to_bits());
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "one length")]
+    fn a_copy_of_another_length_is_refused() {
+        let (mut p, g, mut m, mut v) = ([1.0f32; 4], [0.5f32; 4], [0.0f32; 4], [0.0f32; 4]);
+        let mut short = [f16::ZERO; 3];
+        let s = step(AdamRule::Adam { weight_decay: None }, 1, None);
+        adam_step_copying(&s, &mut p, &g, &mut m, &mut v, HalfCopy::F16(&mut short), 1);
     }
 }

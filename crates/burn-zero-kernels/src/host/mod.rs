@@ -26,7 +26,7 @@ use std::any::{Any, TypeId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};
 
-pub use adam::{AdamRule, AdamStep, adam_step};
+pub use adam::{AdamRule, AdamStep, HalfCopy, adam_step, adam_step_copying};
 pub use element::{FloatVisitor, HostFloat, visit};
 pub(crate) use pack::{HostPacker, divide_row, unpack};
 pub use pool::BufferPool;

@@ -29,10 +29,12 @@ use crate::host::{AdamRule, AdamStep};
 /// Comptime flags: `first` builds the moments from the gradient (Burn's first step; the
 /// moments' inputs are not read); otherwise `moments` says whether there are moments to read
 /// (without, they are zero); `adamw` picks the rule; `decay` whether λ (Adam) or `keep`
-/// (AdamW) applies; `scaled` whether the gradient is multiplied by `factor` first.
+/// (AdamW) applies; `scaled` whether the gradient is multiplied by `factor` first; `copy`
+/// whether the new parameter is also written, cast to `H` (f16 or bf16), into `copy_out`
+/// (without, `copy_out` is an alias of the never-written gradient and `H` is `F`).
 #[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
-fn adam_update<F: Float, N: Size>(
+fn adam_update<F: Float, H: Float, N: Size>(
     param: &LinearView<Vector<F, N>>,
     grad: &LinearView<Vector<F, N>>,
     m_in: &LinearView<Vector<F, N>>,
@@ -40,6 +42,7 @@ fn adam_update<F: Float, N: Size>(
     param_out: &mut LinearView<Vector<F, N>, ReadWrite>,
     m_out: &mut LinearView<Vector<F, N>, ReadWrite>,
     v_out: &mut LinearView<Vector<F, N>, ReadWrite>,
+    copy_out: &mut LinearView<Vector<H, N>, ReadWrite>,
     lr: InputScalar,
     beta_1: InputScalar,
     beta_2: InputScalar,
@@ -55,7 +58,8 @@ fn adam_update<F: Float, N: Size>(
     #[comptime] adamw: bool,
     #[comptime] decays: bool,
     #[comptime] scaled: bool,
-    #[define(F)] _dtype: StorageType,
+    #[comptime] copy: bool,
+    #[define(F, H)] _dtypes: [StorageType; 2],
 ) {
     if !param_out.is_in_bounds(ABSOLUTE_POS) {
         terminate!();
@@ -98,6 +102,9 @@ fn adam_update<F: Float, N: Size>(
         next -= u * lr;
     }
     param_out[ABSOLUTE_POS] = next;
+    if copy {
+        copy_out[ABSOLUTE_POS] = Vector::cast_from(next);
+    }
     m_out[ABSOLUTE_POS] = m;
     v_out[ABSOLUTE_POS] = v;
 }
@@ -157,16 +164,19 @@ impl Scalars {
     }
 }
 
-/// The tensors of a step on runtime `R`: the new parameter and moments.
-pub(crate) type Stepped<P> = (P, P, P);
+/// The tensors of a step on runtime `R`: the new parameter and moments, and the parameter's
+/// half-precision copy when one was asked for.
+pub(crate) type Stepped<P> = (P, P, P, Option<P>);
 
 /// Steps on runtime `R`. Lengths and dtypes are checked here; `moments` is `None` for zero
-/// moments (and ignored on the first step except as buffers to write into).
+/// moments (and ignored on the first step except as buffers to write into); `copy` the dtype
+/// (f16 or bf16) of a copy of the new parameter written by the same launch.
 pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
     step: &AdamStep,
     param: B::FloatTensorPrimitive,
     grad: B::FloatTensorPrimitive,
     moments: Option<(B::FloatTensorPrimitive, B::FloatTensorPrimitive)>,
+    copy: Option<DType>,
 ) -> Result<Stepped<B::FloatTensorPrimitive>, KernelError> {
     let len = param.shape().num_elements();
     let mut tensors = vec![&param, &grad];
@@ -179,15 +189,28 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
     let moments = moments.map(|(m, v)| (into_cube::<B, R>(m), into_cube::<B, R>(v)));
     let client = param.client.clone();
     let dtype = storage_type(&client, DType::F32)?;
+    let copy_dtype = match copy {
+        None => dtype,
+        Some(half @ (DType::F16 | DType::BF16)) => storage_type(&client, half)?,
+        Some(dtype) => {
+            return Err(KernelError::UnsupportedDType {
+                dtype,
+                path: "Adam kernel's half-precision copy",
+            });
+        }
+    };
     let scalars = Scalars::of(step);
     let shape = param.shape();
 
+    let copy_out = copy
+        .map(|half| empty_device_dtype(client.clone(), param.device.clone(), shape.clone(), half));
     if len == 0 {
         let (m, v) = moments.unwrap_or_else(|| (param.clone(), param.clone()));
         return Ok((
             from_cube::<B, R>(param),
             from_cube::<B, R>(m),
             from_cube::<B, R>(v),
+            copy_out.map(from_cube::<B, R>),
         ));
     }
 
@@ -226,7 +249,13 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
     if let Some((m, v)) = &moments {
         all.extend([m, v]);
     }
-    all.extend(param_out.iter().chain(&m_out).chain(&v_out));
+    all.extend(
+        param_out
+            .iter()
+            .chain(&m_out)
+            .chain(&v_out)
+            .chain(&copy_out),
+    );
     let address = address_type(&all);
 
     // Inputs 0..4: param, grad, m, v. Without moments to read, the gradient (never written)
@@ -243,6 +272,11 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
     let launch_param_out = output(&param_out, &param, 0);
     let launch_m_out = output(&m_out, &m_in, 2);
     let launch_v_out = output(&v_out, &v_in, 3);
+    // Without a copy, the never-written gradient (input 1) stands in for its output.
+    let launch_copy_out = match &copy_out {
+        Some(out) => out.clone().into_linear_view(),
+        None => grad.as_linear_view_alias(1),
+    };
     adam_update::launch::<R>(
         &client,
         calculate_cube_count_elemwise(&client, units, cube_dim),
@@ -256,6 +290,7 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
         launch_param_out,
         launch_m_out,
         launch_v_out,
+        launch_copy_out,
         scalar(scalars.lr),
         scalar(scalars.beta_1),
         scalar(scalars.beta_2),
@@ -271,7 +306,8 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
         scalars.adamw,
         scalars.decay.is_some(),
         scalars.factor.is_some(),
-        dtype,
+        copy_out.is_some(),
+        [dtype, copy_dtype],
     );
     let param = param_out.unwrap_or(param);
     let m = m_out.unwrap_or(m_in);
@@ -280,5 +316,6 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
         from_cube::<B, R>(param),
         from_cube::<B, R>(m),
         from_cube::<B, R>(v),
+        copy_out.map(from_cube::<B, R>),
     ))
 }

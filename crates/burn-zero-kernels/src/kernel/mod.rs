@@ -120,20 +120,21 @@ pub(crate) fn adam_step<B: Backend>(
     param: B::FloatTensorPrimitive,
     grad: B::FloatTensorPrimitive,
     moments: Option<(B::FloatTensorPrimitive, B::FloatTensorPrimitive)>,
+    copy: Option<DType>,
 ) -> Option<Result<adam::Stepped<B::FloatTensorPrimitive>, KernelError>> {
     #[cfg(feature = "wgpu")]
     if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
         return Some(adam::adam_step::<B, cubecl::wgpu::WgpuRuntime>(
-            step, param, grad, moments,
+            step, param, grad, moments, copy,
         ));
     }
     #[cfg(feature = "cuda")]
     if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
         return Some(adam::adam_step::<B, cubecl::cuda::CudaRuntime>(
-            step, param, grad, moments,
+            step, param, grad, moments, copy,
         ));
     }
-    let _ = (step, param, grad, moments);
+    let _ = (step, param, grad, moments, copy);
     None
 }
 
