@@ -116,7 +116,7 @@ where
             let chunk = &store.chunks().chunks()[chunk];
             self.chunk_master(&store, chunk, values);
             let master = self.flat.get_mut(&chunk.id).expect("made above");
-            let updated = master.step(&self.optim, lr, grad, factor);
+            let updated = master.step(&self.optim, self.one_pass, lr, grad, factor, chunk.dtype);
             let updated = cast_to(P::to_model(updated, store.device()), chunk.dtype);
             self.write_back(&store, chunk, updated, values, &mut stepped);
         }

@@ -18,6 +18,12 @@
 //!
 //! Their records are Burn's, so checkpoints move between the fused and the per-tensor path.
 //!
+//! Both are [`OnePass`] optimizers: inside `ZeroOptimizer` (built with `ZeroOptimizer::adam`
+//! or `adamw`, or told `with_one_pass`), the gradient's multiplier (loss-scale unscaling,
+//! clipping) and, for a half-precision parameter, the cast of the new values to its dtype are
+//! done by the same pass or launch (`adam_step_copying`, `adam_step_kernel_copying`), bitwise
+//! equal to a separate multiply before the step and Burn's cast after it.
+//!
 //! What is fused: Adam with or without L2 weight decay; AdamW with its decoupled weight decay;
 //! f32 parameters, gradients and moments. What falls back to Burn's optimizer: AMSGrad, AdamW's
 //! cautious weight decay, f64/f16/bf16 tensors (masters are f32 in `ZeroOptimizer`), tensors of
@@ -33,8 +39,14 @@ use burn::optim::{
 };
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Device, Shape, Tensor, TensorPrimitive};
-use burn_zero_kernels::host::{AdamRule, AdamStep, HostBackend, HostTensor, adam_step};
-use burn_zero_kernels::{adam_step_kernel, kernel_available};
+use burn_zero_kernels::host::{
+    AdamRule, AdamStep, HalfCopy, HostBackend, HostTensor, adam_step, adam_step_copying,
+};
+use burn_zero_kernels::{adam_step_kernel_copying, kernel_available};
+use half::{bf16, f16};
+
+use crate::master::scaled;
+use crate::one_pass::{FlatStep, OnePass, pass_copy, pass_factor};
 
 /// Why a config cannot be fused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -200,8 +212,8 @@ impl<B: Backend> SimpleOptimizer<B> for FusedAdam {
         };
         if self.fuses::<B>() && D == 1 {
             let momentum = state.map(|s| s.momentum);
-            match fused_step(&self.hyper, rule, lr, tensor, grad, momentum) {
-                Ok((tensor, momentum)) => return (tensor, Some(AdamState::new(momentum))),
+            match fused_step(&self.hyper, rule, lr, tensor, grad, momentum, Extras::NONE) {
+                Ok((tensor, momentum, _)) => return (tensor, Some(AdamState::new(momentum))),
                 Err((tensor, grad, momentum)) => {
                     let state = momentum.map(AdamState::new);
                     return self.burn.step(lr, tensor, grad, state);
@@ -226,14 +238,11 @@ impl<B: Backend> SimpleOptimizer<B> for FusedAdamW {
         grad: Tensor<B, D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<B, D>, Option<Self::State<D>>) {
-        let decay = lr * self.hyper.weight_decay.map_or(0.0, f64::from);
-        let rule = AdamRule::AdamW {
-            keep: (decay != 0.0).then_some((1.0 - decay) as f32),
-        };
+        let rule = self.rule(lr);
         if self.fuses::<B>() && D == 1 {
             let momentum = state.map(|s| s.momentum);
-            match fused_step(&self.hyper, rule, lr, tensor, grad, momentum) {
-                Ok((tensor, momentum)) => return (tensor, Some(AdamWState::new(momentum))),
+            match fused_step(&self.hyper, rule, lr, tensor, grad, momentum, Extras::NONE) {
+                Ok((tensor, momentum, _)) => return (tensor, Some(AdamWState::new(momentum))),
                 Err((tensor, grad, momentum)) => {
                     let state = momentum.map(AdamWState::new);
                     return self.burn.step(lr, tensor, grad, state);
@@ -247,6 +256,148 @@ impl<B: Backend> SimpleOptimizer<B> for FusedAdamW {
         <AdamW as SimpleOptimizer<B>>::to_device(state, device)
     }
 }
+
+impl FusedAdamW {
+    /// AdamW's decoupled decay as Burn applies it at learning rate `lr`.
+    fn rule(&self, lr: LearningRate) -> AdamRule {
+        let decay = lr * self.hyper.weight_decay.map_or(0.0, f64::from);
+        AdamRule::AdamW {
+            keep: (decay != 0.0).then_some((1.0 - decay) as f32),
+        }
+    }
+}
+
+impl<B: Backend> OnePass<B> for FusedAdam {
+    fn step_flat(
+        &self,
+        lr: LearningRate,
+        master: Tensor<B, 1>,
+        grad: Tensor<B, 1>,
+        factor: f64,
+        state: Option<Self::State<1>>,
+        dtype: DType,
+    ) -> FlatStep<B, Self::State<1>> {
+        let rule = AdamRule::Adam {
+            weight_decay: self.hyper.weight_decay,
+        };
+        let momentum = state.map(|s| s.momentum);
+        let passed = if self.fuses::<B>() {
+            one_pass(
+                &self.hyper,
+                rule,
+                lr,
+                (master, grad, momentum),
+                factor,
+                dtype,
+            )
+        } else {
+            Err((master, grad, momentum))
+        };
+        match passed {
+            Ok((master, momentum, written)) => FlatStep {
+                master,
+                state: Some(AdamState::new(momentum)),
+                written,
+            },
+            Err((master, grad, momentum)) => {
+                let grad = scaled(grad, factor);
+                let (master, state) =
+                    self.burn
+                        .step(lr, master, grad, momentum.map(AdamState::new));
+                FlatStep {
+                    master,
+                    state,
+                    written: None,
+                }
+            }
+        }
+    }
+}
+
+impl<B: Backend> OnePass<B> for FusedAdamW {
+    fn step_flat(
+        &self,
+        lr: LearningRate,
+        master: Tensor<B, 1>,
+        grad: Tensor<B, 1>,
+        factor: f64,
+        state: Option<Self::State<1>>,
+        dtype: DType,
+    ) -> FlatStep<B, Self::State<1>> {
+        let rule = self.rule(lr);
+        let momentum = state.map(|s| s.momentum);
+        let passed = if self.fuses::<B>() {
+            one_pass(
+                &self.hyper,
+                rule,
+                lr,
+                (master, grad, momentum),
+                factor,
+                dtype,
+            )
+        } else {
+            Err((master, grad, momentum))
+        };
+        match passed {
+            Ok((master, momentum, written)) => FlatStep {
+                master,
+                state: Some(AdamWState::new(momentum)),
+                written,
+            },
+            Err((master, grad, momentum)) => {
+                let grad = scaled(grad, factor);
+                let state = momentum.map(AdamWState::new);
+                let (master, state) = self.burn.step(lr, master, grad, state);
+                FlatStep {
+                    master,
+                    state,
+                    written: None,
+                }
+            }
+        }
+    }
+}
+
+/// The fused step with the gradient's multiplier and the parameter's copy in its pass.
+fn one_pass<B: Backend>(
+    hyper: &Hyper,
+    rule: AdamRule,
+    lr: LearningRate,
+    (master, grad, momentum): Declined<B, 1>,
+    factor: f64,
+    dtype: DType,
+) -> Result<Passed<B, 1>, Declined<B, 1>> {
+    let extras = Extras {
+        factor: pass_factor(factor),
+        copy: pass_copy(dtype),
+    };
+    fused_step(hyper, rule, lr, master, grad, momentum, extras)
+}
+
+/// What a one-pass step does besides the step itself.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Extras {
+    /// The gradient's multiplier (unscaling and clipping), `None` for 1.
+    factor: Option<f32>,
+    /// The dtype (f16 or bf16) of a copy of the new parameter to write in the same pass.
+    copy: Option<DType>,
+}
+
+impl Extras {
+    /// The step alone.
+    const NONE: Self = Self {
+        factor: None,
+        copy: None,
+    };
+}
+
+/// A one-pass step's results: the new parameter, its moments, and its copy in half precision
+/// when one was asked for.
+type Passed<B, const D: usize> = (
+    Tensor<B, D>,
+    AdaptiveMomentumState<B, D>,
+    Option<Tensor<B, D>>,
+);
 
 /// The inputs back, untouched, when the one-pass path cannot take them.
 type Declined<B, const D: usize> = (
@@ -273,7 +424,13 @@ fn all_f32<B: Backend, const D: usize>(
 }
 
 /// The step's scalars as Burn rounds them, for both one-pass paths.
-fn one_step(hyper: &Hyper, rule: AdamRule, lr: LearningRate, time: usize) -> AdamStep {
+fn one_step(
+    hyper: &Hyper,
+    rule: AdamRule,
+    lr: LearningRate,
+    time: usize,
+    factor: Option<f32>,
+) -> AdamStep {
     AdamStep {
         rule,
         lr: lr as f32,
@@ -281,7 +438,7 @@ fn one_step(hyper: &Hyper, rule: AdamRule, lr: LearningRate, time: usize) -> Ada
         beta_2: hyper.beta_2,
         epsilon: hyper.epsilon,
         time: time as i32,
-        factor: None,
+        factor,
     }
 }
 
@@ -294,11 +451,12 @@ fn fused_step<B: Backend, const D: usize>(
     tensor: Tensor<B, D>,
     grad: Tensor<B, D>,
     momentum: Option<AdaptiveMomentumState<B, D>>,
-) -> Result<(Tensor<B, D>, AdaptiveMomentumState<B, D>), Declined<B, D>> {
+    extras: Extras,
+) -> Result<Passed<B, D>, Declined<B, D>> {
     if HostBackend::of::<B>().is_some() {
-        host_step(hyper, rule, lr, tensor, grad, momentum)
+        host_step(hyper, rule, lr, tensor, grad, momentum, extras)
     } else {
-        kernel_step(hyper, rule, lr, tensor, grad, momentum)
+        kernel_step(hyper, rule, lr, tensor, grad, momentum, extras)
     }
 }
 
@@ -312,7 +470,8 @@ fn kernel_step<B: Backend, const D: usize>(
     tensor: Tensor<B, D>,
     grad: Tensor<B, D>,
     momentum: Option<AdaptiveMomentumState<B, D>>,
-) -> Result<(Tensor<B, D>, AdaptiveMomentumState<B, D>), Declined<B, D>> {
+    extras: Extras,
+) -> Result<Passed<B, D>, Declined<B, D>> {
     if !kernel_available::<B>() || !all_f32(&tensor, &grad, momentum.as_ref()) {
         return Err((tensor, grad, momentum));
     }
@@ -324,16 +483,17 @@ fn kernel_step<B: Backend, const D: usize>(
         ),
         None => (1, None),
     };
-    let step = one_step(hyper, rule, lr, time);
+    let step = one_step(hyper, rule, lr, time, extras.factor);
     // Every tensor was checked to be f32 with the parameter's shape (Burn's state and
     // gradient keep it), so the kernel cannot refuse them; the tensors are handed over
     // without another reference, so that their buffers can be updated in place.
-    let (p, m, v) = adam_step_kernel::<B>(&step, primitive(tensor), primitive(grad), moments)
+    let (p, g) = (primitive(tensor), primitive(grad));
+    let (p, m, v, copy) = adam_step_kernel_copying::<B>(&step, p, g, moments, extras.copy)
         .expect("the backend has a kernel (checked above)")
         .unwrap_or_else(|error| panic!("the fused Adam kernel refused an f32 step: {error}"));
     let back = |t| shaped::<B, D>(t, &shape);
     let momentum = AdaptiveMomentumState::new(time, back(m), back(v));
-    Ok((back(p), momentum))
+    Ok((back(p), momentum, copy.map(back)))
 }
 
 /// A float tensor's primitive.
@@ -361,11 +521,14 @@ fn host_step<B: Backend, const D: usize>(
     tensor: Tensor<B, D>,
     grad: Tensor<B, D>,
     momentum: Option<AdaptiveMomentumState<B, D>>,
-) -> Result<(Tensor<B, D>, AdaptiveMomentumState<B, D>), Declined<B, D>> {
+    extras: Extras,
+) -> Result<Passed<B, D>, Declined<B, D>> {
     let Some(backend) = HostBackend::of::<B>() else {
         return Err((tensor, grad, momentum));
     };
-    if !all_f32(&tensor, &grad, momentum.as_ref()) {
+    if !all_f32(&tensor, &grad, momentum.as_ref())
+        || extras.copy.is_some_and(|dtype| !backend.supports(dtype))
+    {
         return Err((tensor, grad, momentum));
     }
     let shape = tensor.shape();
@@ -383,19 +546,34 @@ fn host_step<B: Backend, const D: usize>(
         host(grad).into_contiguous(),
     );
     let (mut m, mut v) = (writable(m, backend), writable(v, backend));
-    let step = one_step(hyper, rule, lr, time);
+    let step = one_step(hyper, rule, lr, time, extras.factor);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    adam_step(
-        &step,
-        p.as_mut_slice::<f32>().expect("made writable"),
-        g.as_slice::<f32>().expect("contiguous f32"),
-        m.as_mut_slice::<f32>().expect("made writable"),
-        v.as_mut_slice::<f32>().expect("made writable"),
-        threads,
-    );
+    let param = p.as_mut_slice::<f32>().expect("made writable");
+    let grad = g.as_slice::<f32>().expect("contiguous f32");
+    let m_slice = m.as_mut_slice::<f32>().expect("made writable");
+    let v_slice = v.as_mut_slice::<f32>().expect("made writable");
+    let copy = match extras.copy {
+        None => {
+            adam_step(&step, param, grad, m_slice, v_slice, threads);
+            None
+        }
+        Some(DType::F16) => {
+            let mut copy = vec![f16::ZERO; numel];
+            let into = HalfCopy::F16(&mut copy);
+            adam_step_copying(&step, param, grad, m_slice, v_slice, into, threads);
+            Some(HostTensor::from_vec(backend, copy))
+        }
+        Some(DType::BF16) => {
+            let mut copy = vec![bf16::ZERO; numel];
+            let into = HalfCopy::Bf16(&mut copy);
+            adam_step_copying(&step, param, grad, m_slice, v_slice, into, threads);
+            Some(HostTensor::from_vec(backend, copy))
+        }
+        Some(other) => unreachable!("a copy in {other:?} is never asked for (see OnePass)"),
+    };
     let back = |t: HostTensor| shaped::<B, D>(t.into_primitive::<B>(), &shape);
     let momentum = AdaptiveMomentumState::new(time, back(m), back(v));
-    Ok((back(p), momentum))
+    Ok((back(p), momentum, copy.map(back)))
 }
 
 /// A float tensor of a host backend as host memory.

@@ -19,6 +19,7 @@ use crate::fused::{FusedAdam, FusedAdamW, FusedConfigError};
 use crate::fused_sgd::FusedSgd;
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
 use crate::master::{Master, cast_to};
+use crate::one_pass::{OnePass, OnePassFn};
 use crate::placement::{Offload, OnDevice, Placement};
 use crate::record::ZeroOptimizerRecord;
 use crate::state::StateBytes;
@@ -73,6 +74,9 @@ where
     pub(crate) placement: Option<(usize, usize)>,
     /// Bytes of one master copy's optimizer state, given the state and the copy's length.
     state_size: StateSize<O, P::Host>,
+    /// The optimizer's one-pass step (gradient multiplier and parameter cast in its pass),
+    /// when it has one and was asked to use it ([`Self::with_one_pass`]).
+    pub(crate) one_pass: Option<OnePassFn<O, P::Host>>,
     /// The bytes of masters, state and accumulators last reported to the memory accounting
     /// (`None` until the first step with a gradient).
     tracked: Option<[usize; 3]>,
@@ -100,6 +104,7 @@ where
             micro_steps: self.micro_steps,
             placement: self.placement,
             state_size: self.state_size,
+            one_pass: self.one_pass,
             tracked: self.tracked,
         }
     }
@@ -114,17 +119,19 @@ pub(crate) struct Taken<H: Backend> {
 
 impl<B: Backend> ZeroOptimizer<FusedAdam, B, OnDevice> {
     /// Adam from Burn's `config`, fused: each flat master shard is stepped in one pass on host
-    /// backends (see [`FusedAdam`] for what falls back to Burn's per-tensor step). Refuses
-    /// hyperparameters that cannot work, and Burn's per-parameter gradient clipping, by name.
+    /// backends and in one kernel launch on wgpu and CUDA, with the gradient's multiplier and a
+    /// half-precision parameter's cast in the same pass (see [`FusedAdam`] for what falls back
+    /// to Burn's per-tensor step). Refuses hyperparameters that cannot work, and Burn's
+    /// per-parameter gradient clipping, by name.
     pub fn adam(zero: &ZeroState<B>, config: &AdamConfig) -> Result<Self, FusedConfigError> {
-        Ok(Self::new(zero, FusedAdam::new(config)?))
+        Ok(Self::new(zero, FusedAdam::new(config)?).with_one_pass())
     }
 }
 
 impl<B: Backend> ZeroOptimizer<FusedAdamW, B, OnDevice> {
-    /// AdamW from Burn's `config`, fused (see [`FusedAdamW`]).
+    /// AdamW from Burn's `config`, fused as [`Self::adam`] is (see [`FusedAdamW`]).
     pub fn adamw(zero: &ZeroState<B>, config: &AdamWConfig) -> Result<Self, FusedConfigError> {
-        Ok(Self::new(zero, FusedAdamW::new(config)?))
+        Ok(Self::new(zero, FusedAdamW::new(config)?).with_one_pass())
     }
 }
 
@@ -210,6 +217,7 @@ where
             micro_steps: 0,
             placement: None,
             state_size,
+            one_pass: None,
             tracked: None,
         }
     }
@@ -230,6 +238,19 @@ where
     /// as zeros and arrives as an orphan.
     pub fn with_accumulation(mut self, micro_steps: usize) -> Self {
         self.accumulation = micro_steps.max(1);
+        self
+    }
+
+    /// Steps with the optimizer's one pass ([`OnePass`]): the gradient's multiplier
+    /// (unscaling, clipping) and the cast of the new values to a half-precision parameter's
+    /// dtype in the step's own pass, instead of a pass each around it. Bitwise the same
+    /// values. [`Self::adam`] and [`Self::adamw`] turn it on; an offloaded fused optimizer
+    /// (`ZeroOptimizer::offloaded(&zero, FusedAdam::new(&config)?)`) asks for it here.
+    pub fn with_one_pass(mut self) -> Self
+    where
+        O: OnePass<P::Host>,
+    {
+        self.one_pass = Some(<O as OnePass<P::Host>>::step_flat);
         self
     }
 
@@ -665,7 +686,9 @@ where
         if matches!(value, ZeroTensor::Sharded(_)) {
             store.hold_master(key);
         }
-        let updated = master.step(&self.optimizer.optim, self.lr, grad, self.factor);
+        let one_pass = self.optimizer.one_pass;
+        let optim = &self.optimizer.optim;
+        let updated = master.step(optim, one_pass, self.lr, grad, self.factor, dtype);
         let updated = written_back::<B, P>(updated, store.device(), dtype);
         match value {
             ZeroTensor::Sharded(view) => {

@@ -286,3 +286,83 @@ fn bad_sgd_hyperparameters_are_refused_by_name() {
         Some(FusedConfigError::GradientClipping)
     );
 }
+
+/// `OnePass::step_flat` on Flex writes the half-precision copy itself (`written`), and its
+/// master, state and copy are bitwise Burn's step on the gradient multiplied first, and
+/// Burn's cast after; on NdArray (no half-precision tensors) it leaves the cast to the caller.
+#[test]
+fn one_pass_writes_the_cast_and_applies_the_factor_as_burn_would() {
+    use burn::optim::{AdamState, AdamWState};
+    use burn::tensor::DType;
+    use burn_zero_optim::{FlatStep, OnePass};
+    let n = 1003;
+    let start: Vec<f32> = (0..n)
+        .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+        .collect();
+    let grad = |step: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * 7 + step * 13) % 29) as f32 - 14.0) * 1e3)
+            .collect()
+    };
+    let factor = 1.0 / 3000.0;
+    let adam = AdamConfig::new().with_weight_decay(Some(WeightDecayConfig::new(0.01)));
+    let (fused, burn) = (FusedAdam::new(&adam).unwrap(), adam.build());
+    for dtype in [DType::F16, DType::BF16] {
+        let (mut a, mut b) = (flat::<Flex>(start.clone()), flat::<Flex>(start.clone()));
+        let (mut sa, mut sb): (Option<AdamState<Flex, 1>>, Option<AdamState<Flex, 1>>) =
+            (None, None);
+        for step in 0..5 {
+            let FlatStep {
+                master,
+                state,
+                written,
+            } = fused.step_flat(1e-2, a, flat::<Flex>(grad(step)), factor, sa, dtype);
+            let scaled = flat::<Flex>(grad(step)).mul_scalar(factor);
+            let (nb, nsb) = burn.step(1e-2, b, scaled, sb);
+            assert_eq!(
+                bits(master.clone()),
+                bits(nb.clone()),
+                "{dtype:?} step {step}"
+            );
+            let written = written.expect("Flex writes the copy in the pass");
+            assert_eq!(written.dtype(), dtype);
+            let want = nb.clone().cast(dtype);
+            assert_eq!(
+                bits(written.cast(DType::F32)),
+                bits(want.cast(DType::F32)),
+                "{dtype:?} copy at step {step}"
+            );
+            (a, sa, b, sb) = (master, state, nb, nsb);
+        }
+    }
+    // AdamW likewise, and an f32 parameter needs no copy.
+    let adamw = AdamWConfig::new().with_weight_decay(0.1);
+    let (fused, burn) = (FusedAdamW::new(&adamw).unwrap(), adamw.build());
+    let none: Option<AdamWState<Flex, 1>> = None;
+    let FlatStep {
+        master, written, ..
+    } = fused.step_flat(
+        1e-2,
+        flat::<Flex>(start.clone()),
+        flat(grad(1)),
+        factor,
+        none,
+        DType::F32,
+    );
+    assert!(written.is_none());
+    let scaled = flat::<Flex>(grad(1)).mul_scalar(factor);
+    let (want, _) = burn.step(1e-2, flat::<Flex>(start.clone()), scaled, None);
+    assert_eq!(bits(master), bits(want));
+    // NdArray holds no f16: the copy is left to the caller.
+    let none: Option<AdamState<NdArray, 1>> = None;
+    let adam = FusedAdam::new(&AdamConfig::new()).unwrap();
+    let step = adam.step_flat(
+        1e-2,
+        flat::<NdArray>(start),
+        flat(grad(1)),
+        1.0,
+        none,
+        DType::F16,
+    );
+    assert!(step.written.is_none());
+}

@@ -312,3 +312,76 @@ fn half_precision_training_tracks_the_fp32_reference() {
         assert!(worst <= tolerance, "{dtype:?}: {worst} > {tolerance}");
     }
 }
+
+/// Half-precision parameters, loss scaling and clipping: the fused optimizer's one pass
+/// (gradient multiplier and the cast to the parameter's dtype in the step's own pass) gives
+/// every rank bitwise the parameters of Burn's per-tensor Adam and AdamW with a separate
+/// multiply and cast, at stages 1 and 3, per parameter and in chunks.
+#[test]
+fn one_pass_half_precision_steps_are_the_separate_passes_bitwise() {
+    use burn::optim::AdamWConfig;
+    use burn::tensor::DType;
+    use burn_zero_testing::CastParams;
+    let base = base_model(&Default::default());
+    let world_size = 2;
+    let steps = 4;
+    let run = |half: &Block<Train>, config: &ZeroConfig, fused: bool, adamw: bool| {
+        launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
+            let (mut model, zero) = shard(half.clone(), &ctx, config)?;
+            let scaler = LossScalerConfig::new().with_initial_scale(64.0);
+            macro_rules! train {
+                ($optimizer:expr) => {{
+                    let mut optimizer = $optimizer
+                        .with_loss_scaler(scaler.clone())
+                        .with_clipping(0.05, NormType::L2);
+                    for step in 0..steps {
+                        let (tokens, targets) =
+                            micro_batch::<Train>(step * world_size + ctx.rank(), ctx.device());
+                        let loss = model.loss(tokens, targets) * optimizer.loss_scale();
+                        let grads = GradientsParams::from_grads(loss.backward(), &model);
+                        model = optimizer.step(LR, model, grads);
+                    }
+                    assert_eq!(optimizer.skipped_steps(), 0);
+                }};
+            }
+            match (fused, adamw) {
+                (true, false) => train!(ZeroOptimizer::adam(&zero, &AdamConfig::new()).unwrap()),
+                (false, false) => train!(ZeroOptimizer::new(&zero, AdamConfig::new().build())),
+                (true, true) => train!(ZeroOptimizer::adamw(&zero, &AdamWConfig::new()).unwrap()),
+                (false, true) => train!(ZeroOptimizer::new(&zero, AdamWConfig::new().build())),
+            }
+            Ok(param_values(&model))
+        })
+        .unwrap()
+    };
+    for dtype in [DType::F16, DType::BF16] {
+        let half = base.clone().map(&mut CastParams(dtype));
+        for (stage, chunk_size) in [
+            (1, ChunkSize::PerParameter),
+            (3, ChunkSize::PerParameter),
+            (3, ChunkSize::Elements(256)),
+        ] {
+            let config = ZeroConfig::new()
+                .with_stage(stage)
+                .with_persist_below_numel(12)
+                .with_chunk_size(chunk_size)
+                .with_reduce_dtype(Some(DType::F32));
+            for adamw in [false, true] {
+                let fused = run(&half, &config, true, adamw);
+                let separate = run(&half, &config, false, adamw);
+                let start = param_values(&half);
+                assert!(
+                    !params_bits_equal(&fused[0], &start),
+                    "{dtype:?}: training moved the parameters"
+                );
+                for (rank, (f, s)) in fused.iter().zip(&separate).enumerate() {
+                    assert!(
+                        params_bits_equal(f, s),
+                        "{dtype:?}, stage {stage}, {chunk_size:?}, adamw {adamw}, rank {rank}: \
+                         the one pass differs from the separate passes"
+                    );
+                }
+            }
+        }
+    }
+}
