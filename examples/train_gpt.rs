@@ -106,10 +106,10 @@ struct Args {
     #[arg(long, default_value_t = defaults().prefetch)]
     prefetch: usize,
     /// How parameters are grouped into chunks, each gathered (stage 3) and reduced with one
-    /// collective: `param` (one parameter per chunk, gradients in --bucket-mb buckets),
-    /// `search` (the size searched for the model), or a size in elements (`262144`) or MiB
-    /// (`4MiB`).
-    #[arg(long, default_value = "param", value_parser = parse_chunk_size)]
+    /// collective: `auto` (`search` on wgpu and CUDA, `param` on Flex and NdArray), `param`
+    /// (one parameter per chunk, gradients in --bucket-mb buckets), `search` (the size
+    /// searched for the model), or a size in elements (`262144`) or MiB (`4MiB`).
+    #[arg(long, default_value = "auto", value_parser = parse_chunk_size)]
     chunk_size: ChunkSize,
     /// Optimizer steps.
     #[arg(long, default_value_t = defaults().steps)]
@@ -227,9 +227,10 @@ fn main() {
 }
 
 /// The command-line names of the backend and the dtype.
-/// `--chunk-size`: `param`, `search`, elements, or MiB with the suffix `MiB`.
+/// `--chunk-size`: `auto`, `param`, `search`, elements, or MiB with the suffix `MiB`.
 fn parse_chunk_size(text: &str) -> Result<ChunkSize, String> {
     match text {
+        "auto" => Ok(ChunkSize::Auto),
         "param" => Ok(ChunkSize::PerParameter),
         "search" => Ok(ChunkSize::default_search()),
         _ => {
@@ -247,7 +248,7 @@ fn parse_chunk_size(text: &str) -> Result<ChunkSize, String> {
             };
             size.ok_or_else(|| {
                 format!(
-                    "{text:?} is not a chunk size: give `param`, `search`, a positive number of \
+                    "{text:?} is not a chunk size: give `auto`, `param`, `search`, a positive number of \
                      elements or of MiB (`4MiB`)"
                 )
             })

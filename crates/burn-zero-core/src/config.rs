@@ -87,8 +87,9 @@ pub struct ZeroConfig {
     /// and trainable parameters, sharded and replicated ones, and different dtypes never share
     /// a chunk. With chunks, gradients are reduced one chunk at a time and `bucket_size_mb` is
     /// not used. [`ChunkSize::PerParameter`] keeps one parameter per chunk and gradient buckets
-    /// of `bucket_size_mb`.
-    #[config(default = "ChunkSize::PerParameter")]
+    /// of `bucket_size_mb`. The default, [`ChunkSize::Auto`], is the searched size on device
+    /// backends and one parameter per chunk on Flex and NdArray.
+    #[config(default = "ChunkSize::Auto")]
     pub chunk_size: ChunkSize,
 }
 

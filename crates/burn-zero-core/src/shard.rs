@@ -7,6 +7,7 @@ use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::{CommError, RankContext, agree};
+use burn_zero_kernels::host::HostBackend;
 
 use crate::backend::Zero;
 use crate::chunk::{ChunkLayout, ChunkParam, SearchLimits};
@@ -144,8 +145,8 @@ fn chunk_layout<B: Backend>(
     config: &ZeroConfig,
 ) -> Result<ChunkLayout, ZeroError> {
     let ranks = store.world_size();
-    config
-        .chunk_size
+    let chunk_size = config.chunk_size.resolve(HostBackend::of::<B>().is_some());
+    chunk_size
         .validate(ranks)
         .map_err(ZeroError::InvalidConfig)?;
     let params: Vec<ChunkParam> = store
@@ -168,7 +169,7 @@ fn chunk_layout<B: Backend>(
             0
         },
     };
-    let layout = config.chunk_size.layout(&params, &limits);
+    let layout = chunk_size.layout(&params, &limits);
     let digest = layout.digest();
     let mine = [
         digest >> 48,

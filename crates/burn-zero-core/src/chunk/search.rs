@@ -5,8 +5,16 @@ use serde::{Deserialize, Serialize};
 use crate::chunk::layout::{ChunkKind, ChunkLayout, ChunkParam};
 
 /// How the parameters of a sharded module are grouped into chunks (`ZeroConfig::chunk_size`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub enum ChunkSize {
+    /// The default: the searched size ([`ChunkSize::default_search`]) on device backends
+    /// (wgpu, CUDA and every backend whose tensors are not in host memory), where each
+    /// collective, kernel launch and synchronisation has a fixed cost and chunks cut their
+    /// number by half or more; one parameter per chunk on the host backends Flex and NdArray,
+    /// where a step with the searched size is not yet as fast in every measured run (see
+    /// `docs/benchmarks.md`). [`ChunkSize::resolve`] makes the choice at `shard`.
+    #[default]
+    Auto,
     /// One parameter per chunk: each parameter is gathered on its own and gradients go in
     /// buckets of `bucket_size_mb` (the layout before chunks, kept for comparison).
     PerParameter,
@@ -16,12 +24,6 @@ pub enum ChunkSize {
     MiB(f64),
     /// The size [`ChunkSearch`] finds for the module.
     Search(ChunkSearch),
-}
-
-impl Default for ChunkSize {
-    fn default() -> Self {
-        ChunkSize::Search(ChunkSearch::default())
-    }
 }
 
 /// The chunk-size search (ColossalAI Gemini's `search_chunk_configuration`, adapted).
@@ -73,10 +75,21 @@ impl ChunkSize {
         ChunkSize::Search(ChunkSearch::default())
     }
 
+    /// What this size is on a backend whose tensors are (`host_backend`) or are not in host
+    /// memory: [`ChunkSize::Auto`] becomes one parameter per chunk or the searched size; every
+    /// other size is itself.
+    pub fn resolve(self, host_backend: bool) -> Self {
+        match self {
+            ChunkSize::Auto if host_backend => ChunkSize::PerParameter,
+            ChunkSize::Auto => ChunkSize::default_search(),
+            size => size,
+        }
+    }
+
     /// Checks a size that cannot work over `ranks` ranks.
     pub fn validate(&self, ranks: usize) -> Result<(), String> {
         match *self {
-            ChunkSize::PerParameter => Ok(()),
+            ChunkSize::Auto | ChunkSize::PerParameter => Ok(()),
             ChunkSize::Elements(n) if n == 0 || n < ranks => Err(format!(
                 "chunk_size of {n} elements is smaller than the {ranks} ranks it is split over"
             )),
@@ -96,8 +109,11 @@ impl ChunkSize {
     }
 
     /// The chunk capacity in elements for `params`, or `None` for one parameter per chunk.
+    /// [`ChunkSize::Auto`] counts as a device backend's choice here (`shard` resolves it for
+    /// its backend first).
     pub fn capacity(&self, params: &[ChunkParam], limits: &SearchLimits) -> Option<usize> {
         match *self {
+            ChunkSize::Auto => ChunkSize::default_search().capacity(params, limits),
             ChunkSize::PerParameter => None,
             ChunkSize::Elements(n) => Some(n.max(limits.ranks)),
             ChunkSize::MiB(mib) => {
@@ -200,6 +216,22 @@ mod tests {
 
     use super::*;
     use crate::chunk::layout::Chunk;
+
+    #[test]
+    fn auto_is_one_parameter_per_chunk_on_host_backends_and_the_search_elsewhere() {
+        assert_eq!(ChunkSize::default(), ChunkSize::Auto);
+        assert_eq!(ChunkSize::Auto.resolve(true), ChunkSize::PerParameter);
+        assert_eq!(ChunkSize::Auto.resolve(false), ChunkSize::default_search());
+        for size in [
+            ChunkSize::PerParameter,
+            ChunkSize::Elements(4096),
+            ChunkSize::MiB(2.0),
+            ChunkSize::default_search(),
+        ] {
+            assert_eq!(size.resolve(true), size);
+            assert_eq!(size.resolve(false), size);
+        }
+    }
 
     #[test]
     fn sizes_that_cannot_work_are_refused_by_name() {

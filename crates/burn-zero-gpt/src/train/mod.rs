@@ -106,7 +106,7 @@ impl RunConfig {
             persist_below: 1024,
             shard_group_size: 0,
             prefetch: 0,
-            chunk_size: ChunkSize::PerParameter,
+            chunk_size: ChunkSize::Auto,
             steps: 200,
             batch_size: 32,
             accumulation: 1,
