@@ -121,3 +121,13 @@ fn a_step_issues_one_collective_per_chunk_and_counts_them() {
         );
     }
 }
+
+/// The default chunk size on a host backend is one parameter per chunk (the searched size is
+/// not yet as fast there in every measured run).
+#[test]
+fn the_default_on_flex_is_one_parameter_per_chunk() {
+    let base = base_model_on::<Flex>(&Default::default());
+    let (layout, params) = common::default_layout::<Flex>(&base, &Default::default());
+    assert_eq!(layout.chunks().len(), params, "{layout:?}");
+    assert!(layout.chunks().iter().all(|c| c.members.len() == 1));
+}

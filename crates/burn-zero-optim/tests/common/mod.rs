@@ -172,3 +172,24 @@ pub fn check_parity<X: Backend>(
     }
     used
 }
+
+/// The chunk layout `shard` makes for `base` on 2 ranks of backend `X` with the default chunk
+/// size (stage 3), and the number of parameters it lays out.
+#[allow(dead_code)]
+pub fn default_layout<X: Backend>(
+    base: &Block<Train<X>>,
+    device: &X::Device,
+) -> (burn_zero_core::chunk::ChunkLayout, usize) {
+    let config = ZeroConfig::new().with_stage(3).with_persist_below_numel(12);
+    let options = LaunchOptions::with_timeout(std::time::Duration::from_secs(300));
+    let mut ranks =
+        launch_with::<X, _, _, ZeroError>(2, std::slice::from_ref(device), &options, |ctx| {
+            let (model, zero) = shard(base.clone(), &ctx, &config)?;
+            let layout = zero.store().chunks().clone();
+            let params = zero.store().params().len();
+            drop(model);
+            Ok((layout, params))
+        })
+        .unwrap();
+    ranks.swap_remove(0)
+}
