@@ -133,6 +133,38 @@ pub fn sgd_step_kernel<B: Backend>(
     }
 }
 
+/// Device memory as cubecl counts it, summed over every stream of the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// Bytes of live allocations.
+    pub in_use: u64,
+    /// Bytes cubecl has reserved from the device (live allocations, their padding and the
+    /// free space of its pools): what the device has given up.
+    pub reserved: u64,
+}
+
+/// What cubecl holds on `device` when `B` is a `CubeBackend` (wgpu or CUDA, plain or fused)
+/// in this build, summed over every stream that may have allocated there; `None` for other
+/// backends. Independent of burn-zero's own memory accounting.
+pub fn device_memory<B: Backend>(device: &B::Device) -> Option<DeviceMemory> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        kernel::device_memory::<B>(device)
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = device;
+        None
+    }
+}
+
+/// Whether `B` is one of Burn's fusion backends (`burn::backend::Wgpu`, `Cuda` with Burn's
+/// default features: `Fusion<CubeBackend<..>>`), recognised by its float tensor type whatever
+/// the features of this build.
+pub fn is_fusion<B: Backend>() -> bool {
+    std::any::type_name::<B::FloatTensorPrimitive>().starts_with("burn_fusion::")
+}
+
 /// Whether `B` gets the kernel path: a `CubeBackend` on a runtime compiled into this build,
 /// plain or fused.
 pub fn kernel_available<B: Backend>() -> bool {

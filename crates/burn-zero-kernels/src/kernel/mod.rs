@@ -10,6 +10,7 @@
 
 mod adam;
 pub mod fused;
+mod memory;
 mod pack;
 mod sgd;
 mod unpack;
@@ -59,6 +60,20 @@ pub(crate) fn available<B: Backend>() -> bool {
         return true;
     }
     false
+}
+
+/// The device memory cubecl holds for `device`, when `B` is a `CubeBackend` in this build.
+pub(crate) fn device_memory<B: Backend>(device: &B::Device) -> Option<crate::DeviceMemory> {
+    #[cfg(feature = "wgpu")]
+    if let Some(usage) = memory::usage::<B, cubecl::wgpu::WgpuRuntime>(device) {
+        return Some(usage);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(usage) = memory::usage::<B, cubecl::cuda::CudaRuntime>(device) {
+        return Some(usage);
+    }
+    let _ = device;
+    None
 }
 
 /// A kernel packer for `B`: `None` when `B` has no kernels in this build, an error when they
@@ -201,6 +216,31 @@ fn into_cube<B: Backend, R: CubeRuntime>(tensor: B::FloatTensorPrimitive) -> Cub
     };
     match same_type(tensor) {
         Ok(tensor) => fused::resolve::<R>(tensor),
+        Err(_) => unreachable!(
+            "the kernel path is only taken when B's float tensor is CubeTensor<R> or its fused form"
+        ),
+    }
+}
+
+/// [`into_cube`] for a tensor the kernel only reads, which other threads may hold clones of
+/// (a gradient the rank thread still holds while the issuing thread packs it). A fused tensor
+/// is resolved while a clone of it is kept here: burn-fusion decides inside the device thread
+/// whether the resolved tensor was the last handle, and a clone dropped on another thread at
+/// that moment makes it register a drop from within the device thread, which cubecl refuses
+/// ("Service state is already borrowed"). With the clone kept, the resolved handle is never
+/// the last; the clone is dropped afterwards, here, like any other.
+fn into_cube_reading<B: Backend, R: CubeRuntime>(tensor: B::FloatTensorPrimitive) -> CubeTensor<R> {
+    let tensor = match same_type::<_, CubeTensor<R>>(tensor) {
+        Ok(tensor) => return tensor,
+        Err(tensor) => tensor,
+    };
+    match same_type::<_, fused::Fused<R>>(tensor) {
+        Ok(tensor) => {
+            let kept = tensor.clone();
+            let resolved = fused::resolve::<R>(tensor);
+            drop(kept);
+            resolved
+        }
         Err(_) => unreachable!(
             "the kernel path is only taken when B's float tensor is CubeTensor<R> or its fused form"
         ),

@@ -10,7 +10,8 @@ use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use super::{
-    KernelPacker, address_type, from_cube, into_cube, same_type_ref, storage_type, vector_size,
+    KernelPacker, address_type, from_cube, into_cube_reading, same_type_ref, storage_type,
+    vector_size,
 };
 use crate::KernelError;
 use crate::spec::{BucketSpec, MemberSpec};
@@ -187,7 +188,7 @@ impl<B: Backend, R: CubeRuntime> KernelPacker<B> for CubePacker<R> {
                 } else {
                     grad
                 };
-                self.launch_pack(member, into_cube::<B, R>(grad))
+                self.launch_pack(member, into_cube_reading::<B, R>(grad))
             }
         }
     }
