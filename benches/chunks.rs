@@ -1,7 +1,8 @@
 //! Chunks against one parameter per chunk: GPT `small` and `base` (the scaling suite's step,
 //! `common/workload.rs`) at ZeRO stage 3 on 2 ranks (`LocalGroup` threads sharing one device),
 //! with `ChunkSize::PerParameter` and with the searched size (`ChunkSize::default_search()`),
-//! on Flex and on Burn's fused `Wgpu` (Mesa's lavapipe on a machine without a GPU: launches
+//! on Flex and on the plain `CubeBackend<WgpuRuntime>` (Burn's fusion backends refuse chunks with
+//! overlapped reduction; Mesa's lavapipe on a machine without a GPU: launches
 //! and synchronisations cost more there than on Flex, the closest to a GPU a CPU machine has).
 //!
 //! Per configuration, rank 0's figures over the timed steps:
@@ -42,8 +43,8 @@ mod workload;
 
 use std::time::{Duration, Instant};
 
-use burn::backend::wgpu::WgpuDevice;
-use burn::backend::{Autodiff, Flex, Wgpu};
+use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use burn::backend::{Autodiff, Flex};
 use burn::optim::{AdamConfig, Optimizer};
 use burn::tensor::backend::Backend;
 use burn_zero::comm::{Counts, RankContext, launch};
@@ -51,6 +52,9 @@ use burn_zero::core::chunk::{ChunkKind, ChunkLayout};
 use burn_zero::{ChunkSize, MemoryReport, Zero, ZeroConfig, ZeroOptimizer, ZeroState, shard};
 use burn_zero_gpt::{Corpus, Gpt, Preset};
 use serde_json::{Value, json};
+
+/// wgpu without Burn's fusion layer.
+type PlainWgpu = CubeBackend<WgpuRuntime, f32, i32, u32>;
 
 const WORLD_SIZE: usize = 2;
 const STAGE: u8 = 3;
@@ -477,7 +481,7 @@ fn plans() -> Vec<Plan> {
 fn measure(plan: Plan, wgpu: &WgpuDevice) -> Measured {
     let sides = match plan.kind {
         Kind::Flex => run::<Flex>(&Default::default(), plan),
-        Kind::Wgpu => run::<Wgpu>(wgpu, plan),
+        Kind::Wgpu => run::<PlainWgpu>(wgpu, plan),
     };
     for (side, figures) in Side::BOTH.iter().zip(&sides) {
         eprintln!(

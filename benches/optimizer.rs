@@ -13,9 +13,10 @@
 //! - **PyTorch**: `torch.optim.Adam(foreach=True)` and `(fused=True)` from
 //!   `benches/optimizer_torch.py`, run with `python3` when torch imports (otherwise the bench
 //!   says how to get that row and goes on);
-//! - **wgpu**: Burn's `Adam` and `FusedAdam` on `burn::backend::Wgpu` (Mesa's lavapipe on a
-//!   machine without a GPU): `FusedAdam` there is one launch of burn-zero's Adam kernel per
-//!   step, Burn's `Adam` a dozen element-wise kernels.
+//! - **wgpu**: Burn's `Adam` and `FusedAdam` on `burn::backend::Wgpu`, which in this workspace
+//!   (Burn without its `fusion` feature) is the plain `CubeBackend<WgpuRuntime>` (Mesa's
+//!   lavapipe on a machine without a GPU): `FusedAdam` there is one launch of burn-zero's Adam
+//!   kernel per step, Burn's `Adam` a dozen element-wise kernels.
 //!
 //! Threads: `available_parallelism()` (the CPUs this process may run on; `taskset` narrows
 //! it), which is what `FusedAdam` splits its pass over; `RAYON_NUM_THREADS` (Flex's pool) and
@@ -831,7 +832,7 @@ fn report(
     match adapter {
         Ok(name) => {
             md.push_str(&format!(
-                "\nwgpu ({name}; Burn's fused `Wgpu` backend): `FusedAdam` is one launch of the \
+                "\nwgpu ({name}; the plain `CubeBackend`, Burn's fusion off): `FusedAdam` is one launch of the \
                  Adam kernel per step, Burn's Adam a dozen element-wise kernels.\n\n\
                  | size | side | median step ms | Adam traffic GB/s | vs Burn per-tensor, wgpu |\n\
                  |---|---|---|---|---|\n"
