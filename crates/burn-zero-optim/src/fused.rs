@@ -280,37 +280,22 @@ impl<B: Backend> OnePass<B> for FusedAdam {
         let rule = AdamRule::Adam {
             weight_decay: self.hyper.weight_decay,
         };
-        let momentum = state.map(|s| s.momentum);
-        let passed = if self.fuses::<B>() {
-            one_pass(
-                &self.hyper,
-                rule,
-                lr,
-                (master, grad, momentum),
-                factor,
-                dtype,
-            )
-        } else {
-            Err((master, grad, momentum))
+        let pass = FlatPass {
+            hyper: &self.hyper,
+            rule,
+            lr,
+            factor,
+            dtype,
+            fuses: self.fuses::<B>(),
         };
-        match passed {
-            Ok((master, momentum, written)) => FlatStep {
-                master,
-                state: Some(AdamState::new(momentum)),
-                written,
-            },
-            Err((master, grad, momentum)) => {
-                let grad = scaled(grad, factor);
-                let (master, state) =
-                    self.burn
-                        .step(lr, master, grad, momentum.map(AdamState::new));
-                FlatStep {
-                    master,
-                    state,
-                    written: None,
-                }
-            }
-        }
+        let momentum = state.map(|s| s.momentum);
+        pass.run(
+            master,
+            grad,
+            momentum,
+            AdamState::new,
+            |master, grad, state| self.burn.step(lr, master, grad, state),
+        )
     }
 }
 
@@ -324,16 +309,54 @@ impl<B: Backend> OnePass<B> for FusedAdamW {
         state: Option<Self::State<1>>,
         dtype: DType,
     ) -> FlatStep<B, Self::State<1>> {
-        let rule = self.rule(lr);
+        let pass = FlatPass {
+            hyper: &self.hyper,
+            rule: self.rule(lr),
+            lr,
+            factor,
+            dtype,
+            fuses: self.fuses::<B>(),
+        };
         let momentum = state.map(|s| s.momentum);
-        let passed = if self.fuses::<B>() {
-            one_pass(
-                &self.hyper,
-                rule,
-                lr,
-                (master, grad, momentum),
-                factor,
-                dtype,
+        pass.run(
+            master,
+            grad,
+            momentum,
+            AdamWState::new,
+            |master, grad, state| self.burn.step(lr, master, grad, state),
+        )
+    }
+}
+
+/// One `OnePass` step of Adam or AdamW: the one pass where it applies, else Burn's step on the
+/// gradient multiplied first (the caller casts).
+struct FlatPass<'a> {
+    hyper: &'a Hyper,
+    rule: AdamRule,
+    lr: LearningRate,
+    factor: f64,
+    dtype: DType,
+    fuses: bool,
+}
+
+impl FlatPass<'_> {
+    /// Steps `master`; `state` wraps the moments as the optimizer's state, `burn` is Burn's own
+    /// step for when the pass does not apply.
+    fn run<B: Backend, S>(
+        &self,
+        master: Tensor<B, 1>,
+        grad: Tensor<B, 1>,
+        momentum: Option<AdaptiveMomentumState<B, 1>>,
+        state: fn(AdaptiveMomentumState<B, 1>) -> S,
+        burn: impl FnOnce(Tensor<B, 1>, Tensor<B, 1>, Option<S>) -> (Tensor<B, 1>, Option<S>),
+    ) -> FlatStep<B, S> {
+        let passed = if self.fuses {
+            let extras = Extras {
+                factor: pass_factor(self.factor),
+                copy: pass_copy(self.dtype),
+            };
+            fused_step(
+                self.hyper, self.rule, self.lr, master, grad, momentum, extras,
             )
         } else {
             Err((master, grad, momentum))
@@ -341,13 +364,11 @@ impl<B: Backend> OnePass<B> for FusedAdamW {
         match passed {
             Ok((master, momentum, written)) => FlatStep {
                 master,
-                state: Some(AdamWState::new(momentum)),
+                state: Some(state(momentum)),
                 written,
             },
             Err((master, grad, momentum)) => {
-                let grad = scaled(grad, factor);
-                let state = momentum.map(AdamWState::new);
-                let (master, state) = self.burn.step(lr, master, grad, state);
+                let (master, state) = burn(master, scaled(grad, self.factor), momentum.map(state));
                 FlatStep {
                     master,
                     state,
@@ -356,22 +377,6 @@ impl<B: Backend> OnePass<B> for FusedAdamW {
             }
         }
     }
-}
-
-/// The fused step with the gradient's multiplier and the parameter's copy in its pass.
-fn one_pass<B: Backend>(
-    hyper: &Hyper,
-    rule: AdamRule,
-    lr: LearningRate,
-    (master, grad, momentum): Declined<B, 1>,
-    factor: f64,
-    dtype: DType,
-) -> Result<Passed<B, 1>, Declined<B, 1>> {
-    let extras = Extras {
-        factor: pass_factor(factor),
-        copy: pass_copy(dtype),
-    };
-    fused_step(hyper, rule, lr, master, grad, momentum, extras)
 }
 
 /// What a one-pass step does besides the step itself.
