@@ -230,21 +230,10 @@ fn into_cube<B: Backend, R: CubeRuntime>(tensor: B::FloatTensorPrimitive) -> Cub
 /// ("Service state is already borrowed"). With the clone kept, the resolved handle is never
 /// the last; the clone is dropped afterwards, here, like any other.
 fn into_cube_reading<B: Backend, R: CubeRuntime>(tensor: B::FloatTensorPrimitive) -> CubeTensor<R> {
-    let tensor = match same_type::<_, CubeTensor<R>>(tensor) {
-        Ok(tensor) => return tensor,
-        Err(tensor) => tensor,
-    };
-    match same_type::<_, fused::Fused<R>>(tensor) {
-        Ok(tensor) => {
-            let kept = tensor.clone();
-            let resolved = fused::resolve::<R>(tensor);
-            drop(kept);
-            resolved
-        }
-        Err(_) => unreachable!(
-            "the kernel path is only taken when B's float tensor is CubeTensor<R> or its fused form"
-        ),
-    }
+    let kept = tensor.clone();
+    let resolved = into_cube::<B, R>(tensor);
+    drop(kept);
+    resolved
 }
 
 /// A `CubeTensor<R>` as `B`'s float primitive: itself, or under fusion a fused tensor that
