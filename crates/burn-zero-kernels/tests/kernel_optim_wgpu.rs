@@ -374,7 +374,7 @@ fn fused_optimizers_on_fused_wgpu_are_the_host_pass_and_burns_bit_for_bit() {
     if !runs("fused_optimizers_on_fused_wgpu_are_the_host_pass_and_burns_bit_for_bit") {
         return;
     }
-    assert!(kernel_available::<burn::backend::Wgpu>());
+    assert!(kernel_available::<Fused>());
     fused_optimizers_against_host_and_burn::<Fused>(1000);
 }
 
