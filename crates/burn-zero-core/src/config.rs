@@ -91,6 +91,14 @@ pub struct ZeroConfig {
     /// backends and one parameter per chunk on Flex and NdArray.
     #[config(default = "ChunkSize::Auto")]
     pub chunk_size: ChunkSize,
+    /// Stage 3: the fraction (0 to 1) of the sharded chunks' bytes whose parameter shards live
+    /// in host memory instead of on the device (Gemini's `offload_param_frac`; ZeRO-Infinity's
+    /// parameter offload). Chunks are taken in layout order, whole, while they fit in the
+    /// fraction; an offloaded shard is uploaded for each all-gather and the upload freed with
+    /// the gathered parameter, so the device holds only the gathered parameters in use. 0
+    /// (the default) keeps every shard on the device; 1 moves them all.
+    #[config(default = 0.0)]
+    pub offload_param_frac: f64,
 }
 
 impl ZeroConfig {
@@ -142,6 +150,19 @@ impl ZeroConfig {
             ));
         }
         self.chunk_size.validate(1)?;
+        if !(0.0..=1.0).contains(&self.offload_param_frac) {
+            return Err(format!(
+                "offload_param_frac must be a fraction from 0 to 1, not {}",
+                self.offload_param_frac
+            ));
+        }
+        if self.offload_param_frac > 0.0 && self.stage != 3 {
+            return Err(format!(
+                "offload_param_frac needs stage 3 (parameters sharded and gathered at use), not \
+                 stage {}",
+                self.stage
+            ));
+        }
         if !self.bucket_size_mb.is_finite() {
             return Err(format!(
                 "bucket_size_mb must be finite, not {}",

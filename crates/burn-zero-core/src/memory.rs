@@ -25,9 +25,12 @@ pub enum MemoryKind {
     OptimizerState,
     /// fp32 gradient sums of an accumulation window.
     GradientAccumulators,
+    /// This rank's shards of sharded parameters kept in host memory (`offload_param_frac`):
+    /// uploaded for each all-gather.
+    HostParameterShards,
 }
 
-const KINDS: usize = 8;
+const KINDS: usize = 9;
 
 #[derive(Debug, Default)]
 struct Counter {
@@ -88,6 +91,7 @@ impl MemoryTracker {
             master_weights: self.usage(MemoryKind::MasterWeights),
             optimizer_state: self.usage(MemoryKind::OptimizerState),
             gradient_accumulators: self.usage(MemoryKind::GradientAccumulators),
+            host_parameter_shards: self.usage(MemoryKind::HostParameterShards),
             chunks: ChunkCounts::default(),
             counts: Counts::default(),
         }
@@ -124,6 +128,9 @@ pub struct MemoryReport {
     pub optimizer_state: Usage,
     /// fp32 gradient accumulators (on the host when the optimizer offloads).
     pub gradient_accumulators: Usage,
+    /// Shards of sharded parameters kept in host memory (parameter offload); not counted in
+    /// `parameter_shards`.
+    pub host_parameter_shards: Usage,
     /// The chunk layout in numbers.
     pub chunks: ChunkCounts,
     /// What the rank has issued since it started: collectives by kind, device
@@ -147,6 +154,7 @@ impl MemoryReport {
     /// Model state now: parameters, gradient shards, masters and optimizer state.
     pub fn model_state_bytes(&self) -> u64 {
         self.parameter_shards.current
+            + self.host_parameter_shards.current
             + self.persistent_parameters.current
             + self.gradient_shards.current
             + self.master_weights.current

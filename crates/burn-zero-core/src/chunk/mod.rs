@@ -12,9 +12,11 @@
 //! every rank knows before any pass runs (the recorded first-use order only exists after a
 //! pass, and the layout decides where masters and optimizer state live, so it cannot move
 //! afterwards); for the sequential models ZeRO targets, visit order is forward order.
+//! [`placement`] decides from it which chunks keep their parameter shards in host memory.
 
 mod block;
 mod layout;
+pub mod placement;
 mod search;
 
 pub use block::BlockLayout;

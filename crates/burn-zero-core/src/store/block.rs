@@ -1,19 +1,37 @@
-//! `Block`: this rank's flat block of one sharded tensor, as owned memory.
+//! `Block`: this rank's flat block of one sharded tensor, as owned memory, on the device or
+//! (parameter offload) in host memory.
 //!
 //! The block is kept apart from [`crate::store::ShardedParam`] (the handle that knows shape,
 //! version and store) so that the store can hold the live blocks of its parameters — to
-//! release one for `reuse_fp16_shard` — without knowing the handles that point to it.
+//! release one for `reuse_fp16_shard`, or move it to the host for `offload_param_frac` —
+//! without knowing the handles that point to it.
 
 use std::sync::{Arc, RwLock};
 
+use burn_zero_comm::RankCounters;
 use burn_zero_comm::sync::{read, write};
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, TensorMetadata};
+use burn::tensor::{DType, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 
 use crate::memory::{MemoryKind, MemoryTracker};
 
-/// A rank's block of a tensor, counted as `kind` in the rank's memory accounting while held.
+/// Where a block's values are.
+#[derive(Debug)]
+enum Held<B: Backend> {
+    /// On the model's device.
+    Device(B::FloatTensorPrimitive),
+    /// In host memory, uploaded to `device` whenever they are read (an all-gather's input).
+    Host {
+        data: TensorData,
+        device: B::Device,
+        /// The bytes counted for it.
+        bytes: usize,
+    },
+}
+
+/// A rank's block of a tensor, counted as `kind` in the rank's memory accounting while held
+/// on the device, as [`MemoryKind::HostParameterShards`] while held on the host.
 #[derive(Debug)]
 pub struct Block<B: Backend> {
     /// The parameter's key, for error messages.
@@ -22,7 +40,7 @@ pub struct Block<B: Backend> {
     kind: MemoryKind,
     /// `None` once released for `reuse_fp16_shard` (the optimizer's fp32 master holds the
     /// values until the step writes a new block).
-    values: RwLock<Option<B::FloatTensorPrimitive>>,
+    values: RwLock<Option<Held<B>>>,
     memory: Arc<MemoryTracker>,
 }
 
@@ -40,7 +58,7 @@ impl<B: Backend> Block<B> {
             key,
             dtype,
             kind,
-            values: RwLock::new(Some(values)),
+            values: RwLock::new(Some(Held::Device(values))),
             memory,
         }
     }
@@ -50,20 +68,23 @@ impl<B: Backend> Block<B> {
         self.dtype
     }
 
-    /// The block's values.
+    /// The block's values, on the device: uploaded from host memory when the block is
+    /// offloaded (a new device tensor each time, freed when the caller drops it).
     ///
     /// # Panics
     /// When the block was released after backward (`ZeroConfig::reuse_fp16_shard`) and no
     /// optimizer step has written a new one yet.
     pub fn values(&self) -> B::FloatTensorPrimitive {
-        read(&self.values).clone().unwrap_or_else(|| {
-            panic!(
-                "burn-zero: parameter #{} was released after backward (reuse_fp16_shard): \
-                     its values live in the optimizer's fp32 master until the next optimizer \
-                     step; step before the next forward",
+        match &*read(&self.values) {
+            Some(Held::Device(values)) => values.clone(),
+            Some(Held::Host { data, device, .. }) => B::float_from_data(data.clone(), device),
+            None => panic!(
+                "burn-zero: parameter #{} was released after backward (reuse_fp16_shard): its \
+                 values live in the optimizer's fp32 master until the next optimizer step; step \
+                 before the next forward",
                 self.key
-            )
-        })
+            ),
+        }
     }
 
     /// Whether the block was released.
@@ -71,11 +92,39 @@ impl<B: Backend> Block<B> {
         read(&self.values).is_none()
     }
 
+    /// Whether the block's values are in host memory (parameter offload).
+    pub fn is_on_host(&self) -> bool {
+        matches!(&*read(&self.values), Some(Held::Host { .. }))
+    }
+
+    /// Moves the values to host memory (a device-to-host read, counted in `counters`), where
+    /// they stay until the block is dropped; every later read uploads them. Does nothing to a
+    /// block already on the host or released.
+    pub(crate) fn move_to_host(&self, counters: &RankCounters) {
+        let mut held = write(&self.values);
+        let Some(Held::Device(values)) = held.take() else {
+            return;
+        };
+        let bytes = primitive_bytes(&values);
+        let device = B::float_device(&values);
+        let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(values)).into_data();
+        counters.host_read();
+        self.memory.sub(self.kind, bytes);
+        self.memory.add(MemoryKind::HostParameterShards, bytes);
+        *held = Some(Held::Host {
+            data,
+            device,
+            bytes,
+        });
+    }
+
     /// Frees the values: their memory is then the gradient shard's to use.
     pub(crate) fn release(&self) {
         let freed = write(&self.values).take();
-        if let Some(values) = freed {
-            self.memory.sub(self.kind, primitive_bytes(&values));
+        match freed {
+            Some(Held::Device(values)) => self.memory.sub(self.kind, primitive_bytes(&values)),
+            Some(Held::Host { bytes, .. }) => self.memory.sub(MemoryKind::HostParameterShards, bytes),
+            None => {}
         }
     }
 }

@@ -12,6 +12,7 @@ use burn::tensor::{DType, Shape, Slice, Tensor, TensorMetadata, TensorPrimitive}
 use burn_zero_comm::sync::lock;
 use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
 
+use crate::chunk::placement::host_chunks;
 use crate::chunk::{BlockLayout, Chunk, ChunkKind, ChunkLayout};
 use crate::config::ZeroConfig;
 use crate::memory::{ChunkCounts, MemoryKind, MemoryReport, MemoryTracker};
@@ -34,6 +35,9 @@ pub struct ParamStore<B: Backend> {
     table: OnceLock<ParamTable>,
     /// Which parameters are gathered and reduced together; set once, after the table.
     chunks: OnceLock<ChunkLayout>,
+    /// The parameters whose shards live in host memory (`offload_param_frac`); set with the
+    /// chunks.
+    host_keys: OnceLock<HashSet<usize>>,
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
     live: Mutex<LiveBlocks<B>>,
     /// The gather order and the gathers issued ahead of use.
@@ -90,6 +94,7 @@ impl<B: Backend> ParamStore<B> {
             memory: Arc::new(MemoryTracker::default()),
             table: OnceLock::new(),
             chunks: OnceLock::new(),
+            host_keys: OnceLock::new(),
             live: Mutex::new(LiveBlocks {
                 blocks: HashMap::new(),
                 mastered: HashSet::new(),
@@ -109,10 +114,39 @@ impl<B: Backend> ParamStore<B> {
     }
 
     /// Fixes the chunk layout (once: a second call is ignored).
+    /// Moves the parameter shards of the chunks `offload_param_frac` places on the host there.
     pub(crate) fn set_chunks(&self, chunks: ChunkLayout) {
-        if self.chunks.set(chunks).is_err() {
+        let host_keys: HashSet<usize> = host_chunks(&chunks, self.config.offload_param_frac)
+            .into_iter()
+            .flat_map(|id| chunks.chunks()[id].members.iter().map(|m| m.key))
+            .collect();
+        if self.chunks.set(chunks).is_err() || self.host_keys.set(host_keys).is_err() {
             tracing::warn!("the chunk layout of a sharded module was set twice");
+            return;
         }
+        let blocks: Vec<Arc<Block<B>>> = {
+            let live = lock(&self.live);
+            self.host_keys()
+                .iter()
+                .filter_map(|key| live.blocks.get(key)?.0.upgrade())
+                .collect()
+        };
+        for block in blocks {
+            block.move_to_host(&self.counters);
+        }
+    }
+
+    /// The parameters whose shards live in host memory.
+    fn host_keys(&self) -> &HashSet<usize> {
+        static NONE: OnceLock<HashSet<usize>> = OnceLock::new();
+        self.host_keys
+            .get()
+            .unwrap_or_else(|| NONE.get_or_init(HashSet::new))
+    }
+
+    /// Whether parameter `key`'s shard lives in host memory (`offload_param_frac`).
+    pub fn is_on_host(&self, key: usize) -> bool {
+        self.host_keys().contains(&key)
     }
 
     /// The chunk layout: which parameters are gathered, reduced and stepped together (empty
@@ -608,8 +642,12 @@ impl<B: Backend> ParamStore<B> {
         }
     }
 
-    /// Records `block` as the current block of parameter `key`.
+    /// Records `block` as the current block of parameter `key`, moved to host memory when the
+    /// parameter's chunk lives there.
     pub(crate) fn track_block(&self, key: usize, block: &Arc<Block<B>>, version: u64) {
+        if self.is_on_host(key) {
+            block.move_to_host(&self.counters);
+        }
         lock(&self.live)
             .blocks
             .insert(key, (Arc::downgrade(block), version));

@@ -1,0 +1,82 @@
+//! Placement of chunks between the device and the host: which sharded chunks keep their
+//! parameter shards in host memory under `ZeroConfig::offload_param_frac` (the static policy
+//! of ColossalAI Gemini's `placement_policy`).
+//!
+//! The choice is made once, at `shard` time, from the layout alone, so every rank makes the
+//! same one without exchanging anything: chunks in layout order, whole, for as long as their
+//! shards' bytes stay within the fraction of all sharded chunks' bytes. Replicated chunks
+//! (parameters below the persistence threshold) are read by every step in full and stay on
+//! the device.
+
+use crate::chunk::{Chunk, ChunkKind, ChunkLayout};
+
+/// The ids of the sharded chunks of `layout` whose parameter shards live on the host when a
+/// fraction `frac` (0 to 1) of the sharded chunks' bytes is offloaded.
+pub fn host_chunks(layout: &ChunkLayout, frac: f64) -> Vec<usize> {
+    let sharded: Vec<&Chunk> = layout
+        .chunks()
+        .iter()
+        .filter(|c| c.kind == ChunkKind::Sharded)
+        .collect();
+    let bytes = |c: &Chunk| c.shard_len * c.dtype.size();
+    let total: usize = sharded.iter().map(|c| bytes(c)).sum();
+    // Compared in integers of bytes, so that a fraction of 1 takes every chunk exactly.
+    let allowed = (frac.clamp(0.0, 1.0) * total as f64).round() as usize;
+    let mut taken = 0;
+    let mut ids = Vec::new();
+    for chunk in sharded {
+        if taken + bytes(chunk) > allowed {
+            break;
+        }
+        taken += bytes(chunk);
+        ids.push(chunk.id);
+    }
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::DType;
+
+    use super::*;
+    use crate::chunk::ChunkParam;
+
+    fn layout(numels: &[(usize, bool)], ranks: usize, capacity: Option<usize>) -> ChunkLayout {
+        let params: Vec<ChunkParam> = numels
+            .iter()
+            .enumerate()
+            .map(|(key, &(numel, sharded))| ChunkParam {
+                key,
+                numel,
+                dtype: DType::F32,
+                trainable: true,
+                sharded,
+            })
+            .collect();
+        ChunkLayout::build(&params, ranks, capacity)
+    }
+
+    #[test]
+    fn whole_chunks_in_layout_order_up_to_the_fraction() {
+        // Four sharded parameters of 100, 100, 200 and 100 elements, one per chunk, and a
+        // replicated one between them: 500 sharded elements over 2 ranks.
+        let layout = layout(
+            &[(100, true), (100, true), (10, false), (200, true), (100, true)],
+            2,
+            None,
+        );
+        assert_eq!(host_chunks(&layout, 0.0), Vec::<usize>::new());
+        assert_eq!(host_chunks(&layout, 0.2), vec![0]);
+        // Shards of 200, 200, 400 and 200 bytes (1000 in all): half takes the first two, and
+        // the third would pass 500.
+        assert_eq!(host_chunks(&layout, 0.5), vec![0, 1]);
+        assert_eq!(host_chunks(&layout, 0.8), vec![0, 1, 3]);
+        assert_eq!(host_chunks(&layout, 1.0), vec![0, 1, 3, 4]);
+    }
+
+    #[test]
+    fn replicated_chunks_never_move() {
+        let layout = layout(&[(10, false), (20, false)], 2, None);
+        assert!(host_chunks(&layout, 1.0).is_empty());
+    }
+}

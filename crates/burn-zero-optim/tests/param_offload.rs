@@ -1,0 +1,157 @@
+//! Parameter offload (`ZeroConfig::offload_param_frac`): the shards of the first chunks live in
+//! host memory and are uploaded for each all-gather. Where the bytes sit changes, not one
+//! value: training is bitwise equal to single-rank training with Burn's Adam, with a part or
+//! all of the chunks offloaded, one parameter per chunk or several, with and without prefetch.
+//! The memory accounting is checked against the layout (the shard bytes each chunk holds,
+//! computed here from the parameters' shapes), and bad fractions are refused at `shard`.
+
+mod common;
+
+use burn::backend::Flex;
+use burn::optim::{AdamConfig, GradientsParams};
+use burn_zero_comm::launch;
+use burn_zero_core::chunk::ChunkKind;
+use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
+use burn_zero_optim::ZeroOptimizer;
+use burn_zero_testing::{base_model_on, micro_batch};
+
+fn offloaded(frac: f64, chunk_size: ChunkSize) -> ZeroConfig {
+    ZeroConfig::new()
+        .with_stage(3)
+        .with_persist_below_numel(12)
+        .with_chunk_size(chunk_size)
+        .with_offload_param_frac(frac)
+}
+
+#[test]
+fn offloaded_training_matches_single_rank_training_bitwise() {
+    let device = Default::default();
+    let base = base_model_on::<Flex>(&device);
+    for world_size in [1, 2] {
+        let (want, tolerance) =
+            common::measure_reference::<Flex>(&base, world_size, 6, &device, 2);
+        assert_eq!(tolerance, common::Tolerance::Bitwise);
+        for chunk_size in [ChunkSize::PerParameter, ChunkSize::Elements(256)] {
+            for frac in [0.5, 1.0] {
+                for prefetch in [0, 2] {
+                    let config = offloaded(frac, chunk_size).with_prefetch(prefetch);
+                    let got = common::sharded::<Flex>(&base, world_size, 6, &config, &device);
+                    let what = format!(
+                        "{chunk_size:?}, offload_param_frac {frac}, prefetch {prefetch}, world \
+                         {world_size}"
+                    );
+                    common::assert_close(&got, &want, tolerance, &what);
+                }
+            }
+        }
+    }
+}
+
+/// Shard bytes on the device and on the host after sharding and after two steps, against the
+/// layout: every sharded chunk's shard is its members' blocks (`ceil(numel / ranks)` elements
+/// of 4 bytes each), on the host for the chunks the fraction takes, on the device otherwise.
+#[test]
+fn the_accounting_moves_exactly_the_offloaded_chunks_shards_to_the_host() {
+    let device = Default::default();
+    let base = base_model_on::<Flex>(&device);
+    for frac in [0.0, 0.5, 1.0] {
+        let config = offloaded(frac, ChunkSize::Elements(256));
+        let per_rank = launch::<Flex, _, _, ZeroError>(2, &[device], |ctx| {
+            let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+            let store = zero.store().clone();
+            let params = store.params();
+            let mut on_device = 0u64;
+            let mut on_host = 0u64;
+            for chunk in store.chunks().chunks() {
+                if chunk.kind != ChunkKind::Sharded {
+                    continue;
+                }
+                let bytes: u64 = chunk
+                    .members
+                    .iter()
+                    .map(|m| 4 * params[m.key].shape.num_elements().div_ceil(2) as u64)
+                    .sum();
+                let host = chunk.members.iter().all(|m| store.is_on_host(m.key));
+                assert!(
+                    host || chunk.members.iter().all(|m| !store.is_on_host(m.key)),
+                    "chunk #{} is split between device and host",
+                    chunk.id
+                );
+                if host {
+                    on_host += bytes;
+                } else {
+                    on_device += bytes;
+                }
+            }
+            let after_shard = zero.memory_report();
+            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+            for step in 0..2 {
+                let (tokens, targets) = micro_batch(step * 2 + ctx.rank(), ctx.device());
+                let grads =
+                    GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+                model = optimizer.step(1e-2, model, grads);
+            }
+            let after_steps = zero.memory_report();
+            drop(model);
+            Ok((on_device, on_host, after_shard, after_steps))
+        })
+        .unwrap();
+        for (rank, (on_device, on_host, after_shard, after_steps)) in per_rank.iter().enumerate()
+        {
+            let total = on_device + on_host;
+            // The fraction is of bytes, whole chunks taken while they fit.
+            assert!(
+                *on_host as f64 <= frac * total as f64 + 0.5,
+                "frac {frac}, rank {rank}: {on_host} of {total} bytes on the host"
+            );
+            match frac {
+                0.0 => assert_eq!(*on_host, 0),
+                1.0 => assert_eq!(*on_device, 0),
+                _ => assert!(*on_host > 0 && *on_device > 0, "frac {frac}: {on_host}"),
+            }
+            for (when, report) in [("after shard", after_shard), ("after 2 steps", after_steps)] {
+                assert_eq!(
+                    (
+                        report.parameter_shards.current,
+                        report.host_parameter_shards.current
+                    ),
+                    (*on_device, *on_host),
+                    "frac {frac}, rank {rank}, {when}: (device, host) shard bytes"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fractions_outside_zero_to_one_and_stages_below_three_are_refused_by_name() {
+    let device = Default::default();
+    let base = base_model_on::<Flex>(&device);
+    let cases = [
+        (ZeroConfig::new().with_offload_param_frac(-0.1), "-0.1"),
+        (ZeroConfig::new().with_offload_param_frac(1.5), "1.5"),
+        (ZeroConfig::new().with_offload_param_frac(f64::NAN), "NaN"),
+        (
+            ZeroConfig::new()
+                .with_stage(2)
+                .with_offload_param_frac(0.5),
+            "stage 2",
+        ),
+    ];
+    for (config, named) in cases {
+        let errors = launch::<Flex, _, _, String>(1, &[device], |ctx| {
+            match shard(base.clone(), &ctx, &config) {
+                Ok(_) => Ok(None),
+                Err(error) => Ok(Some(error.to_string())),
+            }
+        })
+        .unwrap();
+        let error = errors[0]
+            .clone()
+            .unwrap_or_else(|| panic!("{named}: accepted"));
+        assert!(
+            error.contains("offload_param_frac") && error.contains(named),
+            "{named}: {error}"
+        );
+    }
+}
