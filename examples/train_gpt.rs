@@ -111,6 +111,10 @@ struct Args {
     /// searched for the model), or a size in elements (`262144`) or MiB (`4MiB`).
     #[arg(long, default_value = "auto", value_parser = parse_chunk_size)]
     chunk_size: ChunkSize,
+    /// Stage 3: the fraction (0 to 1) of the sharded chunks' bytes whose parameter shards live
+    /// in host memory, uploaded for each gather (parameter offload; 0: all on the device).
+    #[arg(long, default_value_t = defaults().offload_param_frac)]
+    offload_param_frac: f64,
     /// Optimizer steps.
     #[arg(long, default_value_t = defaults().steps)]
     steps: usize,
@@ -171,6 +175,7 @@ impl Args {
             shard_group_size: self.shard_group_size,
             prefetch: self.prefetch,
             chunk_size: self.chunk_size,
+            offload_param_frac: self.offload_param_frac,
             steps: self.steps,
             batch_size: self.batch_size,
             accumulation: self.accumulation,
@@ -439,9 +444,10 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
          adds every kind's peak):"
     );
     println!(
-        "{:>4} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>12} | {:>8} | {:>17}",
+        "{:>4} | {:>10} | {:>11} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>12} | {:>8} | {:>17}",
         "rank",
         "params",
+        "host params",
         "grads",
         "master",
         "state",
@@ -455,6 +461,7 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
         let Some(m) = &r.memory else { continue };
         let params = m.parameter_shards.current + m.persistent_parameters.current;
         let peaks = m.parameter_shards.peak
+            + m.host_parameter_shards.peak
             + m.persistent_parameters.peak
             + m.gradient_shards.peak
             + m.gathered.peak
@@ -463,9 +470,10 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
             + m.optimizer_state.peak
             + m.gradient_accumulators.peak;
         println!(
-            "{:>4} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>12} | {:>8.0} | {:>8.4}/{:.4}",
+            "{:>4} | {:>10} | {:>11} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>12} | {:>8.0} | {:>8.4}/{:.4}",
             r.rank,
             bytes(params),
+            bytes(m.host_parameter_shards.current),
             bytes(m.gradient_shards.peak),
             bytes(m.master_weights.current),
             bytes(m.optimizer_state.current),
@@ -511,6 +519,7 @@ fn write_report(
                 "reduced_bytes_per_step": r.reduced_bytes,
                 "gathers": r.gathers,
                 "chunk_size": format!("{:?}", config.chunk_size),
+                "offload_param_frac": config.offload_param_frac,
                 "chunks": r.chunks,
                 "last_step_counts": r.step_counts,
                 "backend": backend,

@@ -267,3 +267,39 @@ fn prefetch_trains_bitwise_like_gathering_on_demand() {
     let per_step = plain.gathers / 6;
     assert_eq!(stats.prefetched, 5 * (per_step - 1), "{stats:?}");
 }
+
+#[test]
+fn parameters_on_the_host_train_the_same_bits_and_bad_fractions_are_refused() {
+    let run = |offload_param_frac| {
+        let config = RunConfig {
+            world_size: 2,
+            offload_param_frac,
+            keep_params: true,
+            ..short(3)
+        };
+        train::<Flex>(&config, Default::default(), |_| {}).unwrap()
+    };
+    let on_device = run(0.0);
+    let on_host = run(1.0);
+    for (host, device) in on_host.iter().zip(&on_device) {
+        assert_eq!(host.params, device.params, "rank {}", host.rank);
+        assert_eq!(host.losses, device.losses);
+        let memory = host.memory.as_ref().unwrap();
+        assert!(memory.host_parameter_shards.current > 0);
+        assert_eq!(
+            memory.host_parameter_shards.current,
+            device.memory.as_ref().unwrap().parameter_shards.current,
+            "rank {}: the shards the device held are on the host",
+            host.rank
+        );
+    }
+    for (frac, stage) in [(1.5, 3), (-0.5, 3), (f64::NAN, 3), (0.5, 2)] {
+        let config = RunConfig {
+            offload_param_frac: frac,
+            stage,
+            ..short(1)
+        };
+        let error = config.validate().unwrap_err();
+        assert!(error.contains("--offload-param-frac"), "{frac}: {error}");
+    }
+}

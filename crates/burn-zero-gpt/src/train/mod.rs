@@ -58,6 +58,8 @@ pub struct RunConfig {
     pub prefetch: usize,
     /// How parameters are grouped into chunks (gathered, reduced and stepped together).
     pub chunk_size: ChunkSize,
+    /// Stage 3: the fraction of the sharded chunks whose parameter shards live in host memory.
+    pub offload_param_frac: f64,
     /// Optimizer steps.
     pub steps: usize,
     /// Sequences per optimizer step, over all ranks and micro-steps.
@@ -107,6 +109,7 @@ impl RunConfig {
             shard_group_size: 0,
             prefetch: 0,
             chunk_size: ChunkSize::Auto,
+            offload_param_frac: 0.0,
             steps: 200,
             batch_size: 32,
             accumulation: 1,
@@ -153,6 +156,18 @@ impl RunConfig {
         }
         if self.seq_len == 0 || self.seq_len + 1 >= Corpus::new(TEXT).len() {
             return Err(format!("--seq-len {} does not fit the text", self.seq_len));
+        }
+        if !(0.0..=1.0).contains(&self.offload_param_frac) {
+            return Err(format!(
+                "--offload-param-frac {} must be a fraction from 0 to 1",
+                self.offload_param_frac
+            ));
+        }
+        if self.offload_param_frac > 0.0 && self.stage != 3 {
+            return Err(format!(
+                "--offload-param-frac needs --stage 3 (parameters sharded), not --stage {}",
+                self.stage
+            ));
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(format!("--lr {} must be a positive finite number", self.lr));
@@ -344,5 +359,6 @@ fn zero_config(config: &RunConfig) -> ZeroConfig {
         .with_shard_group_size(config.shard_group_size)
         .with_prefetch(config.prefetch)
         .with_chunk_size(config.chunk_size)
+        .with_offload_param_frac(config.offload_param_frac)
         .with_overlap_comm(config.overlap_comm)
 }
