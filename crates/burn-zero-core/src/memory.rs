@@ -28,9 +28,12 @@ pub enum MemoryKind {
     /// This rank's shards of sharded parameters kept in host memory (`offload_param_frac`):
     /// uploaded for each all-gather.
     HostParameterShards,
+    /// This rank's shards of reduced gradients moved to host memory as they arrive, for an
+    /// optimizer that steps on the host (`ZeroOptimizer::offloaded`).
+    HostGradientShards,
 }
 
-const KINDS: usize = 9;
+const KINDS: usize = 10;
 
 #[derive(Debug, Default)]
 struct Counter {
@@ -92,6 +95,7 @@ impl MemoryTracker {
             optimizer_state: self.usage(MemoryKind::OptimizerState),
             gradient_accumulators: self.usage(MemoryKind::GradientAccumulators),
             host_parameter_shards: self.usage(MemoryKind::HostParameterShards),
+            host_gradient_shards: self.usage(MemoryKind::HostGradientShards),
             chunks: ChunkCounts::default(),
             counts: Counts::default(),
         }
@@ -131,6 +135,9 @@ pub struct MemoryReport {
     /// Shards of sharded parameters kept in host memory (parameter offload); not counted in
     /// `parameter_shards`.
     pub host_parameter_shards: Usage,
+    /// Shards of reduced gradients moved to host memory for an offloaded optimizer; not
+    /// counted in `gradient_shards`.
+    pub host_gradient_shards: Usage,
     /// The chunk layout in numbers.
     pub chunks: ChunkCounts,
     /// What the rank has issued since it started: collectives by kind, device
@@ -157,6 +164,7 @@ impl MemoryReport {
             + self.host_parameter_shards.current
             + self.persistent_parameters.current
             + self.gradient_shards.current
+            + self.host_gradient_shards.current
             + self.master_weights.current
             + self.optimizer_state.current
     }

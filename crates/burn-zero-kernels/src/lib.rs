@@ -17,6 +17,7 @@
 //! over host memory, [`adam_step_kernel`] and [`sgd_step_kernel`], one launch per flat shard
 //! on the cubecl backends above.
 
+mod device_memory;
 mod error;
 mod fallback;
 pub mod host;
@@ -29,6 +30,7 @@ mod unpack;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 
+pub use device_memory::{DeviceMemory, device_memory, peak_device_memory};
 pub use error::KernelError;
 pub use host::BufferPool;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -129,31 +131,6 @@ pub fn sgd_step_kernel<B: Backend>(
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
         let _ = (step, param, grad, velocity);
-        None
-    }
-}
-
-/// Device memory as cubecl counts it, summed over every stream of the device.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DeviceMemory {
-    /// Bytes of live allocations.
-    pub in_use: u64,
-    /// Bytes cubecl has reserved from the device (live allocations, their padding and the
-    /// free space of its pools): what the device has given up.
-    pub reserved: u64,
-}
-
-/// What cubecl holds on `device` when `B` is a `CubeBackend` (wgpu or CUDA, plain or fused)
-/// in this build, summed over every stream that may have allocated there; `None` for other
-/// backends. Independent of burn-zero's own memory accounting.
-pub fn device_memory<B: Backend>(device: &B::Device) -> Option<DeviceMemory> {
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    {
-        kernel::device_memory::<B>(device)
-    }
-    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-    {
-        let _ = device;
         None
     }
 }

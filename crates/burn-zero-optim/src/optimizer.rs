@@ -203,6 +203,11 @@ where
 
     /// An optimizer with no state yet, bound to `zero` when it is given.
     fn fresh(zero: Option<ZeroState<B>>, optim: O, state_size: StateSize<O, P::Host>) -> Self {
+        if let Some(zero) = &zero
+            && P::GRADIENTS_ON_HOST
+        {
+            zero.store().keep_gradients_on_host();
+        }
         Self {
             optim,
             zero,
@@ -618,8 +623,12 @@ where
         let Some(grad) = grad else { return };
         let sharded = self.zero.gradient_is_sharded(key);
         let grad = match grad {
-            ZeroTensor::Sharded(view) if sharded => flat(view.param().shard().clone()),
-            ZeroTensor::Local(full) if !sharded => flat(full),
+            // Moved to host memory as it arrived (an offloaded optimizer): no device transfer.
+            ZeroTensor::Sharded(view) if sharded => match view.param().host_data() {
+                Some(data) => P::from_host_data(data, self.zero.device()),
+                None => P::to_host(flat(view.param().shard())),
+            },
+            ZeroTensor::Local(full) if !sharded => P::to_host(flat(full)),
             ZeroTensor::Local(_) => panic!(
                 "burn-zero: the gradient of parameter #{key} `{}` is whole, but this stage \
                  reduces it to shards: it was not reduced. A backward pass uses up the \
@@ -634,7 +643,6 @@ where
                 self.path_of(key)
             ),
         };
-        let grad = P::to_host(grad);
         self.order.push(param.id);
         self.taken.insert(param.id, Taken { key, grad });
         self.values

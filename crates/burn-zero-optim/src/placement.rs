@@ -5,12 +5,16 @@
 use std::marker::PhantomData;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Tensor, TensorData};
 
 /// Where the optimizer's tensors live, for a model computing on `B`.
 pub trait Placement<B: Backend>: Send + Sync + Clone + 'static {
     /// The backend the master shards and optimizer state live on.
     type Host: Backend;
+
+    /// Whether reduced gradient shards should go to host memory as they arrive (during
+    /// backward), rather than stay on the device until the step.
+    const GRADIENTS_ON_HOST: bool;
 
     /// Moves a flat tensor from the model's device to the host.
     fn to_host(tensor: Tensor<B, 1>) -> Tensor<Self::Host, 1>;
@@ -20,6 +24,13 @@ pub trait Placement<B: Backend>: Send + Sync + Clone + 'static {
 
     /// The host device that corresponds to the model's `device`.
     fn host_device(device: &Device<B>) -> Device<Self::Host>;
+
+    /// A flat tensor where the masters live from values already in host memory (a gradient
+    /// shard moved there during backward), keeping their dtype.
+    fn from_host_data(data: TensorData, device: &Device<B>) -> Tensor<Self::Host, 1> {
+        let dtype = data.dtype;
+        Tensor::from_data(data, (&Self::host_device(device), dtype))
+    }
 }
 
 /// Masters and optimizer state on the model's own device (no offload).
@@ -28,6 +39,7 @@ pub struct OnDevice;
 
 impl<B: Backend> Placement<B> for OnDevice {
     type Host = B;
+    const GRADIENTS_ON_HOST: bool = false;
 
     fn to_host(tensor: Tensor<B, 1>) -> Tensor<B, 1> {
         tensor
@@ -45,8 +57,9 @@ impl<B: Backend> Placement<B> for OnDevice {
 /// Masters, optimizer state and gradient accumulators on backend `H`'s default device (a CPU
 /// backend such as `Flex` or `NdArray`), while the model computes on another backend.
 ///
-/// Each step copies this rank's reduced gradient shards to the host, steps there, and copies
-/// the updated shard back in fp32 before casting it to the parameter's dtype on the device: the
+/// Each reduced gradient shard is copied to host memory as soon as its reduction delivers it,
+/// during backward (replicated parameters' whole gradients at the step); the step runs there
+/// and copies the updated shard back in fp32 before casting it to the parameter's dtype on the device: the
 /// device then holds only parameters and gradients ((2 + 2)Ψ/N bytes at stage 3 in half
 /// precision), the host the 12Ψ/N bytes of fp32 masters and Adam moments.
 #[derive(Debug, Clone, Copy, Default)]
@@ -54,6 +67,7 @@ pub struct Offload<H>(PhantomData<H>);
 
 impl<B: Backend, H: Backend> Placement<B> for Offload<H> {
     type Host = H;
+    const GRADIENTS_ON_HOST: bool = true;
 
     fn to_host(tensor: Tensor<B, 1>) -> Tensor<H, 1> {
         let dtype = tensor.dtype();

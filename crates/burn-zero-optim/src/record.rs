@@ -224,6 +224,9 @@ where
     /// is restored only into an optimizer that has a scaler.
     pub fn restore(mut self, record: ZeroOptimizerRecord<O, B, P>) -> Self {
         if let Some(zero) = record.binding {
+            if P::GRADIENTS_ON_HOST {
+                zero.store().keep_gradients_on_host();
+            }
             self.zero = Some(zero);
         }
         self.placement = record.placement;

@@ -85,3 +85,60 @@ fn offloading_to_ndarray_agrees_to_rounding() {
     println!("max relative difference, Flex masters vs NdArray masters: {difference:e}");
     assert!(difference < 1e-5, "max relative difference {difference:e}");
 }
+
+/// Rank by rank, the memory report right after the second backward (before its step), the
+/// optimizer built by `optim` on a stage-3 module.
+fn reports_after_backward<P: Placement<Flex>>(
+    base: &Block<Train>,
+    overlap: bool,
+    optim: impl Fn(&ZeroState<Flex>) -> ZeroOptimizer<burn::optim::Adam, Flex, P> + Sync,
+) -> Vec<burn_zero_core::MemoryReport>
+where
+    burn::optim::Adam: burn::optim::SimpleOptimizer<P::Host>,
+{
+    let config = ZeroConfig::new()
+        .with_persist_below_numel(12)
+        .with_overlap_comm(overlap);
+    launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+        let mut optimizer = optim(&zero);
+        let mut report = None;
+        for step in 0..2 {
+            let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
+            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+            report = Some(zero.memory_report());
+            model = optimizer.step(LR, model, grads);
+        }
+        Ok(report.expect("two steps"))
+    })
+    .unwrap()
+}
+
+/// With the optimizer on the host, each reduced gradient shard leaves the device as it arrives:
+/// after backward (before the step) the device holds no gradient shard and the host holds
+/// exactly the shards the on-device run keeps on the device; with overlap on (the reduction
+/// during backward) and off.
+#[test]
+fn an_offloaded_optimizer_takes_gradient_shards_to_the_host_during_backward() {
+    let base = base_model(&Default::default());
+    for overlap in [true, false] {
+        let on_device = reports_after_backward(&base, overlap, |zero| {
+            ZeroOptimizer::new(zero, AdamConfig::new().build())
+        });
+        let on_host = reports_after_backward(&base, overlap, |zero| {
+            ZeroOptimizer::<_, Flex, Offload<Flex>>::offloaded(zero, AdamConfig::new().build())
+        });
+        for (rank, (device, host)) in on_device.iter().zip(&on_host).enumerate() {
+            assert!(device.gradient_shards.current > 0, "rank {rank}");
+            assert_eq!(device.host_gradient_shards.current, 0, "rank {rank}");
+            assert_eq!(
+                host.gradient_shards.current, 0,
+                "overlap {overlap}, rank {rank}"
+            );
+            assert_eq!(
+                host.host_gradient_shards.current, device.gradient_shards.current,
+                "overlap {overlap}, rank {rank}"
+            );
+        }
+    }
+}

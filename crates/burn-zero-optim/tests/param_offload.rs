@@ -28,8 +28,7 @@ fn offloaded_training_matches_single_rank_training_bitwise() {
     let device = Default::default();
     let base = base_model_on::<Flex>(&device);
     for world_size in [1, 2] {
-        let (want, tolerance) =
-            common::measure_reference::<Flex>(&base, world_size, 6, &device, 2);
+        let (want, tolerance) = common::measure_reference::<Flex>(&base, world_size, 6, &device, 2);
         assert_eq!(tolerance, common::Tolerance::Bitwise);
         for chunk_size in [ChunkSize::PerParameter, ChunkSize::Elements(256)] {
             for frac in [0.5, 1.0] {
@@ -96,8 +95,7 @@ fn the_accounting_moves_exactly_the_offloaded_chunks_shards_to_the_host() {
             Ok((on_device, on_host, after_shard, after_steps))
         })
         .unwrap();
-        for (rank, (on_device, on_host, after_shard, after_steps)) in per_rank.iter().enumerate()
-        {
+        for (rank, (on_device, on_host, after_shard, after_steps)) in per_rank.iter().enumerate() {
             let total = on_device + on_host;
             // The fraction is of bytes, whole chunks taken while they fit.
             assert!(
@@ -132,9 +130,7 @@ fn fractions_outside_zero_to_one_and_stages_below_three_are_refused_by_name() {
         (ZeroConfig::new().with_offload_param_frac(1.5), "1.5"),
         (ZeroConfig::new().with_offload_param_frac(f64::NAN), "NaN"),
         (
-            ZeroConfig::new()
-                .with_stage(2)
-                .with_offload_param_frac(0.5),
+            ZeroConfig::new().with_stage(2).with_offload_param_frac(0.5),
             "stage 2",
         ),
     ];

@@ -61,7 +61,13 @@ mod tests {
         // Four sharded parameters of 100, 100, 200 and 100 elements, one per chunk, and a
         // replicated one between them: 500 sharded elements over 2 ranks.
         let layout = layout(
-            &[(100, true), (100, true), (10, false), (200, true), (100, true)],
+            &[
+                (100, true),
+                (100, true),
+                (10, false),
+                (200, true),
+                (100, true),
+            ],
             2,
             None,
         );

@@ -31,7 +31,8 @@ enum Held<B: Backend> {
 }
 
 /// A rank's block of a tensor, counted as `kind` in the rank's memory accounting while held
-/// on the device, as [`MemoryKind::HostParameterShards`] while held on the host.
+/// on the device, as its host counterpart ([`MemoryKind::HostParameterShards`],
+/// [`MemoryKind::HostGradientShards`]) while held on the host.
 #[derive(Debug)]
 pub struct Block<B: Backend> {
     /// The parameter's key, for error messages.
@@ -110,7 +111,7 @@ impl<B: Backend> Block<B> {
         let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(values)).into_data();
         counters.host_read();
         self.memory.sub(self.kind, bytes);
-        self.memory.add(MemoryKind::HostParameterShards, bytes);
+        self.memory.add(self.host_kind(), bytes);
         *held = Some(Held::Host {
             data,
             device,
@@ -118,12 +119,28 @@ impl<B: Backend> Block<B> {
         });
     }
 
+    /// The values, when they are in host memory (a copy of the bytes, no device transfer).
+    pub fn host_data(&self) -> Option<TensorData> {
+        match &*read(&self.values) {
+            Some(Held::Host { data, .. }) => Some(data.clone()),
+            _ => None,
+        }
+    }
+
+    /// How the block counts while it is in host memory.
+    fn host_kind(&self) -> MemoryKind {
+        match self.kind {
+            MemoryKind::GradientShards => MemoryKind::HostGradientShards,
+            _ => MemoryKind::HostParameterShards,
+        }
+    }
+
     /// Frees the values: their memory is then the gradient shard's to use.
     pub(crate) fn release(&self) {
         let freed = write(&self.values).take();
         match freed {
             Some(Held::Device(values)) => self.memory.sub(self.kind, primitive_bytes(&values)),
-            Some(Held::Host { bytes, .. }) => self.memory.sub(MemoryKind::HostParameterShards, bytes),
+            Some(Held::Host { bytes, .. }) => self.memory.sub(self.host_kind(), bytes),
             None => {}
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Shape};
+use burn::tensor::{DType, Shape, TensorData};
 
 use crate::memory::MemoryKind;
 use crate::store::block::Block;
@@ -80,7 +80,8 @@ impl<B: Backend> ShardedParam<B> {
         param
     }
 
-    /// This rank's shard of parameter `key`'s reduced gradient.
+    /// This rank's shard of parameter `key`'s reduced gradient, moved to host memory when an
+    /// optimizer that steps there asked for it ([`ParamStore::keep_gradients_on_host`]).
     pub(crate) fn gradient(
         store: &Arc<ParamStore<B>>,
         key: usize,
@@ -88,7 +89,11 @@ impl<B: Backend> ShardedParam<B> {
         shape: Shape,
         dtype: DType,
     ) -> Self {
-        Self::new(store, key, ShardRole::Gradient, block, shape, dtype)
+        let gradient = Self::new(store, key, ShardRole::Gradient, block, shape, dtype);
+        if store.gradients_on_host() {
+            gradient.block.move_to_host(store.counters());
+        }
+        gradient
     }
 
     /// Position of the parameter in its module's visit order.
@@ -108,6 +113,12 @@ impl<B: Backend> ShardedParam<B> {
     /// optimizer step has written a new one yet.
     pub fn shard(&self) -> B::FloatTensorPrimitive {
         self.block.values()
+    }
+
+    /// The block's values when they are in host memory (parameter offload, or a gradient kept
+    /// for a host optimizer): read without a device transfer.
+    pub fn host_data(&self) -> Option<TensorData> {
+        self.block.host_data()
     }
 
     /// The device the block lives on.

@@ -3,6 +3,7 @@
 //! memory accounting and the live parameter blocks.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
@@ -38,6 +39,8 @@ pub struct ParamStore<B: Backend> {
     /// The parameters whose shards live in host memory (`offload_param_frac`); set with the
     /// chunks.
     host_keys: OnceLock<HashSet<usize>>,
+    /// Whether reduced gradient shards go to host memory as they arrive.
+    gradients_on_host: AtomicBool,
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
     live: Mutex<LiveBlocks<B>>,
     /// The gather order and the gathers issued ahead of use.
@@ -95,6 +98,7 @@ impl<B: Backend> ParamStore<B> {
             table: OnceLock::new(),
             chunks: OnceLock::new(),
             host_keys: OnceLock::new(),
+            gradients_on_host: AtomicBool::new(false),
             live: Mutex::new(LiveBlocks {
                 blocks: HashMap::new(),
                 mastered: HashSet::new(),
@@ -142,6 +146,18 @@ impl<B: Backend> ParamStore<B> {
         self.host_keys
             .get()
             .unwrap_or_else(|| NONE.get_or_init(HashSet::new))
+    }
+
+    /// Moves every reduced gradient shard to host memory as soon as its reduction delivers it
+    /// (during backward, on the thread that reduces), for an optimizer that steps on the host:
+    /// the device then frees gradients as it goes instead of holding them until the step.
+    pub fn keep_gradients_on_host(&self) {
+        self.gradients_on_host.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether reduced gradient shards go to host memory as they arrive.
+    pub fn gradients_on_host(&self) -> bool {
+        self.gradients_on_host.load(Ordering::Relaxed)
     }
 
     /// Whether parameter `key`'s shard lives in host memory (`offload_param_frac`).
