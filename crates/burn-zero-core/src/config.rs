@@ -99,6 +99,17 @@ pub struct ZeroConfig {
     /// (the default) keeps every shard on the device; 1 moves them all.
     #[config(default = 0.0)]
     pub offload_param_frac: f64,
+    /// Stage 3: place parameter shards by measurement under this device capacity, in MiB (the
+    /// auto policy of ColossalAI Gemini's `placement_policy`). The first two passes (the
+    /// warm-up: the optimizer makes its state at the end of the first) run with every shard in
+    /// host memory while the device's bytes in use are read at each gather and at the end of
+    /// each pass (cubecl's own count, every stream summed); then the shards of chunks in layout
+    /// order move to the device while they fit in 0.9 × capacity less the warm-up's peak, and
+    /// stay there. A warm-up reading above the capacity stops training with an error that says
+    /// what was needed and what was available. Needs a backend whose memory cubecl reports
+    /// (wgpu, CUDA, with burn-zero's `wgpu`/`cuda` features); replaces `offload_param_frac`.
+    #[config(default = "None")]
+    pub auto_placement_capacity_mib: Option<f64>,
 }
 
 impl ZeroConfig {
@@ -155,6 +166,27 @@ impl ZeroConfig {
                 "offload_param_frac must be a fraction from 0 to 1, not {}",
                 self.offload_param_frac
             ));
+        }
+        if let Some(capacity) = self.auto_placement_capacity_mib {
+            if !(capacity.is_finite() && capacity > 0.0) {
+                return Err(format!(
+                    "auto_placement_capacity_mib must be a positive number of MiB, not {capacity}"
+                ));
+            }
+            if self.stage != 3 {
+                return Err(format!(
+                    "auto_placement_capacity_mib needs stage 3 (parameters sharded and gathered \
+                     at use), not stage {}",
+                    self.stage
+                ));
+            }
+            if self.offload_param_frac > 0.0 {
+                return Err(format!(
+                    "auto_placement_capacity_mib places parameter shards by measurement; \
+                     offload_param_frac {} would place them by fraction: set one of the two",
+                    self.offload_param_frac
+                ));
+            }
         }
         if self.offload_param_frac > 0.0 && self.stage != 3 {
             return Err(format!(

@@ -97,6 +97,7 @@ impl MemoryTracker {
             host_parameter_shards: self.usage(MemoryKind::HostParameterShards),
             host_gradient_shards: self.usage(MemoryKind::HostGradientShards),
             chunks: ChunkCounts::default(),
+            auto_placement: None,
             counts: Counts::default(),
         }
     }
@@ -140,9 +141,27 @@ pub struct MemoryReport {
     pub host_gradient_shards: Usage,
     /// The chunk layout in numbers.
     pub chunks: ChunkCounts,
+    /// What the auto placement measured and decided (`auto_placement_capacity_mib`), once its
+    /// warm-up has ended.
+    pub auto_placement: Option<AutoPlacementReport>,
     /// What the rank has issued since it started: collectives by kind, device
     /// synchronisations, host reads (for every module sharded on its context).
     pub counts: Counts,
+}
+
+/// What the auto placement measured and decided on a rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AutoPlacementReport {
+    /// The device capacity it was given, in bytes.
+    pub capacity_bytes: u64,
+    /// The most bytes the device had in use during the warm-up (every shard on the host).
+    pub warmup_peak_bytes: u64,
+    /// `0.9 × capacity − warmup_peak`: the bytes the shards were allowed on the device.
+    pub room_bytes: u64,
+    /// Sharded chunks whose shards moved to the device.
+    pub device_chunks: usize,
+    /// Sharded chunks whose shards stayed in host memory.
+    pub host_chunks: usize,
 }
 
 /// The chunk layout of a sharded module, in numbers.

@@ -32,46 +32,94 @@ pub fn device_memory<B: Backend>(device: &B::Device) -> Option<DeviceMemory> {
     }
 }
 
-/// Runs `work` while a thread reads `device_memory` every `every`, and returns its result with
-/// the most bytes reserved and the most in use seen by any reading (before, during and after
-/// it); `None` for a backend without the count. A reading is a snapshot: a peak shorter than
-/// `every` may fall between two.
+/// A thread that reads `device_memory` every `every` and keeps the most bytes in use and
+/// reserved it has seen, until it is stopped or dropped (which joins it). A reading is a
+/// snapshot: a peak shorter than `every` may fall between two.
+#[derive(Debug)]
+pub struct DeviceMemorySampler {
+    in_use: Arc<AtomicU64>,
+    reserved: Arc<AtomicU64>,
+    done: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DeviceMemorySampler {
+    /// Starts sampling `device`'s memory every `every`; `None` for a backend without the
+    /// count, or when no thread could be started.
+    pub fn start<B: Backend>(device: &B::Device, every: Duration) -> Option<Self> {
+        let first = device_memory::<B>(device)?;
+        let in_use = Arc::new(AtomicU64::new(first.in_use));
+        let reserved = Arc::new(AtomicU64::new(first.reserved));
+        let done = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (in_use, reserved, done) = (in_use.clone(), reserved.clone(), done.clone());
+            let device = device.clone();
+            std::thread::Builder::new()
+                .name("burn-zero-memory-sampler".into())
+                .spawn(move || {
+                    while !done.load(Ordering::Relaxed) {
+                        if let Some(now) = device_memory::<B>(&device) {
+                            in_use.fetch_max(now.in_use, Ordering::Relaxed);
+                            reserved.fetch_max(now.reserved, Ordering::Relaxed);
+                        }
+                        std::thread::sleep(every);
+                    }
+                })
+                .ok()?
+        };
+        Some(Self {
+            in_use,
+            reserved,
+            done,
+            thread: Some(thread),
+        })
+    }
+
+    /// The most bytes in use and reserved seen so far.
+    pub fn peak(&self) -> DeviceMemory {
+        DeviceMemory {
+            in_use: self.in_use.load(Ordering::Relaxed),
+            reserved: self.reserved.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops the thread and returns the peak.
+    pub fn stop(mut self) -> DeviceMemory {
+        self.join();
+        self.peak()
+    }
+
+    fn join(&mut self) {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            // A sampler that panicked has no reading to add.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for DeviceMemorySampler {
+    fn drop(&mut self) {
+        self.join();
+    }
+}
+
+/// Runs `work` while a [`DeviceMemorySampler`] reads `device`'s memory every `every`, and
+/// returns its result with the most bytes in use and reserved seen before, during and after
+/// it; `None` for a backend without the count.
 pub fn peak_device_memory<B: Backend, T>(
     device: &B::Device,
     every: Duration,
     work: impl FnOnce() -> T,
 ) -> (T, Option<DeviceMemory>) {
-    let Some(start) = device_memory::<B>(device) else {
+    let Some(sampler) = DeviceMemorySampler::start::<B>(device, every) else {
         return (work(), None);
     };
-    let reserved = Arc::new(AtomicU64::new(start.reserved));
-    let in_use = Arc::new(AtomicU64::new(start.in_use));
-    let done = Arc::new(AtomicBool::new(false));
-    let record = |now: DeviceMemory, reserved: &AtomicU64, in_use: &AtomicU64| {
-        reserved.fetch_max(now.reserved, Ordering::Relaxed);
-        in_use.fetch_max(now.in_use, Ordering::Relaxed);
-    };
-    let sampler = {
-        let (reserved, in_use, done) = (reserved.clone(), in_use.clone(), done.clone());
-        let device = device.clone();
-        std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                if let Some(now) = device_memory::<B>(&device) {
-                    record(now, &reserved, &in_use);
-                }
-                std::thread::sleep(every);
-            }
-        })
-    };
     let out = work();
-    done.store(true, Ordering::Relaxed);
-    sampler.join().expect("the memory sampler does not panic");
+    let mut peak = sampler.stop();
     if let Some(end) = device_memory::<B>(device) {
-        record(end, &reserved, &in_use);
+        peak.in_use = peak.in_use.max(end.in_use);
+        peak.reserved = peak.reserved.max(end.reserved);
     }
-    let peak = DeviceMemory {
-        in_use: in_use.load(Ordering::Relaxed),
-        reserved: reserved.load(Ordering::Relaxed),
-    };
     (out, Some(peak))
 }

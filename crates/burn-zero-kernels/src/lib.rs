@@ -30,7 +30,7 @@ mod unpack;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 
-pub use device_memory::{DeviceMemory, device_memory, peak_device_memory};
+pub use device_memory::{DeviceMemory, DeviceMemorySampler, device_memory, peak_device_memory};
 pub use error::KernelError;
 pub use host::BufferPool;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

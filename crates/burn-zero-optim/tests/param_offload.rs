@@ -3,7 +3,8 @@
 //! value: training is bitwise equal to single-rank training with Burn's Adam, with a part or
 //! all of the chunks offloaded, one parameter per chunk or several, with and without prefetch.
 //! The memory accounting is checked against the layout (the shard bytes each chunk holds,
-//! computed here from the parameters' shapes), and bad fractions are refused at `shard`.
+//! computed here from the parameters' shapes), and bad fractions and capacities, stages below 3
+//! and an auto placement on a backend without a device-memory count are refused at `shard`.
 
 mod common;
 
@@ -122,7 +123,7 @@ fn the_accounting_moves_exactly_the_offloaded_chunks_shards_to_the_host() {
 }
 
 #[test]
-fn fractions_outside_zero_to_one_and_stages_below_three_are_refused_by_name() {
+fn bad_fractions_capacities_stages_and_backends_are_refused_by_name() {
     let device = Default::default();
     let base = base_model_on::<Flex>(&device);
     let cases = [
@@ -132,6 +133,21 @@ fn fractions_outside_zero_to_one_and_stages_below_three_are_refused_by_name() {
         (
             ZeroConfig::new().with_stage(2).with_offload_param_frac(0.5),
             "stage 2",
+        ),
+        (
+            ZeroConfig::new().with_auto_placement_capacity_mib(Some(-1.0)),
+            "auto_placement_capacity_mib must be a positive number of MiB, not -1",
+        ),
+        (
+            ZeroConfig::new()
+                .with_auto_placement_capacity_mib(Some(64.0))
+                .with_offload_param_frac(0.5),
+            "set one of the two",
+        ),
+        // Flex's memory is the host's: there is no device count to place by.
+        (
+            ZeroConfig::new().with_auto_placement_capacity_mib(Some(64.0)),
+            "burn_flex",
         ),
     ];
     for (config, named) in cases {
@@ -146,7 +162,8 @@ fn fractions_outside_zero_to_one_and_stages_below_three_are_refused_by_name() {
             .clone()
             .unwrap_or_else(|| panic!("{named}: accepted"));
         assert!(
-            error.contains("offload_param_frac") && error.contains(named),
+            (error.contains("offload_param_frac") || error.contains("auto_placement"))
+                && error.contains(named),
             "{named}: {error}"
         );
     }

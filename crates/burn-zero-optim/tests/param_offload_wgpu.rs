@@ -11,6 +11,12 @@
 //!   layer's weight is on the device while an op uses it, on top of the gradients);
 //! - both runs end with bitwise the same parameters.
 //!
+//! Then the auto placement (`auto_placement_capacity_mib`) with a capacity between the two
+//! runs' peaks, leaving room for about two of the four layers' shards: its peak stays within
+//! the capacity that the all-on-device run passes, it moves some shards to the device and not
+//! all, and it trains the same bits; a capacity below what the run needs with every shard on
+//! the host stops it with a named error.
+//!
 //! A binary of its own: the count is the whole device's, so no other test may allocate on it
 //! meanwhile. Without a wgpu adapter the test says it was skipped, unless
 //! `BURN_ZERO_REQUIRE_WGPU=1` (CI) makes that a failure.
@@ -25,7 +31,7 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use burn_zero_comm::launch;
-use burn_zero_core::{ChunkSize, Zero, ZeroConfig, ZeroError, shard};
+use burn_zero_core::{AutoPlacementReport, ChunkSize, Zero, ZeroConfig, ZeroError, shard};
 use burn_zero_kernels::{DeviceMemory, device_memory, peak_device_memory};
 use burn_zero_optim::{Offload, ZeroOptimizer};
 use burn_zero_testing::{param_values, params_bits_equal, skip};
@@ -35,7 +41,8 @@ type Train = Autodiff<Zero<Plain>>;
 
 const WIDTH: usize = 1024;
 const LAYERS: usize = 4;
-const STEPS: usize = 3;
+/// Two warm-up passes of the auto placement, and two steps placed.
+const STEPS: usize = 4;
 /// How often the device's memory is read during the steps.
 const EVERY: Duration = Duration::from_millis(2);
 
@@ -73,15 +80,22 @@ fn input(step: usize, device: &WgpuDevice) -> Tensor<Train, 2> {
     Tensor::from_data(TensorData::new(values, [4, WIDTH]), device)
 }
 
-/// Device memory between steps (after the last one, synchronised), its peak over the steps,
-/// and the final parameters.
-fn train(base: &Stack<Train>, frac: f64) -> (DeviceMemory, DeviceMemory, Vec<Vec<f32>>) {
+/// What one run measured: device memory between steps (after the last, synchronised) and at
+/// its peak over the steps, the final parameters, and the auto placement's decision.
+struct Run {
+    between: DeviceMemory,
+    peak: DeviceMemory,
+    params: Vec<Vec<f32>>,
+    placed: Option<AutoPlacementReport>,
+}
+
+/// Trains `base` at stage 3 with `config`'s placement; `Err` with the rank's failure.
+fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
     let device = WgpuDevice::default();
-    let config = ZeroConfig::new()
+    let config = config
         .with_stage(3)
         .with_chunk_size(ChunkSize::PerParameter)
-        .with_max_live_gathered_bytes(0)
-        .with_offload_param_frac(frac);
+        .with_max_live_gathered_bytes(0);
     let mut ranks = launch::<Plain, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
         let mut optimizer =
@@ -95,49 +109,109 @@ fn train(base: &Stack<Train>, frac: f64) -> (DeviceMemory, DeviceMemory, Vec<Vec
             }
             model
         });
-        let between = device_memory::<Plain>(ctx.device()).expect("a cubecl backend");
-        let params = param_values(&model);
-        Ok((between, peak.expect("a cubecl backend"), params))
+        Ok(Run {
+            between: device_memory::<Plain>(ctx.device()).expect("a cubecl backend"),
+            peak: peak.expect("a cubecl backend"),
+            params: param_values(&model),
+            placed: zero.memory_report().auto_placement,
+        })
     })
-    .unwrap();
-    ranks.swap_remove(0)
+    .map_err(|error| error.to_string())?;
+    Ok(ranks.swap_remove(0))
 }
 
 #[test]
-fn parameters_on_the_host_leave_the_device_by_the_bytes_of_their_shards() {
-    if !skip::wgpu_adapter("parameters_on_the_host_leave_the_device_by_the_bytes_of_their_shards") {
+fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_its_capacity() {
+    let test =
+        "parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_its_capacity";
+    if !skip::wgpu_adapter(test) {
         return;
     }
     let device = WgpuDevice::default();
     if device_memory::<Plain>(&device).is_none() {
         skip::skip(
-            "parameters_on_the_host_leave_the_device_by_the_bytes_of_their_shards",
+            test,
             "built without the wgpu kernels (--features wgpu), so there is no device-memory count",
         );
         return;
     }
     let base = Stack::<Train>::new(&device);
     // Burn initialises parameters lazily, and a clone made before would draw its own values:
-    // read them once, so that both runs start from the same model.
+    // read them once, so that every run starts from the same model.
     let _ = param_values(&base);
-    let shards = (LAYERS * WIDTH * WIDTH * 4) as u64;
-    let (between_device, peak_device, on_device) = train(&base, 0.0);
-    let (between_host, peak_host, on_host) = train(&base, 1.0);
+    let layer = (WIDTH * WIDTH * 4) as u64;
+    let shards = LAYERS as u64 * layer;
+
+    // Every shard on the device, then every shard on the host.
+    let on_device = train(&base, ZeroConfig::new()).unwrap();
+    let on_host = train(&base, ZeroConfig::new().with_offload_param_frac(1.0)).unwrap();
     println!(
         "shards {shards} B; between steps in use {} → {} B; peak in use {} → {} B",
-        between_device.in_use, between_host.in_use, peak_device.in_use, peak_host.in_use
+        on_device.between.in_use,
+        on_host.between.in_use,
+        on_device.peak.in_use,
+        on_host.peak.in_use
     );
     assert!(
-        between_device.in_use >= between_host.in_use + shards * 9 / 10,
-        "between steps: {between_device:?} on the device, {between_host:?} offloaded, {shards} B \
-         of shards"
+        on_device.between.in_use >= on_host.between.in_use + shards * 9 / 10,
+        "between steps: {:?} on the device, {:?} offloaded, {shards} B of shards",
+        on_device.between,
+        on_host.between
     );
     assert!(
-        peak_device.in_use >= peak_host.in_use + shards / 2,
-        "at the peak: {peak_device:?} on the device, {peak_host:?} offloaded, {shards} B of shards"
+        on_device.peak.in_use >= on_host.peak.in_use + shards / 2,
+        "at the peak: {:?} on the device, {:?} offloaded, {shards} B of shards",
+        on_device.peak,
+        on_host.peak
+    );
+    assert!(params_bits_equal(&on_host.params, &on_device.params));
+
+    // A capacity that leaves room for two of the four layers' shards next to what the run
+    // needs with every shard on the host, and that the run with every shard on the device
+    // passes.
+    let capacity = (on_host.peak.in_use + 2 * layer + layer / 2) as f64 / 0.9;
+    assert!(
+        capacity < on_device.peak.in_use as f64,
+        "the capacity {capacity} must be below the all-on-device peak {:?} for the test to mean \
+         anything",
+        on_device.peak
+    );
+    let mib = capacity / 1048576.0;
+    let auto = train(
+        &base,
+        ZeroConfig::new().with_auto_placement_capacity_mib(Some(mib)),
+    )
+    .unwrap();
+    let placed = auto
+        .placed
+        .expect("the warm-up ended and the shards were placed");
+    println!(
+        "capacity {capacity:.0} B: peak in use {:?}, {placed:?}",
+        auto.peak
     );
     assert!(
-        params_bits_equal(&on_host, &on_device),
-        "offloading changed the trained values"
+        auto.peak.in_use as f64 <= capacity,
+        "the auto placement went over its capacity {capacity:.0} B: {:?} ({placed:?})",
+        auto.peak
+    );
+    assert!(
+        placed.device_chunks >= 1 && placed.host_chunks >= 1,
+        "the room holds some of the layers' shards, not all: {placed:?}"
+    );
+    assert!(params_bits_equal(&auto.params, &on_device.params));
+
+    // Less than the run needs with every shard on the host: a named error, not an allocation
+    // failure.
+    let too_small = on_host.peak.in_use as f64 / 2.0 / 1048576.0;
+    let error = match train(
+        &base,
+        ZeroConfig::new().with_auto_placement_capacity_mib(Some(too_small)),
+    ) {
+        Ok(_) => panic!("a capacity of {too_small} MiB was enough"),
+        Err(error) => error,
+    };
+    assert!(
+        error.contains("does not fit") && error.contains("auto_placement_capacity_mib"),
+        "{error}"
     );
 }

@@ -1,37 +1,56 @@
 //! Placement of chunks between the device and the host: which sharded chunks keep their
 //! parameter shards in host memory under `ZeroConfig::offload_param_frac` (the static policy
-//! of ColossalAI Gemini's `placement_policy`).
+//! of ColossalAI Gemini's `placement_policy`), and which fit on the device in the room the
+//! auto policy measured (`ZeroConfig::auto_placement_capacity_mib`).
 //!
-//! The choice is made once, at `shard` time, from the layout alone, so every rank makes the
-//! same one without exchanging anything: chunks in layout order, whole, for as long as their
-//! shards' bytes stay within the fraction of all sharded chunks' bytes. Replicated chunks
-//! (parameters below the persistence threshold) are read by every step in full and stay on
-//! the device.
+//! Both choices take chunks in layout order, whole, for as long as their shards' bytes stay
+//! within the limit: the static one at `shard` time from the layout alone, so every rank makes
+//! the same one without exchanging anything. Replicated chunks (parameters below the
+//! persistence threshold) are read by every step in full and stay on the device.
 
 use crate::chunk::{Chunk, ChunkKind, ChunkLayout};
 
 /// The ids of the sharded chunks of `layout` whose parameter shards live on the host when a
 /// fraction `frac` (0 to 1) of the sharded chunks' bytes is offloaded.
 pub fn host_chunks(layout: &ChunkLayout, frac: f64) -> Vec<usize> {
-    let sharded: Vec<&Chunk> = layout
-        .chunks()
-        .iter()
-        .filter(|c| c.kind == ChunkKind::Sharded)
-        .collect();
-    let bytes = |c: &Chunk| c.shard_len * c.dtype.size();
-    let total: usize = sharded.iter().map(|c| bytes(c)).sum();
+    let total: usize = sharded(layout).map(shard_bytes).sum();
     // Compared in integers of bytes, so that a fraction of 1 takes every chunk exactly.
-    let allowed = (frac.clamp(0.0, 1.0) * total as f64).round() as usize;
+    first_within(
+        layout,
+        (frac.clamp(0.0, 1.0) * total as f64).round() as usize,
+    )
+}
+
+/// The ids of the sharded chunks of `layout` whose parameter shards fit on the device in
+/// `room` bytes (the auto placement's choice once its warm-up has measured the room).
+pub fn device_chunks(layout: &ChunkLayout, room: usize) -> Vec<usize> {
+    first_within(layout, room)
+}
+
+/// The sharded chunks in layout order, whole, while their shards' bytes stay within `allowed`.
+fn first_within(layout: &ChunkLayout, allowed: usize) -> Vec<usize> {
     let mut taken = 0;
     let mut ids = Vec::new();
-    for chunk in sharded {
-        if taken + bytes(chunk) > allowed {
+    for chunk in sharded(layout) {
+        if taken + shard_bytes(chunk) > allowed {
             break;
         }
-        taken += bytes(chunk);
+        taken += shard_bytes(chunk);
         ids.push(chunk.id);
     }
     ids
+}
+
+fn sharded(layout: &ChunkLayout) -> impl Iterator<Item = &Chunk> {
+    layout
+        .chunks()
+        .iter()
+        .filter(|c| c.kind == ChunkKind::Sharded)
+}
+
+/// Bytes of one rank's shard of `chunk`.
+fn shard_bytes(chunk: &Chunk) -> usize {
+    chunk.shard_len * chunk.dtype.size()
 }
 
 #[cfg(test)]
@@ -78,6 +97,17 @@ mod tests {
         assert_eq!(host_chunks(&layout, 0.5), vec![0, 1]);
         assert_eq!(host_chunks(&layout, 0.8), vec![0, 1, 3]);
         assert_eq!(host_chunks(&layout, 1.0), vec![0, 1, 3, 4]);
+    }
+
+    #[test]
+    fn the_room_takes_whole_chunks_in_layout_order() {
+        let layout = layout(&[(100, true), (100, true), (200, true)], 2, None);
+        // Shards of 200, 200 and 400 bytes.
+        assert_eq!(device_chunks(&layout, 0), Vec::<usize>::new());
+        assert_eq!(device_chunks(&layout, 399), vec![0]);
+        assert_eq!(device_chunks(&layout, 400), vec![0, 1]);
+        assert_eq!(device_chunks(&layout, 799), vec![0, 1]);
+        assert_eq!(device_chunks(&layout, 800), vec![0, 1, 2]);
     }
 
     #[test]

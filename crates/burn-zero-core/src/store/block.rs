@@ -135,6 +135,23 @@ impl<B: Backend> Block<B> {
         }
     }
 
+    /// Moves values held in host memory back to the device (an upload), where they stay. Does
+    /// nothing to a block already on the device or released.
+    pub(crate) fn move_to_device(&self) {
+        let mut held = write(&self.values);
+        let Some(Held::Host {
+            data,
+            device,
+            bytes,
+        }) = held.take()
+        else {
+            return;
+        };
+        self.memory.sub(self.host_kind(), bytes);
+        self.memory.add(self.kind, bytes);
+        *held = Some(Held::Device(B::float_from_data(data, &device)));
+    }
+
     /// Frees the values: their memory is then the gradient shard's to use.
     pub(crate) fn release(&self) {
         let freed = write(&self.values).take();

@@ -10,10 +10,13 @@
 //!   gather cache, memory accounting and live parameter blocks of one rank.
 //! - [`param`]: [`ShardedParam`], a handle on one block that points to its store.
 //! - `prefetch`: the recorded gather order of a pass and the gathers issued ahead of use.
+//! - `auto_placement`: the auto placement's warm-up readings and its decision of which
+//!   parameter shards move to the device.
 //!
-//! Dependencies run one way: `param` → `param_store` → `block`, `cache`, `groups`, `prefetch`,
-//! `table`. Where each rank's padded block of a tensor lies is [`crate::chunk::BlockLayout`]'s.
+//! Dependencies run one way: `param` → `param_store` → `auto_placement`, `block`, `cache`,
+//! `groups`, `prefetch`, `table`. Where each rank's padded block of a tensor lies is [`crate::chunk::BlockLayout`]'s.
 
+mod auto_placement;
 pub mod block;
 mod cache;
 pub mod groups;
@@ -24,6 +27,7 @@ pub mod table;
 
 /// Where each rank's padded block of a flat tensor lies (defined with the chunk layout).
 pub use crate::chunk::BlockLayout;
+pub use auto_placement::CapacityExceeded;
 pub use block::Block;
 pub use groups::Groups;
 pub use param::{ShardRole, ShardedParam};

@@ -4,19 +4,21 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::{DType, Shape, Slice, Tensor, TensorMetadata, TensorPrimitive};
-use burn_zero_comm::sync::lock;
+use burn_zero_comm::sync::{lock, read, write};
 use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
+use burn_zero_kernels::{DeviceMemorySampler, device_memory};
 
-use crate::chunk::placement::host_chunks;
+use crate::chunk::placement::{device_chunks, host_chunks};
 use crate::chunk::{BlockLayout, Chunk, ChunkKind, ChunkLayout};
 use crate::config::ZeroConfig;
-use crate::memory::{ChunkCounts, MemoryKind, MemoryReport, MemoryTracker};
+use crate::memory::{AutoPlacementReport, ChunkCounts, MemoryKind, MemoryReport, MemoryTracker};
+use crate::store::auto_placement::{AutoPlacement, CapacityExceeded, SAMPLE_EVERY};
 use crate::store::block::Block;
 use crate::store::cache::GatherCache;
 use crate::store::groups::Groups;
@@ -36,9 +38,11 @@ pub struct ParamStore<B: Backend> {
     table: OnceLock<ParamTable>,
     /// Which parameters are gathered and reduced together; set once, after the table.
     chunks: OnceLock<ChunkLayout>,
-    /// The parameters whose shards live in host memory (`offload_param_frac`); set with the
-    /// chunks.
-    host_keys: OnceLock<HashSet<usize>>,
+    /// The parameters whose shards live in host memory (`offload_param_frac`, or the auto
+    /// placement's warm-up and choice); set with the chunks.
+    host_keys: RwLock<HashSet<usize>>,
+    /// The auto placement (`auto_placement_capacity_mib`), when configured.
+    auto: Option<Mutex<AutoPlacement>>,
     /// Whether reduced gradient shards go to host memory as they arrive.
     gradients_on_host: AtomicBool,
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
@@ -86,6 +90,9 @@ impl<B: Backend> ParamStore<B> {
             Some(_) if config.prefetches() => config.prefetch,
             _ => 0,
         };
+        let auto = config
+            .auto_placement_capacity_mib
+            .map(|capacity| Mutex::new(AutoPlacement::new(capacity)));
         Self {
             prefetch: Mutex::new(Prefetcher::new(depth)),
             ordered,
@@ -97,7 +104,8 @@ impl<B: Backend> ParamStore<B> {
             memory: Arc::new(MemoryTracker::default()),
             table: OnceLock::new(),
             chunks: OnceLock::new(),
-            host_keys: OnceLock::new(),
+            host_keys: RwLock::new(HashSet::new()),
+            auto,
             gradients_on_host: AtomicBool::new(false),
             live: Mutex::new(LiveBlocks {
                 blocks: HashMap::new(),
@@ -118,34 +126,35 @@ impl<B: Backend> ParamStore<B> {
     }
 
     /// Fixes the chunk layout (once: a second call is ignored).
-    /// Moves the parameter shards of the chunks `offload_param_frac` places on the host there.
+    /// Moves the parameter shards of the chunks `offload_param_frac` places on the host there
+    /// (all of them for the auto placement's warm-up).
     pub(crate) fn set_chunks(&self, chunks: ChunkLayout) {
-        let host_keys: HashSet<usize> = host_chunks(&chunks, self.config.offload_param_frac)
+        let frac = match self.auto {
+            Some(_) => 1.0,
+            None => self.config.offload_param_frac,
+        };
+        let host_keys: HashSet<usize> = host_chunks(&chunks, frac)
             .into_iter()
             .flat_map(|id| chunks.chunks()[id].members.iter().map(|m| m.key))
             .collect();
-        if self.chunks.set(chunks).is_err() || self.host_keys.set(host_keys).is_err() {
+        if self.chunks.set(chunks).is_err() {
             tracing::warn!("the chunk layout of a sharded module was set twice");
             return;
         }
-        let blocks: Vec<Arc<Block<B>>> = {
-            let live = lock(&self.live);
-            self.host_keys()
-                .iter()
-                .filter_map(|key| live.blocks.get(key)?.0.upgrade())
-                .collect()
-        };
-        for block in blocks {
+        *write(&self.host_keys) = host_keys;
+        for block in self.live_blocks(|key| self.is_on_host(key)) {
             block.move_to_host(&self.counters);
         }
     }
 
-    /// The parameters whose shards live in host memory.
-    fn host_keys(&self) -> &HashSet<usize> {
-        static NONE: OnceLock<HashSet<usize>> = OnceLock::new();
-        self.host_keys
-            .get()
-            .unwrap_or_else(|| NONE.get_or_init(HashSet::new))
+    /// The current blocks of the parameters `wanted` picks.
+    fn live_blocks(&self, wanted: impl Fn(usize) -> bool) -> Vec<Arc<Block<B>>> {
+        let live = lock(&self.live);
+        live.blocks
+            .iter()
+            .filter(|(key, _)| wanted(**key))
+            .filter_map(|(_, (block, _))| block.upgrade())
+            .collect()
     }
 
     /// Moves every reduced gradient shard to host memory as soon as its reduction delivers it
@@ -160,9 +169,55 @@ impl<B: Backend> ParamStore<B> {
         self.gradients_on_host.load(Ordering::Relaxed)
     }
 
-    /// Whether parameter `key`'s shard lives in host memory (`offload_param_frac`).
+    /// Whether parameter `key`'s shard lives in host memory (`offload_param_frac`, or the
+    /// auto placement).
     pub fn is_on_host(&self, key: usize) -> bool {
-        self.host_keys().contains(&key)
+        read(&self.host_keys).contains(&key)
+    }
+
+    /// What the auto placement measured and decided (`None` without it, or before its
+    /// warm-up has ended).
+    pub fn auto_placement(&self) -> Option<AutoPlacementReport> {
+        lock(self.auto.as_ref()?).report()
+    }
+
+    /// The auto placement's part at a gather or at the end of a pass: a reading of the
+    /// device's memory during the warm-up, and at the first gather after it, the decision.
+    ///
+    /// # Panics
+    /// When a warm-up reading is above the capacity ([`CapacityExceeded`]).
+    fn place_automatically(&self, pass_ended: bool) {
+        let Some(auto) = &self.auto else { return };
+        let mut auto = lock(auto);
+        if !auto.warming_up() {
+            return;
+        }
+        if let Some(room) = auto.room() {
+            let ids = device_chunks(self.chunks(), room as usize);
+            let keys: HashSet<usize> = ids
+                .iter()
+                .flat_map(|&id| self.chunks().chunks()[id].members.iter().map(|m| m.key))
+                .collect();
+            write(&self.host_keys).retain(|key| !keys.contains(key));
+            for block in self.live_blocks(|key| keys.contains(&key)) {
+                block.move_to_device();
+            }
+            let host = self.chunks().count(ChunkKind::Sharded) - ids.len();
+            let report = auto.decide(room, ids.len(), host);
+            tracing::info!(rank = self.rank(), ?report, "parameter shards placed");
+            return;
+        }
+        auto.keep_sampling(|| DeviceMemorySampler::start::<B>(&self.device, SAMPLE_EVERY));
+        let now = device_memory::<B>(&self.device).map(|now| now.in_use);
+        for reading in [now, auto.sampled()].into_iter().flatten() {
+            if let Err(error) = auto.observe(reading) {
+                let error: CapacityExceeded = error;
+                panic!("burn-zero: rank {}: {error}", self.rank());
+            }
+        }
+        if pass_ended {
+            auto.end_pass();
+        }
     }
 
     /// The chunk layout: which parameters are gathered, reduced and stepped together (empty
@@ -252,6 +307,7 @@ impl<B: Backend> ParamStore<B> {
                 .sum(),
         };
         report.counts = self.counters.snapshot();
+        report.auto_placement = self.auto_placement();
         report
     }
 
@@ -338,6 +394,9 @@ impl<B: Backend> ParamStore<B> {
         shape: &Shape,
         parameter: bool,
     ) -> B::FloatTensorPrimitive {
+        if parameter {
+            self.place_automatically(false);
+        }
         let prefetching = parameter && lock(&self.prefetch).depth() > 0;
         if prefetching {
             let dropped = lock(&self.prefetch).request(key);
@@ -623,6 +682,7 @@ impl<B: Backend> ParamStore<B> {
     /// Ends a pass (the end of backward): its gather order is recorded if it is new, and
     /// prefetches it did not use are dropped.
     pub(crate) fn end_pass(&self) {
+        self.place_automatically(true);
         let dropped = lock(&self.prefetch).end_pass();
         self.memory.sub(MemoryKind::Gathered, dropped);
     }
