@@ -115,6 +115,11 @@ struct Args {
     /// in host memory, uploaded for each gather (parameter offload; 0: all on the device).
     #[arg(long, default_value_t = defaults().offload_param_frac)]
     offload_param_frac: f64,
+    /// Stage 3: place parameter shards by measurement under this device capacity in MiB (a
+    /// two-step warm-up with every shard on the host, then the shards that fit move to the
+    /// device); needs a device backend (wgpu, CUDA).
+    #[arg(long)]
+    auto_placement_mib: Option<f64>,
     /// Optimizer steps.
     #[arg(long, default_value_t = defaults().steps)]
     steps: usize,
@@ -176,6 +181,7 @@ impl Args {
             prefetch: self.prefetch,
             chunk_size: self.chunk_size,
             offload_param_frac: self.offload_param_frac,
+            auto_placement_mib: self.auto_placement_mib,
             steps: self.steps,
             batch_size: self.batch_size,
             accumulation: self.accumulation,
@@ -430,6 +436,17 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
         chunks.replicated,
         chunks.padding
     );
+    if let Some(placed) = first.memory.as_ref().and_then(|m| m.auto_placement) {
+        println!(
+            "rank 0 placed parameter shards automatically: {} chunks on the device, {} on the \
+             host (capacity {}, warm-up peak {}, room {})",
+            placed.device_chunks,
+            placed.host_chunks,
+            bytes(placed.capacity_bytes),
+            bytes(placed.warmup_peak_bytes),
+            bytes(placed.room_bytes)
+        );
+    }
     let gathers = first.gathers;
     if gathers.gathers > 0 {
         println!(
@@ -520,6 +537,7 @@ fn write_report(
                 "gathers": r.gathers,
                 "chunk_size": format!("{:?}", config.chunk_size),
                 "offload_param_frac": config.offload_param_frac,
+                "auto_placement_mib": config.auto_placement_mib,
                 "chunks": r.chunks,
                 "last_step_counts": r.step_counts,
                 "backend": backend,

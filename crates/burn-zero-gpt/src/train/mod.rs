@@ -60,6 +60,8 @@ pub struct RunConfig {
     pub chunk_size: ChunkSize,
     /// Stage 3: the fraction of the sharded chunks whose parameter shards live in host memory.
     pub offload_param_frac: f64,
+    /// Stage 3: place parameter shards by measurement under this device capacity (MiB).
+    pub auto_placement_mib: Option<f64>,
     /// Optimizer steps.
     pub steps: usize,
     /// Sequences per optimizer step, over all ranks and micro-steps.
@@ -110,6 +112,7 @@ impl RunConfig {
             prefetch: 0,
             chunk_size: ChunkSize::Auto,
             offload_param_frac: 0.0,
+            auto_placement_mib: None,
             steps: 200,
             batch_size: 32,
             accumulation: 1,
@@ -168,6 +171,18 @@ impl RunConfig {
                 "--offload-param-frac needs --stage 3 (parameters sharded), not --stage {}",
                 self.stage
             ));
+        }
+        if let Some(mib) = self.auto_placement_mib {
+            if !(mib.is_finite() && mib > 0.0) {
+                return Err(format!(
+                    "--auto-placement-mib {mib} must be a positive number"
+                ));
+            }
+            if self.stage != 3 || self.offload_param_frac > 0.0 {
+                return Err(
+                    "--auto-placement-mib needs --stage 3 and no --offload-param-frac".into(),
+                );
+            }
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(format!("--lr {} must be a positive finite number", self.lr));
@@ -360,5 +375,6 @@ fn zero_config(config: &RunConfig) -> ZeroConfig {
         .with_prefetch(config.prefetch)
         .with_chunk_size(config.chunk_size)
         .with_offload_param_frac(config.offload_param_frac)
+        .with_auto_placement_capacity_mib(config.auto_placement_mib)
         .with_overlap_comm(config.overlap_comm)
 }
