@@ -10,23 +10,31 @@
 //!   device (at one rank the same 16 bytes, plus the bucket and gather buffers);
 //! - stage 3, optimizer on the host: `ZeroOptimizer::offloaded` with the fused Adam on Flex
 //!   (`Offload<Flex>`): the device holds parameters and gradients, the host the fp32 masters and
-//!   both moments.
+//!   both moments;
+//! - stage 3, parameters on the host too: the same optimizer, and every parameter shard in host
+//!   memory (`offload_param_frac` 1) with no gather cache (`max_live_gathered_bytes` 0): the
+//!   device holds a parameter only while an op uses it, and the gradients;
+//! - stage 3, optimizer on the host, auto placement: the same, with `auto_placement_capacity_mib`
+//!   set to the budget instead of every shard on the host: after two warm-up steps the shards
+//!   that fit move to the device.
 //!
 //! The models keep depth and width in one ratio (`k` blocks of width 64·k, `k` heads of 64,
 //! MLP 4× wide) and train on the same micro-batch (8 sequences of 64 characters), so the
 //! activations grow with the model alike on every side. "Fits" is judged by cubecl's own
-//! count of the device memory it has reserved, summed over every stream of the device
-//! (`burn_zero_kernels::device_memory`), sampled every 5 ms by a thread of its own while three
+//! count of the device memory it has reserved (or, with `LARGEST_JUDGE=in_use`, of its bytes
+//! in use, the count the auto placement plans with), summed over every stream of the device
+//! (`burn_zero_kernels::device_memory`), sampled every 5 ms by a thread of its own while four
 //! training steps run, the largest sample kept: the same independent measurement for every
 //! side, none of it burn-zero's accounting. Each trial runs in a child process of its own (this
 //! bench executable with `--trial`), so that no pool of an earlier trial is counted.
 //!
 //! For each side, `k` grows from 1 until a trial exceeds the budget; the report gives the
 //! largest `k` that fit, its parameters, its measured peak and its tokens per second (over the
-//! last two steps). Parameters on the host at stage 3 are not measured: burn-zero does not
-//! place them there yet.
+//! last two steps, after the auto placement's two warm-up steps).
 //!
-//! Environment: `LARGEST_BUDGET_MIB` (default 128), `LARGEST_MAX_K` (default 12).
+//! Environment: `LARGEST_BUDGET_MIB` (default 128), `LARGEST_MAX_K` (default 12),
+//! `LARGEST_SIDES` (the sides to run, by name, comma-separated; default all), `LARGEST_JUDGE`
+//! (`reserved`, the default, or `in_use`).
 //! `cargo bench --bench largest_model --features wgpu`; without `--features wgpu` there is no
 //! device-memory count and the bench says so.
 
@@ -34,8 +42,6 @@
 mod adapter;
 
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
@@ -49,6 +55,7 @@ use burn_zero::optim::FusedAdam;
 use burn_zero::optim::Offload;
 use burn_zero::{Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 use burn_zero_gpt::{Corpus, Gpt, GptConfig, Materialise, TEXT};
+use burn_zero_kernels::peak_device_memory;
 use serde_json::{Value, json};
 
 /// wgpu as Burn's default features build it: the fusion layer over the cubecl backend.
@@ -57,7 +64,10 @@ type Wgpu = Fusion<CubeBackend<WgpuRuntime, f32, i32, u32>>;
 /// Sequences per step and characters per sequence: the same for every model and side.
 const BATCH: usize = 8;
 const SEQ_LEN: usize = 64;
-const STEPS: usize = 3;
+/// Steps per trial, and the last of them that are timed (the auto placement's warm-up is the
+/// first two).
+const STEPS: usize = 4;
+const TIMED: usize = 2;
 const LR: f64 = 1e-3;
 const SEED: u64 = 2024;
 /// How often the sampler reads the device's memory.
@@ -69,16 +79,26 @@ enum Side {
     PlainBurn,
     Stage3,
     Stage3OptimizerOnHost,
+    Stage3ParametersOnHost,
+    Stage3AutoPlacement,
 }
 
 impl Side {
-    const ALL: [Side; 3] = [Side::PlainBurn, Side::Stage3, Side::Stage3OptimizerOnHost];
+    const ALL: [Side; 5] = [
+        Side::PlainBurn,
+        Side::Stage3,
+        Side::Stage3OptimizerOnHost,
+        Side::Stage3ParametersOnHost,
+        Side::Stage3AutoPlacement,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Side::PlainBurn => "plain-burn",
             Side::Stage3 => "stage3",
             Side::Stage3OptimizerOnHost => "stage3-optimizer-on-host",
+            Side::Stage3ParametersOnHost => "stage3-parameters-on-host",
+            Side::Stage3AutoPlacement => "stage3-auto-placement",
         }
     }
 
@@ -87,6 +107,8 @@ impl Side {
             Side::PlainBurn => "plain Burn (Adam)",
             Side::Stage3 => "stage 3",
             Side::Stage3OptimizerOnHost => "stage 3, optimizer on the host",
+            Side::Stage3ParametersOnHost => "stage 3, optimizer and parameters on the host",
+            Side::Stage3AutoPlacement => "stage 3, optimizer on the host, auto placement",
         }
     }
 
@@ -108,8 +130,7 @@ fn model<B: AutodiffBackend>(k: usize, corpus: &Corpus, device: &B::Device) -> G
     model
 }
 
-/// `STEPS` training steps of `model` with `optimizer`; the seconds of the steps after the
-/// first.
+/// `STEPS` training steps of `model` with `optimizer`; the seconds of the last `TIMED`.
 fn train<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
     mut model: Gpt<B>,
     optimizer: &mut O,
@@ -118,7 +139,7 @@ fn train<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
 ) -> f64 {
     let mut started = Instant::now();
     for step in 0..STEPS {
-        if step == 1 {
+        if step == STEPS - TIMED {
             started = Instant::now();
         }
         let (inputs, targets) = corpus.batch::<B>(SEED, step, 0..BATCH, SEQ_LEN, device);
@@ -130,41 +151,6 @@ fn train<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
     started.elapsed().as_secs_f64()
 }
 
-/// The largest device reservation and the most bytes in use seen while `work` runs, sampled
-/// every few milliseconds.
-fn peak_while<T>(device: &WgpuDevice, work: impl FnOnce() -> T) -> (T, u64, u64) {
-    let read = |device: &WgpuDevice| {
-        burn_zero_kernels::device_memory::<Wgpu>(device).expect("built with --features wgpu")
-    };
-    let start = read(device);
-    let reserved = Arc::new(AtomicU64::new(start.reserved));
-    let in_use = Arc::new(AtomicU64::new(start.in_use));
-    let done = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (reserved, in_use, done) = (reserved.clone(), in_use.clone(), done.clone());
-        let device = device.clone();
-        std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                let now = read(&device);
-                reserved.fetch_max(now.reserved, Ordering::Relaxed);
-                in_use.fetch_max(now.in_use, Ordering::Relaxed);
-                std::thread::sleep(SAMPLE_EVERY);
-            }
-        })
-    };
-    let out = work();
-    done.store(true, Ordering::Relaxed);
-    sampler.join().expect("the sampler ends");
-    let end = read(device);
-    reserved.fetch_max(end.reserved, Ordering::Relaxed);
-    in_use.fetch_max(end.in_use, Ordering::Relaxed);
-    (
-        out,
-        reserved.load(Ordering::Relaxed),
-        in_use.load(Ordering::Relaxed),
-    )
-}
-
 /// One trial, in this (child) process: prints one JSON line.
 fn trial(side: Side, k: usize) {
     let device = WgpuDevice::default();
@@ -173,7 +159,7 @@ fn trial(side: Side, k: usize) {
     let parameters = config(k, corpus.vocab())
         .init::<Flex>(&Default::default())
         .num_params();
-    let (seconds, peak, peak_in_use) = peak_while(&device, || match side {
+    let (seconds, peak) = peak_device_memory::<Wgpu, _>(&device, SAMPLE_EVERY, || match side {
         Side::PlainBurn => {
             // Not sharded: `Zero` forwards every op of an unsharded model to the backend
             // (Burn's autodiff needs a backend with its distributed operations, which `Zero`
@@ -182,8 +168,21 @@ fn trial(side: Side, k: usize) {
             let mut adam = AdamConfig::new().init();
             train(model, &mut adam, &corpus, &device)
         }
-        Side::Stage3 | Side::Stage3OptimizerOnHost => {
-            let config = ZeroConfig::new().with_stage(3);
+        Side::Stage3
+        | Side::Stage3OptimizerOnHost
+        | Side::Stage3ParametersOnHost
+        | Side::Stage3AutoPlacement => {
+            let config = match side {
+                Side::Stage3ParametersOnHost => ZeroConfig::new()
+                    .with_stage(3)
+                    .with_offload_param_frac(1.0)
+                    .with_max_live_gathered_bytes(0),
+                Side::Stage3AutoPlacement => ZeroConfig::new()
+                    .with_stage(3)
+                    .with_auto_placement_capacity_mib(Some(mib(budget())))
+                    .with_max_live_gathered_bytes(0),
+                _ => ZeroConfig::new().with_stage(3),
+            };
             let mut ranks =
                 launch::<Wgpu, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
                     let base = model::<Autodiff<Zero<Wgpu>>>(k, &corpus, ctx.device());
@@ -205,13 +204,14 @@ fn trial(side: Side, k: usize) {
             ranks.swap_remove(0)
         }
     });
-    let tokens = ((STEPS - 1) * BATCH * SEQ_LEN) as f64;
+    let peak = peak.expect("built with --features wgpu");
+    let tokens = (TIMED * BATCH * SEQ_LEN) as f64;
     let line = json!({
         "side": side.name(),
         "k": k,
         "parameters": parameters,
-        "peak_reserved_bytes": peak,
-        "peak_in_use_bytes": peak_in_use,
+        "peak_reserved_bytes": peak.reserved,
+        "peak_in_use_bytes": peak.in_use,
         "tokens_per_s": tokens / seconds,
     });
     println!("{line}");
@@ -233,6 +233,43 @@ fn run_trial(side: Side, k: usize) -> Option<Value> {
             let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
             eprintln!("  {} k={k}: the trial failed: {tail:?}", side.name());
             None
+        }
+    }
+}
+
+/// The device budget, in bytes (`LARGEST_BUDGET_MIB`, default 128).
+fn budget() -> u64 {
+    env_number("LARGEST_BUDGET_MIB", 128) as u64 * (1 << 20)
+}
+
+/// Which count a trial's peak is judged by against the budget (`LARGEST_JUDGE`): cubecl's
+/// reserved bytes (the default: what the device gave up, pool pages included) or its bytes
+/// in use (live allocations).
+#[derive(Debug, Clone, Copy)]
+enum Judge {
+    Reserved,
+    InUse,
+}
+
+impl Judge {
+    fn from_env() -> Self {
+        match std::env::var("LARGEST_JUDGE").as_deref() {
+            Ok("in_use") => Judge::InUse,
+            _ => Judge::Reserved,
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Judge::Reserved => "peak_reserved_bytes",
+            Judge::InUse => "peak_in_use_bytes",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Judge::Reserved => "cubecl's reserved bytes",
+            Judge::InUse => "cubecl's bytes in use",
         }
     }
 }
@@ -279,17 +316,25 @@ fn main() {
         );
         return;
     }
-    let budget = env_number("LARGEST_BUDGET_MIB", 128) as u64 * (1 << 20);
+    let budget = budget();
+    let judge = Judge::from_env();
     let max_k = env_number("LARGEST_MAX_K", 12);
+    // `LARGEST_SIDES`: the sides to run, by name, comma-separated (default: all).
+    let chosen = std::env::var("LARGEST_SIDES").ok();
+    let sides = Side::ALL.into_iter().filter(|side| {
+        chosen
+            .as_deref()
+            .is_none_or(|names| names.split(',').any(|n| n.trim() == side.name()))
+    });
     let mut rows = Vec::new();
-    for side in Side::ALL {
+    for side in sides {
         let mut fit: Option<Value> = None;
         let mut over: Option<Value> = None;
         for k in 1..=max_k {
             let Some(result) = run_trial(side, k) else {
                 break;
             };
-            let peak = result["peak_reserved_bytes"].as_u64().unwrap_or(u64::MAX);
+            let peak = result[judge.key()].as_u64().unwrap_or(u64::MAX);
             eprintln!(
                 "  {} k={k}: {} parameters, peak {:.1} MiB",
                 side.name(),
@@ -304,7 +349,7 @@ fn main() {
         }
         rows.push((side, fit, over));
     }
-    let (md, json) = report(&rows, budget, &adapter);
+    let (md, json) = report(&rows, budget, judge, &adapter);
     print!("{md}");
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-reports");
     std::fs::create_dir_all(&dir).expect("create target/bench-reports");
@@ -322,14 +367,15 @@ fn main() {
 
 type Row = (Side, Option<Value>, Option<Value>);
 
-fn report(rows: &[Row], budget: u64, adapter: &str) -> (String, Value) {
+fn report(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Value) {
     let mut md = format!(
-        "Largest GPT under a device budget of {:.0} MiB (cubecl's reserved bytes, all streams, \
-         sampled every 5 ms over {STEPS} steps), 1 rank, f32, {BATCH} × {SEQ_LEN} tokens a \
-         step, on {adapter}:\n\n",
-        mib(budget)
+        "Largest GPT under a device budget of {:.0} MiB ({}, all streams, sampled every 5 ms \
+         over {STEPS} steps), 1 rank, f32, {BATCH} × {SEQ_LEN} tokens a step, tokens/s over \
+         the last {TIMED}, on {adapter}:\n\n",
+        mib(budget),
+        judge.describe()
     );
-    md += "| placement | largest k | parameters | peak reserved MiB | peak in use MiB | tokens/s | next size (k+1) peak reserved MiB | × plain Burn's parameters |\n";
+    md += "| placement | largest k | parameters | peak reserved MiB | peak in use MiB | tokens/s | next size (k+1) judged peak MiB | × plain Burn's parameters |\n";
     md += "|---|---|---|---|---|---|---|---|\n";
     let plain = rows
         .iter()
@@ -358,15 +404,14 @@ fn report(rows: &[Row], budget: u64, adapter: &str) -> (String, Value) {
             cell(fit, "tokens_per_s")
                 .and_then(|v| v.as_f64())
                 .map_or("—".into(), |t| format!("{t:.0}")),
-            show_mib(cell(over, "peak_reserved_bytes")),
+            show_mib(cell(over, judge.key())),
             ratio,
         );
         entries.push(json!({ "side": side.name(), "largest": fit, "next_over_budget": over }));
     }
-    md += "\nParameters on the host at stage 3: not measured (burn-zero does not place them there \
-           yet).\n";
     let json = json!({
         "budget_bytes": budget,
+        "judged_by": judge.key(),
         "adapter": adapter,
         "batch": BATCH,
         "seq_len": SEQ_LEN,
