@@ -302,7 +302,12 @@ fn parameters_on_the_host_train_the_same_bits_and_bad_fractions_are_refused() {
         let error = config.validate().unwrap_err();
         assert!(error.contains("--offload-param-frac"), "{frac}: {error}");
     }
-    for (mib, stage, frac) in [(-1.0, 3, 0.0), (f64::NAN, 3, 0.0), (64.0, 2, 0.0), (64.0, 3, 0.5)] {
+    for (mib, stage, frac) in [
+        (-1.0, 3, 0.0),
+        (f64::NAN, 3, 0.0),
+        (64.0, 2, 0.0),
+        (64.0, 3, 0.5),
+    ] {
         let config = RunConfig {
             auto_placement_mib: Some(mib),
             stage,
