@@ -13,7 +13,7 @@
 //!
 //! Then the auto placement (`auto_placement_capacity_mib`) with a capacity between the two
 //! runs' peaks, leaving room for about two of the four layers' shards: its peak stays within
-//! the capacity that the all-on-device run passes, it moves some shards to the device and not
+//! the capacity that the all-on-device run exceeds, it moves some shards to the device and not
 //! all, and it trains the same bits; a capacity below what the run needs with every shard on
 //! the host stops it with a named error.
 //!
@@ -168,7 +168,7 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
 
     // A capacity that leaves room for two of the four layers' shards next to what the run
     // needs with every shard on the host, and that the run with every shard on the device
-    // passes.
+    // goes over.
     let capacity = (on_host.peak.in_use + 2 * layer + layer / 2) as f64 / 0.9;
     assert!(
         capacity < on_device.peak.in_use as f64,
