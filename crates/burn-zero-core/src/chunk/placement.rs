@@ -8,6 +8,8 @@
 //! the same one without exchanging anything. Replicated chunks (parameters below the
 //! persistence threshold) are read by every step in full and stay on the device.
 
+use std::collections::HashSet;
+
 use crate::chunk::{Chunk, ChunkKind, ChunkLayout};
 
 /// The ids of the sharded chunks of `layout` whose parameter shards live on the host when a
@@ -25,6 +27,13 @@ pub fn host_chunks(layout: &ChunkLayout, frac: f64) -> Vec<usize> {
 /// `room` bytes (the auto placement's choice once its warm-up has measured the room).
 pub fn device_chunks(layout: &ChunkLayout, room: usize) -> Vec<usize> {
     first_within(layout, room)
+}
+
+/// The keys of every member of the chunks `ids` of `layout`.
+pub fn member_keys(layout: &ChunkLayout, ids: &[usize]) -> HashSet<usize> {
+    ids.iter()
+        .flat_map(|&id| layout.chunks()[id].members.iter().map(|m| m.key))
+        .collect()
 }
 
 /// The sharded chunks in layout order, whole, while their shards' bytes stay within `allowed`.

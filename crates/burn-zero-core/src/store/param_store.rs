@@ -14,7 +14,7 @@ use burn_zero_comm::sync::{lock, read, write};
 use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
 use burn_zero_kernels::{DeviceMemorySampler, device_memory};
 
-use crate::chunk::placement::{device_chunks, host_chunks};
+use crate::chunk::placement::{device_chunks, host_chunks, member_keys};
 use crate::chunk::{BlockLayout, Chunk, ChunkKind, ChunkLayout};
 use crate::config::ZeroConfig;
 use crate::memory::{AutoPlacementReport, ChunkCounts, MemoryKind, MemoryReport, MemoryTracker};
@@ -133,10 +133,7 @@ impl<B: Backend> ParamStore<B> {
             Some(_) => 1.0,
             None => self.config.offload_param_frac,
         };
-        let host_keys: HashSet<usize> = host_chunks(&chunks, frac)
-            .into_iter()
-            .flat_map(|id| chunks.chunks()[id].members.iter().map(|m| m.key))
-            .collect();
+        let host_keys = member_keys(&chunks, &host_chunks(&chunks, frac));
         if self.chunks.set(chunks).is_err() {
             tracing::warn!("the chunk layout of a sharded module was set twice");
             return;
@@ -194,10 +191,7 @@ impl<B: Backend> ParamStore<B> {
         }
         if let Some(room) = auto.room() {
             let ids = device_chunks(self.chunks(), room as usize);
-            let keys: HashSet<usize> = ids
-                .iter()
-                .flat_map(|&id| self.chunks().chunks()[id].members.iter().map(|m| m.key))
-                .collect();
+            let keys = member_keys(self.chunks(), &ids);
             write(&self.host_keys).retain(|key| !keys.contains(key));
             for block in self.live_blocks(|key| keys.contains(&key)) {
                 block.move_to_device();
