@@ -8,10 +8,9 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::{CommError, RankContext, agree};
 use burn_zero_kernels::host::HostBackend;
-use burn_zero_kernels::is_fusion;
 
 use crate::backend::Zero;
-use crate::chunk::{ChunkLayout, ChunkParam, ChunkSize, SearchLimits};
+use crate::chunk::{ChunkLayout, ChunkParam, SearchLimits};
 use crate::config::ZeroConfig;
 use crate::error::ZeroError;
 use crate::memory::MemoryKind;
@@ -156,21 +155,10 @@ fn chunk_layout<B: Backend>(
     config: &ZeroConfig,
 ) -> Result<ChunkLayout, ZeroError> {
     let ranks = store.world_size();
-    let fusion = is_fusion::<B>();
-    let chunk_size = config
-        .chunk_size
-        .resolve(HostBackend::of::<B>().is_some() || fusion);
+    let chunk_size = config.chunk_size.resolve(HostBackend::of::<B>().is_some());
     chunk_size
         .validate(ranks)
         .map_err(ZeroError::InvalidConfig)?;
-    if fusion && chunk_size != ChunkSize::PerParameter && config.overlaps_reduction() {
-        return Err(ZeroError::InvalidConfig(format!(
-            "chunk_size {chunk_size:?} with overlapped gradient reduction is not supported on \
-             Burn's fusion backends (measured: wrong gradients when ranks share a device); \
-             turn overlap off (`with_overlap_comm(false)`), use the plain `CubeBackend`, or \
-             keep one parameter per chunk (`ChunkSize::PerParameter`, the default there)"
-        )));
-    }
     let params: Vec<ChunkParam> = store
         .params()
         .iter()

@@ -135,13 +135,6 @@ pub fn sgd_step_kernel<B: Backend>(
     }
 }
 
-/// Whether `B` is one of Burn's fusion backends (`burn::backend::Wgpu`, `Cuda` with Burn's
-/// default features: `Fusion<CubeBackend<..>>`), recognised by its float tensor type whatever
-/// the features of this build.
-pub fn is_fusion<B: Backend>() -> bool {
-    std::any::type_name::<B::FloatTensorPrimitive>().starts_with("burn_fusion::")
-}
-
 /// Whether `B` gets the kernel path: a `CubeBackend` on a runtime compiled into this build,
 /// plain or fused.
 pub fn kernel_available<B: Backend>() -> bool {

@@ -8,13 +8,12 @@ use crate::chunk::layout::{ChunkKind, ChunkLayout, ChunkParam};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub enum ChunkSize {
     /// The default: the searched size ([`ChunkSize::default_search`]) on device backends
-    /// without Burn's fusion layer (`CubeBackend<WgpuRuntime>`, `<CudaRuntime>`, and every
-    /// backend whose tensors are not in host memory), where each collective, kernel launch and
+    /// (`CubeBackend` over wgpu and CUDA, Burn's fusion backends over them, and every backend
+    /// whose tensors are not in host memory), where each collective, kernel launch and
     /// synchronisation has a fixed cost and chunks cut their number by half or more; one
     /// parameter per chunk on the host backends Flex and NdArray, where a step with the
-    /// searched size is not yet as fast in every measured run (see `docs/benchmarks.md`), and
-    /// on Burn's fusion backends, where chunks need overlap turned off (see
-    /// `ZeroConfig::chunk_size`). [`ChunkSize::resolve`] makes the choice at `shard`.
+    /// searched size is not yet as fast in every measured run (see `docs/benchmarks.md`).
+    /// [`ChunkSize::resolve`] makes the choice at `shard`.
     #[default]
     Auto,
     /// One parameter per chunk: each parameter is gathered on its own and gradients go in
@@ -77,12 +76,12 @@ impl ChunkSize {
         ChunkSize::Search(ChunkSearch::default())
     }
 
-    /// What this size is on a backend whose tensors are in host memory, or that is one of
-    /// Burn's fusion backends (`per_parameter_backend`), or neither: [`ChunkSize::Auto`]
-    /// becomes one parameter per chunk or the searched size; every other size is itself.
-    pub fn resolve(self, per_parameter_backend: bool) -> Self {
+    /// What this size is on a backend whose tensors are in host memory (`host_backend`) or
+    /// not: [`ChunkSize::Auto`] becomes one parameter per chunk or the searched size; every
+    /// other size is itself.
+    pub fn resolve(self, host_backend: bool) -> Self {
         match self {
-            ChunkSize::Auto if per_parameter_backend => ChunkSize::PerParameter,
+            ChunkSize::Auto if host_backend => ChunkSize::PerParameter,
             ChunkSize::Auto => ChunkSize::default_search(),
             size => size,
         }
