@@ -245,18 +245,6 @@ impl Figures {
 
 type Train<B> = Autodiff<Zero<B>>;
 
-/// `a + b` field by field (`Counts` subtracts, but does not add).
-fn add(a: Counts, b: Counts) -> Counts {
-    Counts {
-        all_gathers: a.all_gathers + b.all_gathers,
-        reduce_scatters: a.reduce_scatters + b.reduce_scatters,
-        all_reduces: a.all_reduces + b.all_reduces,
-        other_collectives: a.other_collectives + b.other_collectives,
-        syncs: a.syncs + b.syncs,
-        host_reads: a.host_reads + b.host_reads,
-    }
-}
-
 /// One side on one rank: its model, optimizer and state, and what its steps counted.
 struct Runner<B: Backend, O> {
     model: Option<Gpt<Train<B>>>,
@@ -299,7 +287,7 @@ impl<B: Backend, O: Optimizer<Gpt<Train<B>>, Train<B>>> Runner<B, O> {
             self.round_seconds.resize(round + 1, 0.0);
         }
         self.round_seconds[round] += seconds;
-        self.counts = add(self.counts, counts);
+        self.counts = self.counts + counts;
         self.uniform &= self.step_counts.is_none_or(|first| first == counts);
         self.step_counts.get_or_insert(counts);
         self.exposed += after.exposed - gathers.exposed;
@@ -514,8 +502,8 @@ fn mb(bytes: f64) -> f64 {
 }
 
 /// Per-step counts of one side: all-gathers, reduce-scatters, all-reduces, other
-/// collectives, synchronisations, host reads.
-fn counts_per_step(f: &Figures) -> [f64; 6] {
+/// collectives, synchronisations, host reads, host writes.
+fn counts_per_step(f: &Figures) -> [f64; 7] {
     let c = f.counts;
     [
         f.per_step(c.all_gathers),
@@ -524,6 +512,7 @@ fn counts_per_step(f: &Figures) -> [f64; 6] {
         f.per_step(c.other_collectives),
         f.per_step(c.syncs),
         f.per_step(c.host_reads),
+        f.per_step(c.host_writes),
     ]
 }
 
@@ -754,6 +743,7 @@ fn report(
                     "collectives": c[..4].iter().sum::<f64>(),
                     "syncs": c[4],
                     "host_reads": c[5],
+                    "host_writes": c[6],
                     "gathers": gathers,
                 },
                 "counts_equal_in_every_step": f.uniform,

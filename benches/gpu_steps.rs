@@ -111,6 +111,7 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
         "collectives": per_step(counts.collectives()),
         "syncs": per_step(counts.syncs),
         "host_reads": per_step(counts.host_reads),
+        "host_writes": per_step(counts.host_writes),
     });
     result["memory"] = serde_json::to_value(memory).map_err(|e| e.to_string())?;
     Ok(result)

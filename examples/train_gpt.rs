@@ -425,13 +425,15 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
     let chunks = first.chunks;
     println!(
         "rank 0's last step: {} all-gathers, {} reduce-scatters, {} all-reduces, {} other \
-         collectives; {} device synchronisations; chunks: {} sharded, {} replicated, {} padding \
-         elements per rank",
+         collectives; {} device synchronisations; {} host reads, {} host writes; chunks: {} \
+         sharded, {} replicated, {} padding elements per rank",
         counts.all_gathers,
         counts.reduce_scatters,
         counts.all_reduces,
         counts.other_collectives,
         counts.syncs,
+        counts.host_reads,
+        counts.host_writes,
         chunks.sharded,
         chunks.replicated,
         chunks.padding

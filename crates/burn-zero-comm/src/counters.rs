@@ -1,14 +1,15 @@
 //! `RankCounters`: what one rank's training asks of its device and its peers — collectives by
-//! kind, device synchronisations, reads of device memory back to the host.
+//! kind, device synchronisations, reads of device memory back to the host and uploads of host
+//! memory to the device.
 //!
 //! On CPU ranks none of these cost much; on a GPU each is a latency the step pays (a
 //! collective's launch and its wait, a synchronisation that drains the stream, a host read
-//! that waits for the value). They are counted where burn-zero issues them — the rank's
-//! issuing thread for collectives and the synchronisation before each, the gradient reducer,
-//! the optimizer's host reads — so a count per step is exact on any machine, and a target on
+//! that waits for the value, an upload over the bus). They are counted where burn-zero issues
+//! them — the rank's issuing thread for collectives and the synchronisation before each, the
+//! gradient reducer, the offloaded blocks, the optimizer's host reads and uploads — so a count per step is exact on any machine, and a target on
 //! it holds on a GPU too.
 
-use std::ops::Sub;
+use std::ops::{Add, Sub};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The kinds of collectives counted apart.
@@ -33,6 +34,7 @@ pub struct RankCounters {
     other_collectives: AtomicU64,
     syncs: AtomicU64,
     host_reads: AtomicU64,
+    host_writes: AtomicU64,
 }
 
 impl RankCounters {
@@ -57,6 +59,11 @@ impl RankCounters {
         self.host_reads.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts one upload of host memory to the device.
+    pub fn host_write(&self) {
+        self.host_writes.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The counts now; two snapshots subtract to the counts between them.
     pub fn snapshot(&self) -> Counts {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
@@ -67,6 +74,7 @@ impl RankCounters {
             other_collectives: load(&self.other_collectives),
             syncs: load(&self.syncs),
             host_reads: load(&self.host_reads),
+            host_writes: load(&self.host_writes),
         }
     }
 }
@@ -86,12 +94,31 @@ pub struct Counts {
     pub syncs: u64,
     /// Reads of device memory back to the host.
     pub host_reads: u64,
+    /// Uploads of host memory to the device (offloaded parameter shards before their
+    /// gathers, offloaded optimizers' updated shards).
+    pub host_writes: u64,
 }
 
 impl Counts {
     /// Collectives of every kind.
     pub fn collectives(&self) -> u64 {
         self.all_gathers + self.reduce_scatters + self.all_reduces + self.other_collectives
+    }
+}
+
+impl Add for Counts {
+    type Output = Counts;
+
+    fn add(self, other: Counts) -> Counts {
+        Counts {
+            all_gathers: self.all_gathers + other.all_gathers,
+            reduce_scatters: self.reduce_scatters + other.reduce_scatters,
+            all_reduces: self.all_reduces + other.all_reduces,
+            other_collectives: self.other_collectives + other.other_collectives,
+            syncs: self.syncs + other.syncs,
+            host_reads: self.host_reads + other.host_reads,
+            host_writes: self.host_writes + other.host_writes,
+        }
     }
 }
 
@@ -106,6 +133,7 @@ impl Sub for Counts {
             other_collectives: self.other_collectives - earlier.other_collectives,
             syncs: self.syncs - earlier.syncs,
             host_reads: self.host_reads - earlier.host_reads,
+            host_writes: self.host_writes - earlier.host_writes,
         }
     }
 }

@@ -117,7 +117,10 @@ where
             self.chunk_master(&store, chunk, values);
             let master = self.flat.get_mut(&chunk.id).expect("made above");
             let updated = master.step(&self.optim, self.one_pass, lr, grad, factor, chunk.dtype);
-            let updated = cast_to(P::to_model(updated, store.device()), chunk.dtype);
+            let updated = cast_to(
+                P::to_model(updated, store.device(), store.counters()),
+                chunk.dtype,
+            );
             self.write_back(&store, chunk, updated, values, &mut stepped);
         }
         stepped
@@ -143,7 +146,7 @@ where
                         .iter()
                         .map(|m| part_of(store, chunk, values, m.key))
                         .collect();
-                    Master::new(P::to_host(Tensor::cat(parts, 0)))
+                    Master::new(P::to_host(Tensor::cat(parts, 0), store.counters()))
                 }
             };
             self.flat.insert(chunk.id, master);

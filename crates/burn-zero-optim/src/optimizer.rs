@@ -11,6 +11,7 @@ use burn::optim::{
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{DType, Device, Shape, Tensor, TensorMetadata, TensorPrimitive};
+use burn_zero_comm::RankCounters;
 use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
 
 use crate::chunked::{ChunkGrad, Stepped};
@@ -491,7 +492,7 @@ where
         let (norm, overflow) = stats
             .combine(
                 zero.comm().as_ref(),
-                |local| P::to_model(local, zero.device()),
+                |local| P::to_model(local, zero.device(), zero.store().counters()),
                 norm_type,
                 &host,
                 zero.store().counters(),
@@ -622,13 +623,14 @@ where
             .or_else(|| self.orphan(key));
         let Some(grad) = grad else { return };
         let sharded = self.zero.gradient_is_sharded(key);
+        let counters = self.zero.store().counters();
         let grad = match grad {
             // Moved to host memory as it arrived (an offloaded optimizer): no device transfer.
             ZeroTensor::Sharded(view) if sharded => match view.param().host_data() {
                 Some(data) => P::from_host_data(data, self.zero.device()),
-                None => P::to_host(flat(view.param().shard())),
+                None => P::to_host(flat(view.param().shard()), counters),
             },
-            ZeroTensor::Local(full) if !sharded => P::to_host(flat(full)),
+            ZeroTensor::Local(full) if !sharded => P::to_host(flat(full), counters),
             ZeroTensor::Local(_) => panic!(
                 "burn-zero: the gradient of parameter #{key} `{}` is whole, but this stage \
                  reduces it to shards: it was not reduced. A backward pass uses up the \
@@ -675,11 +677,12 @@ where
         let shape = value.shape();
         let dtype = value.dtype();
         let master = self.optimizer.masters.entry(key).or_insert_with(|| {
-            Master::new(P::to_host(match &value {
+            let values = match &value {
                 ZeroTensor::Sharded(view) => flat(view.param().shard().clone()),
                 ZeroTensor::Local(full) if sharded_grad => store.own_block(flat(full.clone())),
                 ZeroTensor::Local(full) => flat(full.clone()),
-            }))
+            };
+            Master::new(P::to_host(values, store.counters()))
         });
         if master.values.dims() != grad.dims() {
             panic!(
@@ -697,7 +700,7 @@ where
         let one_pass = self.optimizer.one_pass;
         let optim = &self.optimizer.optim;
         let updated = master.step(optim, one_pass, self.lr, grad, self.factor, dtype);
-        let updated = written_back::<B, P>(updated, store.device(), dtype);
+        let updated = written_back::<B, P>(updated, store.device(), dtype, store.counters());
         match value {
             ZeroTensor::Sharded(view) => {
                 let param = view.param().with_shard(updated.into_primitive().tensor());
@@ -747,13 +750,15 @@ where
     }
 }
 
-/// A master copy's fp32 values as a parameter's values: on the model's `device`, in `dtype`.
+/// A master copy's fp32 values as a parameter's values: on the model's `device`, in `dtype`
+/// (an upload counted in `counters` when the master is offloaded).
 fn written_back<B: Backend, P: Placement<B>>(
     values: Tensor<P::Host, 1>,
     device: &B::Device,
     dtype: DType,
+    counters: &RankCounters,
 ) -> Tensor<B, 1> {
-    cast_to(P::to_model(values, device), dtype)
+    cast_to(P::to_model(values, device, counters), dtype)
 }
 
 /// A parameter tensor holding `value`, marked for the gradient hooks.
@@ -808,7 +813,8 @@ where
                             shard.key()
                         )
                     });
-                let values = written_back::<B, P>(master, shard.device(), shard.dtype());
+                let counters = bound(&self.optimizer.zero).store().counters();
+                let values = written_back::<B, P>(master, shard.device(), shard.dtype(), counters);
                 let refilled = shard.with_shard(values.into_primitive().tensor());
                 let value = ZeroTensor::Sharded(ShardedView::new(Arc::new(refilled)));
                 marked_parameter::<AB, B, D>(id, value, tensor.is_require_grad())

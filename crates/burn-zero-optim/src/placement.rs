@@ -6,6 +6,7 @@ use std::marker::PhantomData;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Device, Tensor, TensorData};
+use burn_zero_comm::RankCounters;
 
 /// Where the optimizer's tensors live, for a model computing on `B`.
 pub trait Placement<B: Backend>: Send + Sync + Clone + 'static {
@@ -16,11 +17,17 @@ pub trait Placement<B: Backend>: Send + Sync + Clone + 'static {
     /// backward), rather than stay on the device until the step.
     const GRADIENTS_ON_HOST: bool;
 
-    /// Moves a flat tensor from the model's device to the host.
-    fn to_host(tensor: Tensor<B, 1>) -> Tensor<Self::Host, 1>;
+    /// Moves a flat tensor from the model's device to the host; a transfer counts as a host
+    /// read in `counters`.
+    fn to_host(tensor: Tensor<B, 1>, counters: &RankCounters) -> Tensor<Self::Host, 1>;
 
-    /// Moves a flat tensor from the host to the model's `device`, keeping its dtype.
-    fn to_model(tensor: Tensor<Self::Host, 1>, device: &Device<B>) -> Tensor<B, 1>;
+    /// Moves a flat tensor from the host to the model's `device`, keeping its dtype; a transfer
+    /// counts as a host write in `counters`.
+    fn to_model(
+        tensor: Tensor<Self::Host, 1>,
+        device: &Device<B>,
+        counters: &RankCounters,
+    ) -> Tensor<B, 1>;
 
     /// The host device that corresponds to the model's `device`.
     fn host_device(device: &Device<B>) -> Device<Self::Host>;
@@ -41,11 +48,15 @@ impl<B: Backend> Placement<B> for OnDevice {
     type Host = B;
     const GRADIENTS_ON_HOST: bool = false;
 
-    fn to_host(tensor: Tensor<B, 1>) -> Tensor<B, 1> {
+    fn to_host(tensor: Tensor<B, 1>, _counters: &RankCounters) -> Tensor<B, 1> {
         tensor
     }
 
-    fn to_model(tensor: Tensor<B, 1>, _device: &Device<B>) -> Tensor<B, 1> {
+    fn to_model(
+        tensor: Tensor<B, 1>,
+        _device: &Device<B>,
+        _counters: &RankCounters,
+    ) -> Tensor<B, 1> {
         tensor
     }
 
@@ -69,13 +80,15 @@ impl<B: Backend, H: Backend> Placement<B> for Offload<H> {
     type Host = H;
     const GRADIENTS_ON_HOST: bool = true;
 
-    fn to_host(tensor: Tensor<B, 1>) -> Tensor<H, 1> {
+    fn to_host(tensor: Tensor<B, 1>, counters: &RankCounters) -> Tensor<H, 1> {
         let dtype = tensor.dtype();
+        counters.host_read();
         Tensor::from_data(tensor.into_data(), (&Device::<H>::default(), dtype))
     }
 
-    fn to_model(tensor: Tensor<H, 1>, device: &Device<B>) -> Tensor<B, 1> {
+    fn to_model(tensor: Tensor<H, 1>, device: &Device<B>, counters: &RankCounters) -> Tensor<B, 1> {
         let dtype = tensor.dtype();
+        counters.host_write();
         Tensor::from_data(tensor.into_data(), (device, dtype))
     }
 

@@ -10,10 +10,11 @@ mod common;
 
 use burn::backend::Flex;
 use burn::optim::{AdamConfig, GradientsParams};
+use burn_zero_comm::Counts;
 use burn_zero_comm::launch;
 use burn_zero_core::chunk::ChunkKind;
 use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{Offload, OnDevice, Placement, StateBytes, ZeroOptimizer};
 use burn_zero_testing::{base_model_on, micro_batch};
 
 fn offloaded(frac: f64, chunk_size: ChunkSize) -> ZeroConfig {
@@ -167,4 +168,70 @@ fn bad_fractions_capacities_stages_and_backends_are_refused_by_name() {
             "{named}: {error}"
         );
     }
+}
+
+/// Every transfer to the device is counted, and an offloaded chunk costs one per gather: in a
+/// steady step with every sharded chunk offloaded, the uploads equal the all-gathers the
+/// issuing thread counted (however many parameters a chunk holds, with prefetch or without);
+/// with none offloaded there are none; with part of them, fewer. An offloaded optimizer
+/// writes each stepped chunk back once: one upload per trainable chunk and step.
+#[test]
+fn uploads_are_counted_one_per_gather_of_an_offloaded_chunk() {
+    for chunk_size in [ChunkSize::PerParameter, ChunkSize::Elements(256)] {
+        for prefetch in [0, 2] {
+            let what = format!("{chunk_size:?}, prefetch {prefetch}");
+            let config = |frac| offloaded(frac, chunk_size).with_prefetch(prefetch);
+            for (rank, (counts, _)) in steady_step::<OnDevice>(config(1.0)).iter().enumerate() {
+                assert!(counts.all_gathers > 0, "{what}, rank {rank}");
+                assert_eq!(
+                    counts.host_writes, counts.all_gathers,
+                    "{what}, rank {rank}"
+                );
+            }
+            for (rank, (counts, _)) in steady_step::<OnDevice>(config(0.5)).iter().enumerate() {
+                assert!(
+                    counts.host_writes > 0 && counts.host_writes < counts.all_gathers,
+                    "{what}, rank {rank}: {counts:?}"
+                );
+            }
+            for (rank, (counts, _)) in steady_step::<OnDevice>(config(0.0)).iter().enumerate() {
+                assert_eq!(counts.host_writes, 0, "{what}, rank {rank}");
+            }
+            let offload = steady_step::<Offload<Flex>>(config(0.0));
+            for (rank, (counts, trainable)) in offload.iter().enumerate() {
+                assert_eq!(counts.host_writes, *trainable, "{what}, rank {rank}");
+            }
+        }
+    }
+}
+
+/// Each of 2 Flex ranks' counts in the third of three steps with masters placed by `P`, and
+/// its number of trainable chunks.
+fn steady_step<P: Placement<Flex>>(config: ZeroConfig) -> Vec<(Counts, u64)> {
+    let device = Default::default();
+    let base = base_model_on::<Flex>(&device);
+    launch::<Flex, _, _, ZeroError>(2, &[device], |ctx| {
+        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+        let trainable = zero
+            .store()
+            .chunks()
+            .chunks()
+            .iter()
+            .filter(|c| c.trainable);
+        let trainable = trainable.count() as u64;
+        let adam = AdamConfig::new().build();
+        let mut optimizer =
+            ZeroOptimizer::<_, _, P>::with_placement(&zero, adam, StateBytes::state_bytes);
+        let mut before = zero.counts();
+        for step in 0..3 {
+            before = zero.counts();
+            let (tokens, targets) = micro_batch(step * 2 + ctx.rank(), ctx.device());
+            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+            model = optimizer.step(1e-2, model, grads);
+        }
+        let counts = zero.counts() - before;
+        drop(model);
+        Ok((counts, trainable))
+    })
+    .unwrap()
 }

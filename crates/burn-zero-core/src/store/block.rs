@@ -43,16 +43,20 @@ pub struct Block<B: Backend> {
     /// values until the step writes a new block).
     values: RwLock<Option<Held<B>>>,
     memory: Arc<MemoryTracker>,
+    /// The rank's counts: a move to the host is a host read, every upload a host write.
+    counters: Arc<RankCounters>,
 }
 
 impl<B: Backend> Block<B> {
-    /// Holds `values` (of parameter `key`, whose element type is `dtype`) as `kind`.
+    /// Holds `values` (of parameter `key`, whose element type is `dtype`) as `kind`, counting
+    /// its transfers between device and host in `counters`.
     pub(crate) fn new(
         key: usize,
         dtype: DType,
         kind: MemoryKind,
         values: B::FloatTensorPrimitive,
         memory: Arc<MemoryTracker>,
+        counters: Arc<RankCounters>,
     ) -> Self {
         memory.add(kind, primitive_bytes(&values));
         Self {
@@ -61,6 +65,7 @@ impl<B: Backend> Block<B> {
             kind,
             values: RwLock::new(Some(Held::Device(values))),
             memory,
+            counters,
         }
     }
 
@@ -70,7 +75,8 @@ impl<B: Backend> Block<B> {
     }
 
     /// The block's values, on the device: uploaded from host memory when the block is
-    /// offloaded (a new device tensor each time, freed when the caller drops it).
+    /// offloaded (a new device tensor each time, freed when the caller drops it; counted as a
+    /// host write).
     ///
     /// # Panics
     /// When the block was released after backward (`ZeroConfig::reuse_fp16_shard`) and no
@@ -78,7 +84,10 @@ impl<B: Backend> Block<B> {
     pub fn values(&self) -> B::FloatTensorPrimitive {
         match &*read(&self.values) {
             Some(Held::Device(values)) => values.clone(),
-            Some(Held::Host { data, device, .. }) => B::float_from_data(data.clone(), device),
+            Some(Held::Host { data, device, .. }) => {
+                self.counters.host_write();
+                B::float_from_data(data.clone(), device)
+            }
             None => panic!(
                 "burn-zero: parameter #{} was released after backward (reuse_fp16_shard): its \
                  values live in the optimizer's fp32 master until the next optimizer step; step \
@@ -98,10 +107,10 @@ impl<B: Backend> Block<B> {
         matches!(&*read(&self.values), Some(Held::Host { .. }))
     }
 
-    /// Moves the values to host memory (a device-to-host read, counted in `counters`), where
-    /// they stay until the block is dropped; every later read uploads them. Does nothing to a
-    /// block already on the host or released.
-    pub(crate) fn move_to_host(&self, counters: &RankCounters) {
+    /// Moves the values to host memory (a device-to-host read, counted), where they stay until
+    /// the block is dropped; every later read uploads them. Does nothing to a block already on
+    /// the host or released.
+    pub(crate) fn move_to_host(&self) {
         let mut held = write(&self.values);
         let Some(Held::Device(values)) = held.take() else {
             return;
@@ -109,7 +118,7 @@ impl<B: Backend> Block<B> {
         let bytes = primitive_bytes(&values);
         let device = B::float_device(&values);
         let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(values)).into_data();
-        counters.host_read();
+        self.counters.host_read();
         self.memory.sub(self.kind, bytes);
         self.memory.add(self.host_kind(), bytes);
         *held = Some(Held::Host {
@@ -127,6 +136,32 @@ impl<B: Backend> Block<B> {
         }
     }
 
+    /// Appends the values to `bytes` when they are in host memory (no device transfer), and
+    /// returns their element type and count; `None`, with `bytes` untouched, when the block is
+    /// on the device or released.
+    pub(crate) fn append_host_bytes(&self, bytes: &mut Vec<u8>) -> Option<(DType, usize)> {
+        match &*read(&self.values) {
+            Some(Held::Host { data, .. }) => {
+                bytes.extend_from_slice(data.as_bytes());
+                Some((data.dtype, data.num_elements()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Uploads host bytes to `device` as one flat tensor of `numel` elements of `dtype`,
+    /// counting one host write in `counters`.
+    pub(crate) fn upload(
+        bytes: Vec<u8>,
+        numel: usize,
+        dtype: DType,
+        device: &B::Device,
+        counters: &RankCounters,
+    ) -> B::FloatTensorPrimitive {
+        counters.host_write();
+        B::float_from_data(TensorData::from_bytes_vec(bytes, [numel], dtype), device)
+    }
+
     /// How the block counts while it is in host memory.
     fn host_kind(&self) -> MemoryKind {
         match self.kind {
@@ -135,8 +170,8 @@ impl<B: Backend> Block<B> {
         }
     }
 
-    /// Moves values held in host memory back to the device (an upload), where they stay. Does
-    /// nothing to a block already on the device or released.
+    /// Moves values held in host memory back to the device (an upload, counted), where they
+    /// stay. Does nothing to a block already on the device or released.
     pub(crate) fn move_to_device(&self) {
         let mut held = write(&self.values);
         let Some(Held::Host {
@@ -149,6 +184,7 @@ impl<B: Backend> Block<B> {
         };
         self.memory.sub(self.host_kind(), bytes);
         self.memory.add(self.kind, bytes);
+        self.counters.host_write();
         *held = Some(Held::Device(B::float_from_data(data, &device)));
     }
 

@@ -52,7 +52,14 @@ impl<B: Backend> ShardedParam<B> {
         dtype: DType,
     ) -> Self {
         let device = B::float_device(&block);
-        let block = Block::new(key, dtype, role.memory_kind(), block, store.memory_handle());
+        let block = Block::new(
+            key,
+            dtype,
+            role.memory_kind(),
+            block,
+            store.memory_handle(),
+            store.counters().clone(),
+        );
         Self {
             key,
             role,
@@ -91,7 +98,7 @@ impl<B: Backend> ShardedParam<B> {
     ) -> Self {
         let gradient = Self::new(store, key, ShardRole::Gradient, block, shape, dtype);
         if store.gradients_on_host() {
-            gradient.block.move_to_host(store.counters());
+            gradient.block.move_to_host();
         }
         gradient
     }

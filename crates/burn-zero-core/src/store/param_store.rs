@@ -140,7 +140,7 @@ impl<B: Backend> ParamStore<B> {
         }
         *write(&self.host_keys) = host_keys;
         for block in self.live_blocks(|key| self.is_on_host(key)) {
-            block.move_to_host(&self.counters);
+            block.move_to_host();
         }
     }
 
@@ -460,6 +460,9 @@ impl<B: Backend> ParamStore<B> {
 
     /// This rank's shard of `chunk`: its members' current blocks one after the other
     /// (`block` at `version` for member `key`), with each member's key and shard version.
+    /// An offloaded chunk's blocks (all in host memory: placement moves whole chunks) are
+    /// joined on the host and uploaded as one tensor, one transfer per gather; blocks on the
+    /// device are joined there.
     #[allow(clippy::type_complexity)]
     fn chunk_shard(
         &self,
@@ -469,31 +472,56 @@ impl<B: Backend> ParamStore<B> {
         block: &Block<B>,
     ) -> Result<(Tensor<B, 1>, Vec<(usize, u64)>), CommError> {
         let live = lock(&self.live);
-        let mut parts = Vec::with_capacity(chunk.members.len());
+        // The other members' blocks (`None` stands for `block`), in chunk order.
+        let mut others = Vec::with_capacity(chunk.members.len());
         let mut members = Vec::with_capacity(chunk.members.len());
         for member in &chunk.members {
-            let values = if member.key == key {
+            if member.key == key {
                 members.push((key, version));
-                block.values()
-            } else {
-                let current = live.blocks.get(&member.key).and_then(|(block, version)| {
-                    Some((block.upgrade().filter(|b| !b.is_released())?, *version))
-                });
-                let Some((block, version)) = current else {
-                    return Err(CommError::InvalidGroup(format!(
-                        "parameter #{} of the chunk being gathered has no values on this rank \
-                         (freed for the optimizer step by reuse_fp16_shard)",
-                        member.key
-                    )));
-                };
-                members.push((member.key, version));
-                block.values()
+                others.push(None);
+                continue;
+            }
+            let current = live.blocks.get(&member.key).and_then(|(block, version)| {
+                Some((block.upgrade().filter(|b| !b.is_released())?, *version))
+            });
+            let Some((other, version)) = current else {
+                return Err(CommError::InvalidGroup(format!(
+                    "parameter #{} of the chunk being gathered has no values on this rank \
+                     (freed for the optimizer step by reuse_fp16_shard)",
+                    member.key
+                )));
             };
-            parts.push(Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(
-                values,
-            )));
+            members.push((member.key, version));
+            others.push(Some(other));
         }
+        let blocks: Vec<&Block<B>> = others
+            .iter()
+            .map(|o| o.as_deref().unwrap_or(block))
+            .collect();
+        if let Some(shard) = self.upload_host_shard(&blocks) {
+            return Ok((shard, members));
+        }
+        let parts = blocks
+            .iter()
+            .map(|b| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(b.values())))
+            .collect();
         Ok((Tensor::cat(parts, 0), members))
+    }
+
+    /// `blocks` joined in host memory and uploaded once, when every one of them is there.
+    fn upload_host_shard(&self, blocks: &[&Block<B>]) -> Option<Tensor<B, 1>> {
+        let mut bytes = Vec::new();
+        let (mut dtype, mut numel) = (None, 0);
+        for block in blocks {
+            let (block_dtype, len) = block.append_host_bytes(&mut bytes)?;
+            if dtype.is_some_and(|d| d != block_dtype) {
+                return None;
+            }
+            dtype = Some(block_dtype);
+            numel += len;
+        }
+        let values = Block::<B>::upload(bytes, numel, dtype?, &self.device, &self.counters);
+        Some(Tensor::from_primitive(TensorPrimitive::Float(values)))
     }
 
     /// Cuts every member out of an all-gather's result `raw` (one member, or a chunk of
@@ -716,7 +744,7 @@ impl<B: Backend> ParamStore<B> {
     /// parameter's chunk lives there.
     pub(crate) fn track_block(&self, key: usize, block: &Arc<Block<B>>, version: u64) {
         if self.is_on_host(key) {
-            block.move_to_host(&self.counters);
+            block.move_to_host();
         }
         lock(&self.live)
             .blocks
