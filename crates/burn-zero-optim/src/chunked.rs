@@ -18,7 +18,7 @@ use std::sync::Arc;
 use burn::module::ParamId;
 use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Shape, Tensor, TensorMetadata};
+use burn::tensor::{DType, Shape, Tensor, TensorData, TensorMetadata};
 use burn_zero_core::chunk::{Chunk, ChunkKind};
 use burn_zero_core::{ParamStore, ShardedView, ZeroTensor};
 
@@ -117,6 +117,12 @@ where
             self.chunk_master(&store, chunk, values);
             let master = self.flat.get_mut(&chunk.id).expect("made above");
             let updated = master.step(&self.optim, self.one_pass, lr, grad, factor, chunk.dtype);
+            if let Some(views) = host_members(&store, chunk, values) {
+                // An offloaded chunk's shards go to host memory in one read, not one per member.
+                let data = P::into_host_data(cast_to(updated, chunk.dtype), store.counters());
+                write_back_host(chunk, &data, views, &mut stepped);
+                continue;
+            }
             let updated = cast_to(
                 P::to_model(updated, store.device(), store.counters()),
                 chunk.dtype,
@@ -332,5 +338,45 @@ fn part_of<B: Backend>(
             "burn-zero: parameter #{key} of chunk #{} has no value",
             chunk.id
         ),
+    }
+}
+
+/// The members' current sharded values of `chunk`, when it is a sharded chunk whose shards
+/// live in host memory (parameter offload) and every member is held sharded.
+fn host_members<'a, B: Backend>(
+    store: &ParamStore<B>,
+    chunk: &Chunk,
+    values: &'a HashMap<usize, ZeroTensor<B>>,
+) -> Option<Vec<&'a ShardedView<B>>> {
+    if chunk.kind != ChunkKind::Sharded || !store.is_on_host(chunk.members[0].key) {
+        return None;
+    }
+    chunk
+        .members
+        .iter()
+        .map(|member| match values.get(&member.key) {
+            Some(ZeroTensor::Sharded(view)) => Some(view),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Each member of an offloaded `chunk` with its part of the updated shard `data` (the chunk's
+/// dtype, in host memory) as its new block, held there.
+fn write_back_host<B: Backend>(
+    chunk: &Chunk,
+    data: &TensorData,
+    views: Vec<&ShardedView<B>>,
+    stepped: &mut ByKey<B>,
+) {
+    let bytes = data.as_bytes();
+    let size = data.dtype.size();
+    for (member, view) in chunk.members.iter().zip(views) {
+        let range = member.offset * size..(member.offset + member.block_len) * size;
+        let part =
+            TensorData::from_bytes_vec(bytes[range].to_vec(), [member.block_len], data.dtype);
+        let param = view.param().with_host_shard(part);
+        let value = ZeroTensor::Sharded(ShardedView::new(Arc::new(param)));
+        stepped.insert(member.key, value);
     }
 }

@@ -700,6 +700,14 @@ where
         let one_pass = self.optimizer.one_pass;
         let optim = &self.optimizer.optim;
         let updated = master.step(optim, one_pass, self.lr, grad, self.factor, dtype);
+        if let ZeroTensor::Sharded(view) = &value
+            && store.is_on_host(key)
+        {
+            // An offloaded shard goes (or stays) in host memory, without a trip to the device.
+            let data = P::into_host_data(cast_to(updated, dtype), store.counters());
+            let param = view.param().with_host_shard(data);
+            return ZeroTensor::Sharded(ShardedView::new(Arc::new(param)));
+        }
         let updated = written_back::<B, P>(updated, store.device(), dtype, store.counters());
         match value {
             ZeroTensor::Sharded(view) => {

@@ -32,6 +32,11 @@ pub trait Placement<B: Backend>: Send + Sync + Clone + 'static {
     /// The host device that corresponds to the model's `device`.
     fn host_device(device: &Device<B>) -> Device<Self::Host>;
 
+    /// A flat tensor's values in host memory: read back from the device (a host read counted
+    /// in `counters`) when the masters live there, taken as they are when they live on a host
+    /// backend.
+    fn into_host_data(tensor: Tensor<Self::Host, 1>, counters: &RankCounters) -> TensorData;
+
     /// A flat tensor where the masters live from values already in host memory (a gradient
     /// shard moved there during backward), keeping their dtype.
     fn from_host_data(data: TensorData, device: &Device<B>) -> Tensor<Self::Host, 1> {
@@ -62,6 +67,11 @@ impl<B: Backend> Placement<B> for OnDevice {
 
     fn host_device(device: &Device<B>) -> Device<B> {
         device.clone()
+    }
+
+    fn into_host_data(tensor: Tensor<B, 1>, counters: &RankCounters) -> TensorData {
+        counters.host_read();
+        tensor.into_data()
     }
 }
 
@@ -94,5 +104,9 @@ impl<B: Backend, H: Backend> Placement<B> for Offload<H> {
 
     fn host_device(_device: &Device<B>) -> Device<H> {
         Device::<H>::default()
+    }
+
+    fn into_host_data(tensor: Tensor<H, 1>, _counters: &RankCounters) -> TensorData {
+        tensor.into_data()
     }
 }

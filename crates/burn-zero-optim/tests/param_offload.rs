@@ -15,7 +15,8 @@ use burn_zero_comm::launch;
 use burn_zero_core::chunk::ChunkKind;
 use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
 use burn_zero_optim::{Offload, OnDevice, Placement, StateBytes, ZeroOptimizer};
-use burn_zero_testing::{base_model_on, micro_batch};
+use burn_zero_testing::{Block, base_model_on, micro_batch, param_values};
+use common::Train;
 
 fn offloaded(frac: f64, chunk_size: ChunkSize) -> ZeroConfig {
     ZeroConfig::new()
@@ -170,55 +171,82 @@ fn bad_fractions_capacities_stages_and_backends_are_refused_by_name() {
     }
 }
 
-/// Every transfer to the device is counted, and an offloaded chunk costs one per gather: in a
-/// steady step with every sharded chunk offloaded, the uploads equal the all-gathers the
-/// issuing thread counted (however many parameters a chunk holds, with prefetch or without);
-/// with none offloaded there are none; with part of them, fewer. An offloaded optimizer
-/// writes each stepped chunk back once: one upload per trainable chunk and step.
+/// Every transfer between device and host is counted, and an offloaded chunk costs one per
+/// gather and one per step: in a steady step with every sharded chunk offloaded, the uploads
+/// equal the all-gathers the issuing thread counted (however many parameters a chunk holds,
+/// with prefetch or without) and the optimizer reads each stepped chunk back once; with none
+/// offloaded there are no uploads, with part of them fewer. An offloaded optimizer uploads each
+/// chunk it steps on the device's behalf once, and keeps an offloaded chunk's update on the
+/// host. Every run ends bitwise where single-rank training with Burn's Adam does.
 #[test]
-fn uploads_are_counted_one_per_gather_of_an_offloaded_chunk() {
+fn transfers_are_counted_one_per_gather_and_step_of_an_offloaded_chunk() {
+    let device = Default::default();
+    let base = base_model_on::<Flex>(&device);
+    let want = common::reference::<Flex>(&base, 2, 3, &device);
+    let check = |runs: Vec<Steady>, what: &str| {
+        let params: Vec<_> = runs.iter().map(|r| r.params.clone()).collect();
+        common::assert_close(&params, &want, common::Tolerance::Bitwise, what);
+        runs
+    };
     for chunk_size in [ChunkSize::PerParameter, ChunkSize::Elements(256)] {
         for prefetch in [0, 2] {
             let what = format!("{chunk_size:?}, prefetch {prefetch}");
             let config = |frac| offloaded(frac, chunk_size).with_prefetch(prefetch);
-            for (rank, (counts, _)) in steady_step::<OnDevice>(config(1.0)).iter().enumerate() {
-                assert!(counts.all_gathers > 0, "{what}, rank {rank}");
+            for r in check(steady_step::<OnDevice>(&base, config(1.0)), &what) {
+                let c = r.counts;
+                assert!(c.all_gathers > 0, "{what}");
                 assert_eq!(
-                    counts.host_writes, counts.all_gathers,
-                    "{what}, rank {rank}"
+                    (c.host_writes, c.host_reads),
+                    (c.all_gathers, r.sharded),
+                    "{what}"
                 );
             }
-            for (rank, (counts, _)) in steady_step::<OnDevice>(config(0.5)).iter().enumerate() {
+            for r in check(steady_step::<OnDevice>(&base, config(0.5)), &what) {
+                let c = r.counts;
                 assert!(
-                    counts.host_writes > 0 && counts.host_writes < counts.all_gathers,
-                    "{what}, rank {rank}: {counts:?}"
+                    c.host_writes > 0 && c.host_writes < c.all_gathers,
+                    "{what}: {c:?}"
                 );
             }
-            for (rank, (counts, _)) in steady_step::<OnDevice>(config(0.0)).iter().enumerate() {
-                assert_eq!(counts.host_writes, 0, "{what}, rank {rank}");
+            for r in check(steady_step::<OnDevice>(&base, config(0.0)), &what) {
+                assert_eq!(
+                    (r.counts.host_writes, r.counts.host_reads),
+                    (0, 0),
+                    "{what}"
+                );
             }
-            let offload = steady_step::<Offload<Flex>>(config(0.0));
-            for (rank, (counts, trainable)) in offload.iter().enumerate() {
-                assert_eq!(counts.host_writes, *trainable, "{what}, rank {rank}");
+            for r in check(steady_step::<Offload<Flex>>(&base, config(0.0)), &what) {
+                assert_eq!(r.counts.host_writes, r.sharded + r.replicated, "{what}");
+            }
+            for r in check(steady_step::<Offload<Flex>>(&base, config(1.0)), &what) {
+                let c = r.counts;
+                assert_eq!(c.host_writes, c.all_gathers + r.replicated, "{what}");
             }
         }
     }
 }
 
-/// Each of 2 Flex ranks' counts in the third of three steps with masters placed by `P`, and
-/// its number of trainable chunks.
-fn steady_step<P: Placement<Flex>>(config: ZeroConfig) -> Vec<(Counts, u64)> {
-    let device = Default::default();
-    let base = base_model_on::<Flex>(&device);
-    launch::<Flex, _, _, ZeroError>(2, &[device], |ctx| {
+/// One rank's third of three steps: its counts, its trainable sharded and replicated chunks,
+/// and its parameters after it.
+struct Steady {
+    counts: Counts,
+    sharded: u64,
+    replicated: u64,
+    params: Vec<Vec<f32>>,
+}
+
+/// Each of 2 Flex ranks' third step with masters placed by `P`.
+fn steady_step<P: Placement<Flex>>(base: &Block<Train<Flex>>, config: ZeroConfig) -> Vec<Steady> {
+    launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let trainable = zero
-            .store()
-            .chunks()
-            .chunks()
-            .iter()
-            .filter(|c| c.trainable);
-        let trainable = trainable.count() as u64;
+        let trainable = |kind| {
+            let chunks = zero.store().chunks().chunks().iter();
+            chunks.filter(|c| c.trainable && c.kind == kind).count() as u64
+        };
+        let (sharded, replicated) = (
+            trainable(ChunkKind::Sharded),
+            trainable(ChunkKind::Replicated),
+        );
         let adam = AdamConfig::new().build();
         let mut optimizer =
             ZeroOptimizer::<_, _, P>::with_placement(&zero, adam, StateBytes::state_bytes);
@@ -227,11 +255,15 @@ fn steady_step<P: Placement<Flex>>(config: ZeroConfig) -> Vec<(Counts, u64)> {
             before = zero.counts();
             let (tokens, targets) = micro_batch(step * 2 + ctx.rank(), ctx.device());
             let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
-            model = optimizer.step(1e-2, model, grads);
+            model = optimizer.step(common::LR, model, grads);
         }
         let counts = zero.counts() - before;
-        drop(model);
-        Ok((counts, trainable))
+        Ok(Steady {
+            counts,
+            sharded,
+            replicated,
+            params: param_values(&model),
+        })
     })
     .unwrap()
 }

@@ -69,6 +69,35 @@ impl<B: Backend> Block<B> {
         }
     }
 
+    /// Holds `data` (of parameter `key`, whose element type is `dtype`) in host memory, to be
+    /// uploaded to `device` whenever it is read; counted as `kind`'s host counterpart.
+    pub(crate) fn on_host(
+        key: usize,
+        dtype: DType,
+        kind: MemoryKind,
+        data: TensorData,
+        device: B::Device,
+        memory: Arc<MemoryTracker>,
+        counters: Arc<RankCounters>,
+    ) -> Self {
+        let bytes = data.as_bytes().len();
+        let block = Self {
+            key,
+            dtype,
+            kind,
+            values: RwLock::new(None),
+            memory,
+            counters,
+        };
+        block.memory.add(block.host_kind(), bytes);
+        *write(&block.values) = Some(Held::Host {
+            data,
+            device,
+            bytes,
+        });
+        block
+    }
+
     /// The element type of the tensor the block belongs to.
     pub fn dtype(&self) -> DType {
         self.dtype
@@ -112,8 +141,11 @@ impl<B: Backend> Block<B> {
     /// the host or released.
     pub(crate) fn move_to_host(&self) {
         let mut held = write(&self.values);
-        let Some(Held::Device(values)) = held.take() else {
+        if !matches!(&*held, Some(Held::Device(_))) {
             return;
+        }
+        let Some(Held::Device(values)) = held.take() else {
+            unreachable!("matched above")
         };
         let bytes = primitive_bytes(&values);
         let device = B::float_device(&values);
@@ -174,13 +206,16 @@ impl<B: Backend> Block<B> {
     /// stay. Does nothing to a block already on the device or released.
     pub(crate) fn move_to_device(&self) {
         let mut held = write(&self.values);
+        if !matches!(&*held, Some(Held::Host { .. })) {
+            return;
+        }
         let Some(Held::Host {
             data,
             device,
             bytes,
         }) = held.take()
         else {
-            return;
+            unreachable!("matched above")
         };
         self.memory.sub(self.host_kind(), bytes);
         self.memory.add(self.kind, bytes);
@@ -208,4 +243,56 @@ impl<B: Backend> Drop for Block<B> {
 /// Bytes of a tensor primitive's data.
 pub(crate) fn primitive_bytes<P: TensorMetadata>(tensor: &P) -> usize {
     tensor.shape().num_elements() * tensor.dtype().size()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    fn block(values: &[f32]) -> (Block<Flex>, Arc<MemoryTracker>, Arc<RankCounters>) {
+        let memory = Arc::new(MemoryTracker::default());
+        let counters = Arc::new(RankCounters::default());
+        let tensor = Tensor::<Flex, 1>::from_floats(values, &Default::default());
+        let primitive = tensor.into_primitive().tensor();
+        let kind = MemoryKind::ParameterShards;
+        let block = Block::new(
+            0,
+            DType::F32,
+            kind,
+            primitive,
+            memory.clone(),
+            counters.clone(),
+        );
+        (block, memory, counters)
+    }
+
+    fn read(block: &Block<Flex>) -> Vec<f32> {
+        let values = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(block.values()));
+        values.into_data().to_vec().unwrap()
+    }
+
+    /// Moving a block where it already is keeps its values and counts nothing; each real move
+    /// shifts its bytes between the device and host kinds and counts one transfer.
+    #[test]
+    fn moves_keep_the_values_and_repeated_moves_do_nothing() {
+        let (block, memory, counters) = block(&[1.0, 2.0, 3.0]);
+        block.move_to_device();
+        assert_eq!(read(&block), [1.0, 2.0, 3.0]);
+        block.move_to_host();
+        block.move_to_host();
+        assert!(block.is_on_host());
+        assert_eq!(memory.usage(MemoryKind::HostParameterShards).current, 12);
+        assert_eq!(memory.usage(MemoryKind::ParameterShards).current, 0);
+        assert_eq!(read(&block), [1.0, 2.0, 3.0]);
+        block.move_to_device();
+        block.move_to_device();
+        assert!(!block.is_on_host());
+        assert_eq!(read(&block), [1.0, 2.0, 3.0]);
+        assert_eq!(memory.usage(MemoryKind::ParameterShards).current, 12);
+        let counts = counters.snapshot();
+        // One read to move it to the host; one upload for the read while there, one to move
+        // it back.
+        assert_eq!((counts.host_reads, counts.host_writes), (1, 2));
+    }
 }

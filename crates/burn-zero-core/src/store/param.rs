@@ -60,6 +60,17 @@ impl<B: Backend> ShardedParam<B> {
             store.memory_handle(),
             store.counters().clone(),
         );
+        Self::holding(store, key, role, block, device, shape)
+    }
+
+    fn holding(
+        store: &Arc<ParamStore<B>>,
+        key: usize,
+        role: ShardRole,
+        block: Block<B>,
+        device: B::Device,
+        shape: Shape,
+    ) -> Self {
         Self {
             key,
             role,
@@ -173,6 +184,51 @@ impl<B: Backend> ShardedParam<B> {
                 self.dtype(),
             ),
         }
+    }
+
+    /// The same parameter with new values `shard` already in host memory (an offloaded
+    /// chunk's member, updated by the optimizer and read back once for the whole chunk): held
+    /// there without a device transfer, and uploaded for each gather.
+    ///
+    /// # Panics
+    /// When `shard` does not have the current block's element count and the parameter's
+    /// element type (a caller bug), or this is a gradient's shard.
+    pub fn with_host_shard(&self, shard: TensorData) -> Self {
+        assert_eq!(
+            self.role,
+            ShardRole::Parameter,
+            "only parameters live on the host"
+        );
+        let block_len = self.store.block_len(self.shape.num_elements());
+        assert!(
+            shard.dtype == self.dtype() && shard.num_elements() == block_len,
+            "burn-zero: parameter #{}: new host values of {} {:?} elements for a block of {} {:?}",
+            self.key,
+            shard.num_elements(),
+            shard.dtype,
+            block_len,
+            self.dtype()
+        );
+        let block = Block::on_host(
+            self.key,
+            self.dtype(),
+            self.role.memory_kind(),
+            shard,
+            self.device.clone(),
+            self.store.memory_handle(),
+            self.store.counters().clone(),
+        );
+        let param = Self::holding(
+            &self.store,
+            self.key,
+            self.role,
+            block,
+            self.device.clone(),
+            self.shape.clone(),
+        );
+        self.store
+            .track_block(self.key, &param.block, param.version);
+        param
     }
 
     /// The full tensor, all-gathered (or taken from the store's gather cache, or from a

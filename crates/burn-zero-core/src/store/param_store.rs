@@ -741,10 +741,12 @@ impl<B: Backend> ParamStore<B> {
     }
 
     /// Records `block` as the current block of parameter `key`, moved to host memory when the
-    /// parameter's chunk lives there.
+    /// parameter's chunk lives there, to the device when it does not.
     pub(crate) fn track_block(&self, key: usize, block: &Arc<Block<B>>, version: u64) {
         if self.is_on_host(key) {
             block.move_to_host();
+        } else {
+            block.move_to_device();
         }
         lock(&self.live)
             .blocks
