@@ -38,6 +38,8 @@
 
 #[path = "common/adapter.rs"]
 mod adapter;
+#[path = "common/report.rs"]
+mod report;
 #[path = "common/workload.rs"]
 mod workload;
 
@@ -651,20 +653,11 @@ fn main() {
         measured.push(measure(plan, &wgpu));
     }
     let targets = targets(&measured);
-    let (md, json) = report(&measured, &missing, adapter.as_ref(), &targets);
-    print!("{md}");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-reports");
-    std::fs::create_dir_all(&dir).expect("create target/bench-reports");
-    std::fs::write(dir.join("chunks.md"), &md).expect("write chunks.md");
-    std::fs::write(
-        dir.join("chunks.json"),
-        serde_json::to_string_pretty(&json).expect("json") + "\n",
-    )
-    .expect("write chunks.json");
-    eprintln!("wrote {}/chunks.md and chunks.json", dir.display());
+    let (md, json) = render(&measured, &missing, adapter.as_ref(), &targets);
+    report::publish("chunks", &md, Some(&json));
 }
 
-fn report(
+fn render(
     measured: &[Measured],
     missing: &[Plan],
     adapter: Option<&Result<String, String>>,

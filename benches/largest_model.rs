@@ -40,6 +40,8 @@
 
 #[path = "common/adapter.rs"]
 mod adapter;
+#[path = "common/report.rs"]
+mod report;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -349,25 +351,13 @@ fn main() {
         }
         rows.push((side, fit, over));
     }
-    let (md, json) = report(&rows, budget, judge, &adapter);
-    print!("{md}");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-reports");
-    std::fs::create_dir_all(&dir).expect("create target/bench-reports");
-    std::fs::write(dir.join("largest_model.md"), &md).expect("write largest_model.md");
-    std::fs::write(
-        dir.join("largest_model.json"),
-        serde_json::to_string_pretty(&json).expect("json") + "\n",
-    )
-    .expect("write largest_model.json");
-    eprintln!(
-        "wrote {}/largest_model.md and largest_model.json",
-        dir.display()
-    );
+    let (md, json) = render(&rows, budget, judge, &adapter);
+    report::publish("largest_model", &md, Some(&json));
 }
 
 type Row = (Side, Option<Value>, Option<Value>);
 
-fn report(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Value) {
+fn render(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Value) {
     let mut md = format!(
         "Largest GPT under a device budget of {:.0} MiB ({}, all streams, sampled every 5 ms \
          over {STEPS} steps), 1 rank, f32, {BATCH} × {SEQ_LEN} tokens a step, tokens/s over \

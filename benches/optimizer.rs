@@ -40,6 +40,8 @@
 
 #[path = "common/adapter.rs"]
 mod adapter;
+#[path = "common/report.rs"]
+mod report;
 #[path = "common/workload.rs"]
 mod workload;
 
@@ -880,11 +882,6 @@ fn report(
              `python3 {TORCH_SCRIPT} --threads {threads}`.\n"
         ));
     }
-    print!("{md}");
-
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-reports");
-    std::fs::create_dir_all(&dir).expect("create target/bench-reports");
-    std::fs::write(dir.join("optimizer.md"), &md).expect("write optimizer.md");
     let json = serde_json::json!({
         "cpu": cpu,
         "cpus": cpus,
@@ -902,11 +899,7 @@ fn report(
             "target": what, "pass": pass, "detail": detail,
         })).collect::<Vec<_>>(),
     });
-    std::fs::write(
-        dir.join("optimizer.json"),
-        serde_json::to_string_pretty(&json).expect("json"),
-    )
-    .expect("write optimizer.json");
+    report::publish("optimizer", &md, Some(&json));
 }
 
 fn fmt(x: f64, digits: usize) -> String {

@@ -12,6 +12,8 @@
 //! Not a criterion benchmark: what it reports is a counter the library keeps per step, not a
 //! closure's duration. `cargo bench --bench prefetch`.
 
+#[path = "common/report.rs"]
+mod report;
 #[path = "common/workload.rs"]
 mod workload;
 
@@ -142,10 +144,6 @@ fn main() {
             100.0 * row.exposed_ms / base
         ));
     }
-    print!("{md}");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-reports");
-    std::fs::create_dir_all(&dir).expect("create target/bench-reports");
-    std::fs::write(dir.join("prefetch.md"), &md).expect("write prefetch.md");
     let rows: Vec<_> = rows
         .iter()
         .map(|r| {
@@ -160,9 +158,5 @@ fn main() {
         })
         .collect();
     let json = serde_json::json!({ "cpu": cpu, "cpus": cpus, "rows": rows });
-    std::fs::write(
-        dir.join("prefetch.json"),
-        serde_json::to_string_pretty(&json).expect("json"),
-    )
-    .expect("write prefetch.json");
+    report::publish("prefetch", &md, Some(&json));
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod collective;
+pub mod report;
 
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
@@ -40,14 +41,5 @@ impl<B: Backend> Deep<B> {
 
 /// Prints a markdown report and writes it to `target/bench-reports/<name>.md`.
 pub fn publish(name: &str, report: &str) {
-    println!("\n{report}");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-reports");
-    if let Err(error) = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(dir.join(format!("{name}.md")), report))
-    {
-        eprintln!(
-            "could not write the {name} report under {}: {error}",
-            dir.display()
-        );
-    }
+    report::publish(name, report, None);
 }
