@@ -160,36 +160,28 @@ impl RunConfig {
         if self.seq_len == 0 || self.seq_len + 1 >= Corpus::new(TEXT).len() {
             return Err(format!("--seq-len {} does not fit the text", self.seq_len));
         }
-        if !(0.0..=1.0).contains(&self.offload_param_frac) {
-            return Err(format!(
-                "--offload-param-frac {} must be a fraction from 0 to 1",
-                self.offload_param_frac
-            ));
-        }
-        if self.offload_param_frac > 0.0 && self.stage != 3 {
-            return Err(format!(
-                "--offload-param-frac needs --stage 3 (parameters sharded), not --stage {}",
-                self.stage
-            ));
-        }
-        if let Some(mib) = self.auto_placement_mib {
-            if !(mib.is_finite() && mib > 0.0) {
-                return Err(format!(
-                    "--auto-placement-mib {mib} must be a positive number"
-                ));
-            }
-            if self.stage != 3 || self.offload_param_frac > 0.0 {
-                return Err(
-                    "--auto-placement-mib needs --stage 3 and no --offload-param-frac".into(),
-                );
-            }
-        }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(format!("--lr {} must be a positive finite number", self.lr));
         }
-        Ok(())
+        // The sharding settings are checked by `ZeroConfig` itself; its messages name the
+        // configuration's fields, said here as the flags that set them.
+        zero_config(self).validate().map_err(|error| {
+            FLAGS
+                .iter()
+                .fold(error, |message, (field, flag)| message.replace(field, flag))
+        })
     }
 }
+
+/// `ZeroConfig` fields and the flags that set them.
+const FLAGS: [(&str, &str); 6] = [
+    ("offload_param_frac", "--offload-param-frac"),
+    ("auto_placement_capacity_mib", "--auto-placement-mib"),
+    ("bucket_size_mb", "--bucket-mb"),
+    ("persist_below_numel", "--persist-below"),
+    ("shard_group_size", "--shard-group-size"),
+    ("chunk_size", "--chunk-size"),
+];
 
 /// What rank 0 reports after each optimizer step.
 pub struct StepInfo {
