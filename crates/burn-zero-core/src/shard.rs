@@ -129,6 +129,7 @@ where
             config.gradient_predivide_factor,
             store.memory_handle(),
             store.counters().clone(),
+            store.gradients_on_host_flag(),
         )
         .map_err(|error| {
             ZeroError::Comm(CommError::InvalidGroup(format!(

@@ -78,9 +78,11 @@ impl<B: Backend> Placement<B> for OnDevice {
 /// Masters, optimizer state and gradient accumulators on backend `H`'s default device (a CPU
 /// backend such as `Flex` or `NdArray`), while the model computes on another backend.
 ///
-/// Each reduced gradient shard is copied to host memory as soon as its reduction delivers it,
-/// during backward (replicated parameters' whole gradients at the step); the step runs there
-/// and copies the updated shard back in fp32 before casting it to the parameter's dtype on the device: the
+/// Each bucket's or chunk's reduced gradient shards are read back to host memory by the
+/// reduction, in one transfer, during backward (replicated parameters' whole gradients at the
+/// step); the step runs there and copies the updated shard back in fp32 before casting it to
+/// the parameter's dtype on the device (a shard offloaded with `offload_param_frac` stays on
+/// the host, cast there): the
 /// device then holds only parameters and gradients ((2 + 2)Ψ/N bytes at stage 3 in half
 /// precision), the host the 12Ψ/N bytes of fp32 masters and Adam moments.
 #[derive(Debug, Clone, Copy, Default)]

@@ -5,7 +5,7 @@
 
 use burn::backend::{Flex, NdArray};
 use burn::optim::{AdamConfig, GradientsParams};
-use burn_zero_comm::launch;
+use burn_zero_comm::{Counts, launch};
 use burn_zero_core::{ZeroConfig, ZeroError, ZeroState, shard};
 use burn_zero_optim::{Offload, Placement, ZeroOptimizer};
 use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
@@ -86,13 +86,13 @@ fn offloading_to_ndarray_agrees_to_rounding() {
     assert!(difference < 1e-5, "max relative difference {difference:e}");
 }
 
-/// Rank by rank, the memory report right after the second backward (before its step), the
-/// optimizer built by `optim` on a stage-3 module.
+/// Rank by rank, the memory report right after the second backward (before its step) and the
+/// counts of that backward, the optimizer built by `optim` on a stage-3 module.
 fn reports_after_backward<P: Placement<Flex>>(
     base: &Block<Train>,
     overlap: bool,
     optim: impl Fn(&ZeroState<Flex>) -> ZeroOptimizer<burn::optim::Adam, Flex, P> + Sync,
-) -> Vec<burn_zero_core::MemoryReport>
+) -> Vec<(burn_zero_core::MemoryReport, Counts)>
 where
     burn::optim::Adam: burn::optim::SimpleOptimizer<P::Host>,
 {
@@ -105,8 +105,10 @@ where
         let mut report = None;
         for step in 0..2 {
             let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
-            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
-            report = Some(zero.memory_report());
+            let loss = model.loss(tokens, targets);
+            let before = zero.counts();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            report = Some((zero.memory_report(), zero.counts() - before));
             model = optimizer.step(LR, model, grads);
         }
         Ok(report.expect("two steps"))
@@ -117,7 +119,8 @@ where
 /// With the optimizer on the host, each reduced gradient shard leaves the device as it arrives:
 /// after backward (before the step) the device holds no gradient shard and the host holds
 /// exactly the shards the on-device run keeps on the device; with overlap on (the reduction
-/// during backward) and off.
+/// during backward) and off. Each bucket of several gradients is read back in one transfer:
+/// backward's host reads equal its reduce-scatters, where the on-device run reads nothing.
 #[test]
 fn an_offloaded_optimizer_takes_gradient_shards_to_the_host_during_backward() {
     let base = base_model(&Default::default());
@@ -128,7 +131,18 @@ fn an_offloaded_optimizer_takes_gradient_shards_to_the_host_during_backward() {
         let on_host = reports_after_backward(&base, overlap, |zero| {
             ZeroOptimizer::<_, Flex, Offload<Flex>>::offloaded(zero, AdamConfig::new().build())
         });
-        for (rank, (device, host)) in on_device.iter().zip(&on_host).enumerate() {
+        for (rank, ((device, on_device), (host, on_host))) in
+            on_device.iter().zip(&on_host).enumerate()
+        {
+            assert_eq!(on_device.host_reads, 0, "overlap {overlap}, rank {rank}");
+            assert!(
+                on_host.reduce_scatters > 0,
+                "overlap {overlap}, rank {rank}"
+            );
+            assert_eq!(
+                on_host.host_reads, on_host.reduce_scatters,
+                "overlap {overlap}, rank {rank}"
+            );
             assert!(device.gradient_shards.current > 0, "rank {rank}");
             assert_eq!(device.host_gradient_shards.current, 0, "rank {rank}");
             assert_eq!(

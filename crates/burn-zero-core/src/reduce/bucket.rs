@@ -17,8 +17,8 @@
 //! step packs into the memory of the step before.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
-use burn_zero_comm::{CollectiveKind, CommError, Communicator, ReduceOp};
+use burn::tensor::{DType, Shape, Tensor, TensorData, TensorPrimitive};
+use burn_zero_comm::{CollectiveKind, CommError, Communicator, RankCounters, ReduceOp};
 use burn_zero_kernels::{
     BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, RowPart, unpack_row,
 };
@@ -215,6 +215,18 @@ pub(crate) struct Reduction<'a, B: Backend> {
     pub device: &'a B::Device,
     pub predivide: f64,
     pub memory: &'a MemoryTracker,
+    /// Whether this rank's gradient shards go to host memory as they are reduced (an
+    /// optimizer that steps there asked for it), and the counts that transfer is counted in.
+    pub to_host: bool,
+    pub counters: &'a RankCounters,
+}
+
+/// A reduced bucket's gradients: each member's flat gradient on the device, or (shards for an
+/// optimizer that steps on the host) each member's shard in host memory, read back in one
+/// transfer for the whole bucket.
+pub(crate) enum Values<B: Backend> {
+    Device(Vec<B::FloatTensorPrimitive>),
+    Host(Vec<TensorData>),
 }
 
 /// Why a bucket could not be reduced.
@@ -230,7 +242,9 @@ pub(crate) enum ReduceError {
 
 /// Reduces one bucket: `grads[i]` is member `i`'s full gradient on this rank (`None`: this
 /// rank has none; zeros stand in). Returns each member's reduced gradient, flat: this rank's
-/// block (reduce-scatter) or the whole mean (all-reduce).
+/// block (reduce-scatter) or the whole mean (all-reduce); with `ctx.to_host`, a reduce-scatter
+/// bucket whose members share a dtype is read back to host memory in one transfer, here, on
+/// the thread that reduces (during backward with overlap).
 ///
 /// Packing and unpacking go through `burn-zero-kernels`: one cubecl kernel launch per member
 /// on cubecl backends built in, one loop over host memory per member on CPU backends, Burn ops
@@ -239,7 +253,7 @@ pub(crate) fn reduce<B: Backend>(
     ctx: &Reduction<'_, B>,
     bucket: &Bucket,
     grads: Vec<Option<B::FloatTensorPrimitive>>,
-) -> Result<Vec<B::FloatTensorPrimitive>, ReduceError> {
+) -> Result<Values<B>, ReduceError> {
     let world_size = ctx.comm.world_size();
     let rows = match bucket.mode {
         Mode::ReduceScatter => world_size,
@@ -292,6 +306,13 @@ pub(crate) fn reduce<B: Backend>(
     // The rest of the mean over all `ranks`:
     // sum / ranks = (sum of grad / predivide) / (ranks / predivide).
     let postdivide = ranks as f64 / ctx.predivide;
+    if ctx.to_host
+        && bucket.mode == Mode::ReduceScatter
+        && let Some(dtype) = shared_dtype(&bucket.members)
+    {
+        let shards = read_to_host::<B>(ctx, bucket, reduced, postdivide, dtype)?;
+        return Ok(Values::Host(shards));
+    }
     let parts: Vec<RowPart> = bucket
         .members
         .iter()
@@ -301,11 +322,48 @@ pub(crate) fn reduce<B: Backend>(
             dtype: member.dtype,
         })
         .collect();
-    Ok(unpack_row::<B>(
+    Ok(Values::Device(unpack_row::<B>(
         reduced,
         &parts,
         postdivide,
         PackPath::Auto,
         Some(&bucket.pool),
-    )?)
+    )?))
+}
+
+/// The dtype every member has, if they share one.
+fn shared_dtype(members: &[Member]) -> Option<DType> {
+    let dtype = members.first()?.dtype;
+    members.iter().all(|m| m.dtype == dtype).then_some(dtype)
+}
+
+/// This rank's reduced row, unpacked as one part (the same division and cast, element by
+/// element, as member by member), read back to host memory once and cut into the members'
+/// shards there.
+fn read_to_host<B: Backend>(
+    ctx: &Reduction<'_, B>,
+    bucket: &Bucket,
+    reduced: B::FloatTensorPrimitive,
+    postdivide: f64,
+    dtype: DType,
+) -> Result<Vec<TensorData>, ReduceError> {
+    let whole = RowPart {
+        offset: 0,
+        len: bucket.len,
+        dtype,
+    };
+    let row = unpack_row::<B>(reduced, &[whole], postdivide, PackPath::Auto, None)?
+        .pop()
+        .expect("one part asked for");
+    let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(row)).into_data();
+    ctx.counters.host_read();
+    let (bytes, size) = (data.as_bytes(), dtype.size());
+    Ok(bucket
+        .members
+        .iter()
+        .map(|m| {
+            let range = m.offset * size..(m.offset + m.len) * size;
+            TensorData::from_bytes_vec(bytes[range].to_vec(), [m.len], dtype)
+        })
+        .collect())
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 
-use crate::reduce::bucket::{Bucket, Member, Mode};
+use crate::reduce::bucket::{Bucket, Member, Mode, Values};
 use crate::reduce::queue::Reduced;
 use crate::reduce::slot::GradSlot;
 use crate::reduce::stats::ReductionStats;
@@ -40,8 +40,24 @@ pub(crate) fn deliver<B: Backend>(
         stats.collectives += per_bucket;
         stats.bytes += bucket.bytes(store.world_size());
         let mode = bucket.mode;
+        let values: Vec<ZeroTensor<B>> = match values {
+            Values::Device(values) => (bucket.members.iter().zip(values))
+                .map(|(member, value)| gradient(store, mode, member, value))
+                .collect(),
+            Values::Host(shards) => (bucket.members.iter().zip(shards))
+                .map(|(member, data)| {
+                    let shard = ShardedParam::gradient_on_host(
+                        store,
+                        member.key,
+                        data,
+                        member.shape.clone(),
+                        member.dtype,
+                    );
+                    ZeroTensor::Sharded(ShardedView::new(Arc::new(shard)))
+                })
+                .collect(),
+        };
         for (member, value) in bucket.members.iter().zip(values) {
-            let value = gradient(store, mode, member, value);
             match to.slots.remove(&member.key) {
                 Some(slot) => slot.write(value),
                 None => {

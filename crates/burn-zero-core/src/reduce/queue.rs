@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use burn::tensor::backend::Backend;
 
 use crate::memory::{MemoryKind, MemoryTracker};
-use crate::reduce::bucket::{self, Bucket, ReduceError, Reduction};
+use crate::reduce::bucket::{self, Bucket, ReduceError, Reduction, Values};
 
 /// One reduced bucket: its index in the layout and each member's reduced flat gradient.
 pub(crate) struct Reduced<B: Backend> {
     pub bucket: usize,
-    pub values: Vec<B::FloatTensorPrimitive>,
+    pub values: Values<B>,
 }
 
 /// Gradients of one backward pass waiting for their bucket.

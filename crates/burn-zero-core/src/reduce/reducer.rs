@@ -254,6 +254,8 @@ impl<B: Backend> GradientReducer<B> {
             device: store.device(),
             predivide: store.config().gradient_predivide_factor,
             memory: store.memory(),
+            to_host: store.gradients_on_host(),
+            counters: store.counters(),
         };
         let mut reduced = Vec::new();
         while !queue.is_done() {

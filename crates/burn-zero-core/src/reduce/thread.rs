@@ -15,6 +15,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -76,7 +77,8 @@ pub(crate) struct CommThread<B: Backend> {
 
 impl<B: Backend> CommThread<B> {
     /// Starts the thread of a rank, reducing `buckets` in positions of `order` (the rank's
-    /// groups behind its issuing thread) on `device`.
+    /// groups behind its issuing thread) on `device`; gradient shards go to host memory as
+    /// they are reduced while `to_host` is set.
     pub fn spawn(
         order: OrderedGroups<B>,
         buckets: Vec<Bucket>,
@@ -84,6 +86,7 @@ impl<B: Backend> CommThread<B> {
         predivide: f64,
         memory: Arc<MemoryTracker>,
         counters: Arc<RankCounters>,
+        to_host: Arc<AtomicBool>,
     ) -> std::io::Result<Self> {
         let (jobs, inbox) = channel::<Job<B>>();
         let (outbox, finished) = channel::<Finished<B>>();
@@ -96,6 +99,8 @@ impl<B: Backend> CommThread<B> {
             device: device.clone(),
             predivide,
             memory,
+            counters: counters.clone(),
+            to_host,
         };
         let thread = std::thread::Builder::new()
             .name(format!("burn-zero-reduce-{rank}"))
@@ -221,6 +226,9 @@ struct Work<B: Backend> {
     device: B::Device,
     predivide: f64,
     memory: Arc<MemoryTracker>,
+    counters: Arc<RankCounters>,
+    /// The store's flag: an optimizer that steps on the host wants gradient shards there.
+    to_host: Arc<AtomicBool>,
 }
 
 /// The thread's loop: queue gradients, have the issuing thread reduce the next bucket in each
@@ -310,6 +318,7 @@ impl<B: Backend> Pass<B> {
         let kinds = bucket.collectives(across.is_some());
         let (device, predivide, memory) =
             (work.device.clone(), work.predivide, work.memory.clone());
+        let (counters, to_host) = (work.counters.clone(), work.to_host.load(Ordering::Relaxed));
         let outcome = reservation.run(&kinds, move |shard| {
             let ctx = Reduction {
                 comm: shard,
@@ -317,6 +326,8 @@ impl<B: Backend> Pass<B> {
                 device: &device,
                 predivide,
                 memory: &memory,
+                to_host,
+                counters: &counters,
             };
             let values = bucket::reduce(&ctx, &bucket, grads);
             Ok((bucket, values))

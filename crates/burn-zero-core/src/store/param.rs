@@ -114,6 +114,34 @@ impl<B: Backend> ShardedParam<B> {
         gradient
     }
 
+    /// This rank's shard of parameter `key`'s reduced gradient, `data` already in host memory
+    /// (read back by the reduction for an optimizer that steps there).
+    pub(crate) fn gradient_on_host(
+        store: &Arc<ParamStore<B>>,
+        key: usize,
+        data: TensorData,
+        shape: Shape,
+        dtype: DType,
+    ) -> Self {
+        let block = Block::on_host(
+            key,
+            dtype,
+            ShardRole::Gradient.memory_kind(),
+            data,
+            store.device().clone(),
+            store.memory_handle(),
+            store.counters().clone(),
+        );
+        Self::holding(
+            store,
+            key,
+            ShardRole::Gradient,
+            block,
+            store.device().clone(),
+            shape,
+        )
+    }
+
     /// Position of the parameter in its module's visit order.
     pub fn key(&self) -> usize {
         self.key

@@ -44,7 +44,7 @@ pub struct ParamStore<B: Backend> {
     /// The auto placement (`auto_placement_capacity_mib`), when configured.
     auto: Option<Mutex<AutoPlacement>>,
     /// Whether reduced gradient shards go to host memory as they arrive.
-    gradients_on_host: AtomicBool,
+    gradients_on_host: Arc<AtomicBool>,
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
     live: Mutex<LiveBlocks<B>>,
     /// The gather order and the gathers issued ahead of use.
@@ -106,7 +106,7 @@ impl<B: Backend> ParamStore<B> {
             chunks: OnceLock::new(),
             host_keys: RwLock::new(HashSet::new()),
             auto,
-            gradients_on_host: AtomicBool::new(false),
+            gradients_on_host: Arc::new(AtomicBool::new(false)),
             live: Mutex::new(LiveBlocks {
                 blocks: HashMap::new(),
                 mastered: HashSet::new(),
@@ -164,6 +164,12 @@ impl<B: Backend> ParamStore<B> {
     /// Whether reduced gradient shards go to host memory as they arrive.
     pub fn gradients_on_host(&self) -> bool {
         self.gradients_on_host.load(Ordering::Relaxed)
+    }
+
+    /// The flag behind [`Self::gradients_on_host`], for the communication thread that reduces
+    /// during backward (a flag, not the store: the thread must not keep the store alive).
+    pub(crate) fn gradients_on_host_flag(&self) -> Arc<AtomicBool> {
+        self.gradients_on_host.clone()
     }
 
     /// Whether parameter `key`'s shard lives in host memory (`offload_param_frac`, or the
