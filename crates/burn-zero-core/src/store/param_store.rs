@@ -492,8 +492,10 @@ impl<B: Backend> ParamStore<B> {
             });
             let Some((other, version)) = current else {
                 return Err(CommError::InvalidGroup(format!(
-                    "parameter #{} of the chunk being gathered has no values on this rank \
-                     (freed for the optimizer step by reuse_fp16_shard)",
+                    "parameter #{} of the chunk being gathered has no values on this rank: \
+                     it was released after backward (reuse_fp16_shard) and lives in the \
+                     optimizer's fp32 master until the next optimizer step; step before the \
+                     next forward",
                     member.key
                 )));
             };
