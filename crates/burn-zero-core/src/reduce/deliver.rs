@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
 
 use crate::reduce::bucket::{Bucket, Member, Mode, Values};
@@ -45,16 +46,7 @@ pub(crate) fn deliver<B: Backend>(
                 .map(|(member, value)| gradient(store, mode, member, value))
                 .collect(),
             Values::Host(shards) => (bucket.members.iter().zip(shards))
-                .map(|(member, data)| {
-                    let shard = ShardedParam::gradient_on_host(
-                        store,
-                        member.key,
-                        data,
-                        member.shape.clone(),
-                        member.dtype,
-                    );
-                    ZeroTensor::Sharded(ShardedView::new(Arc::new(shard)))
-                })
+                .map(|(member, data)| host_gradient(store, member, data))
                 .collect(),
         };
         for (member, value) in bucket.members.iter().zip(values) {
@@ -69,6 +61,18 @@ pub(crate) fn deliver<B: Backend>(
             }
         }
     }
+}
+
+/// A member's reduced gradient shard, already read back to host memory, as the tensor
+/// autodiff receives.
+fn host_gradient<B: Backend>(
+    store: &Arc<ParamStore<B>>,
+    member: &Member,
+    data: TensorData,
+) -> ZeroTensor<B> {
+    let (shape, dtype) = (member.shape.clone(), member.dtype);
+    let shard = ShardedParam::gradient_on_host(store, member.key, data, shape, dtype);
+    ZeroTensor::Sharded(ShardedView::new(Arc::new(shard)))
 }
 
 /// Turns a member's reduced flat gradient into the tensor autodiff receives.
