@@ -6,8 +6,8 @@
 //! collective's launch and its wait, a synchronisation that drains the stream, a host read
 //! that waits for the value, an upload over the bus). They are counted where burn-zero issues
 //! them — the rank's issuing thread for collectives and the synchronisation before each, the
-//! gradient reducer, the offloaded blocks, the optimizer's host reads and uploads — so a count per step is exact on any machine, and a target on
-//! it holds on a GPU too.
+//! gradient reducer, the offloaded blocks, the optimizer's host reads and uploads — so a count
+//! per step is exact on any machine, and a target on it holds on a GPU too.
 
 use std::ops::{Add, Sub};
 use std::sync::atomic::{AtomicU64, Ordering};

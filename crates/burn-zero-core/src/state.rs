@@ -178,8 +178,8 @@ impl<B: Backend> ZeroState<B> {
     }
 
     /// This rank's counts since it started — collectives by kind, device synchronisations,
-    /// host reads and writes — for every module sharded on its context: two snapshots subtract to the
-    /// counts of the steps between them.
+    /// host reads and writes — for every module sharded on its context: two snapshots subtract
+    /// to the counts of the steps between them.
     pub fn counts(&self) -> Counts {
         self.store.counters().snapshot()
     }

@@ -20,6 +20,7 @@ use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorData, TensorMetadata};
 use burn_zero_core::chunk::{Chunk, ChunkKind};
+use burn_zero_core::store::host_slices;
 use burn_zero_core::{ParamStore, ShardedView, ZeroTensor};
 
 use crate::master::{Master, cast_to};
@@ -369,12 +370,12 @@ fn write_back_host<B: Backend>(
     views: Vec<&ShardedView<B>>,
     stepped: &mut ByKey<B>,
 ) {
-    let bytes = data.as_bytes();
-    let size = data.dtype.size();
-    for (member, view) in chunk.members.iter().zip(views) {
-        let range = member.offset * size..(member.offset + member.block_len) * size;
-        let part =
-            TensorData::from_bytes_vec(bytes[range].to_vec(), [member.block_len], data.dtype);
+    let ranges = chunk
+        .members
+        .iter()
+        .map(|m| m.offset..m.offset + m.block_len);
+    let parts = host_slices(data, ranges);
+    for ((member, view), part) in chunk.members.iter().zip(views).zip(parts) {
         let param = view.param().with_host_shard(part);
         let value = ZeroTensor::Sharded(ShardedView::new(Arc::new(param)));
         stepped.insert(member.key, value);

@@ -25,7 +25,7 @@ use burn_zero_kernels::{
 
 use crate::chunk::{Chunk, ChunkKind, ChunkLayout};
 use crate::memory::{MemoryKind, MemoryTracker};
-use crate::store::{BlockLayout, ParamInfo};
+use crate::store::{BlockLayout, ParamInfo, host_slices};
 
 /// How a bucket's gradients are reduced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -357,13 +357,6 @@ fn read_to_host<B: Backend>(
         .expect("one part asked for");
     let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(row)).into_data();
     ctx.counters.host_read();
-    let (bytes, size) = (data.as_bytes(), dtype.size());
-    Ok(bucket
-        .members
-        .iter()
-        .map(|m| {
-            let range = m.offset * size..(m.offset + m.len) * size;
-            TensorData::from_bytes_vec(bytes[range].to_vec(), [m.len], dtype)
-        })
-        .collect())
+    let ranges = bucket.members.iter().map(|m| m.offset..m.offset + m.len);
+    Ok(host_slices(&data, ranges))
 }

@@ -81,21 +81,19 @@ impl<B: Backend> Block<B> {
         counters: Arc<RankCounters>,
     ) -> Self {
         let bytes = data.as_bytes().len();
-        let block = Self {
+        memory.add(host_kind(kind), bytes);
+        Self {
             key,
             dtype,
             kind,
-            values: RwLock::new(None),
+            values: RwLock::new(Some(Held::Host {
+                data,
+                device,
+                bytes,
+            })),
             memory,
             counters,
-        };
-        block.memory.add(block.host_kind(), bytes);
-        *write(&block.values) = Some(Held::Host {
-            data,
-            device,
-            bytes,
-        });
-        block
+        }
     }
 
     /// The element type of the tensor the block belongs to.
@@ -114,8 +112,7 @@ impl<B: Backend> Block<B> {
         match &*read(&self.values) {
             Some(Held::Device(values)) => values.clone(),
             Some(Held::Host { data, device, .. }) => {
-                self.counters.host_write();
-                B::float_from_data(data.clone(), device)
+                Self::upload(data.clone(), device, &self.counters)
             }
             None => panic!(
                 "burn-zero: parameter #{} was released after backward (reuse_fp16_shard): its \
@@ -141,18 +138,19 @@ impl<B: Backend> Block<B> {
     /// the host or released.
     pub(crate) fn move_to_host(&self) {
         let mut held = write(&self.values);
-        if !matches!(&*held, Some(Held::Device(_))) {
-            return;
-        }
-        let Some(Held::Device(values)) = held.take() else {
-            unreachable!("matched above")
+        let values = match held.take() {
+            Some(Held::Device(values)) => values,
+            elsewhere => {
+                *held = elsewhere;
+                return;
+            }
         };
         let bytes = primitive_bytes(&values);
         let device = B::float_device(&values);
         let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(values)).into_data();
         self.counters.host_read();
         self.memory.sub(self.kind, bytes);
-        self.memory.add(self.host_kind(), bytes);
+        self.memory.add(host_kind(self.kind), bytes);
         *held = Some(Held::Host {
             data,
             device,
@@ -181,46 +179,35 @@ impl<B: Backend> Block<B> {
         }
     }
 
-    /// Uploads host bytes to `device` as one flat tensor of `numel` elements of `dtype`,
-    /// counting one host write in `counters`.
+    /// Uploads `data` from host memory to `device`, counting one host write in `counters`:
+    /// every upload of host-held values goes through here.
     pub(crate) fn upload(
-        bytes: Vec<u8>,
-        numel: usize,
-        dtype: DType,
+        data: TensorData,
         device: &B::Device,
         counters: &RankCounters,
     ) -> B::FloatTensorPrimitive {
         counters.host_write();
-        B::float_from_data(TensorData::from_bytes_vec(bytes, [numel], dtype), device)
-    }
-
-    /// How the block counts while it is in host memory.
-    fn host_kind(&self) -> MemoryKind {
-        match self.kind {
-            MemoryKind::GradientShards => MemoryKind::HostGradientShards,
-            _ => MemoryKind::HostParameterShards,
-        }
+        B::float_from_data(data, device)
     }
 
     /// Moves values held in host memory back to the device (an upload, counted), where they
     /// stay. Does nothing to a block already on the device or released.
     pub(crate) fn move_to_device(&self) {
         let mut held = write(&self.values);
-        if !matches!(&*held, Some(Held::Host { .. })) {
-            return;
-        }
-        let Some(Held::Host {
-            data,
-            device,
-            bytes,
-        }) = held.take()
-        else {
-            unreachable!("matched above")
+        let (data, device, bytes) = match held.take() {
+            Some(Held::Host {
+                data,
+                device,
+                bytes,
+            }) => (data, device, bytes),
+            elsewhere => {
+                *held = elsewhere;
+                return;
+            }
         };
-        self.memory.sub(self.host_kind(), bytes);
+        self.memory.sub(host_kind(self.kind), bytes);
         self.memory.add(self.kind, bytes);
-        self.counters.host_write();
-        *held = Some(Held::Device(B::float_from_data(data, &device)));
+        *held = Some(Held::Device(Self::upload(data, &device, &self.counters)));
     }
 
     /// Frees the values: their memory is then the gradient shard's to use.
@@ -228,7 +215,7 @@ impl<B: Backend> Block<B> {
         let freed = write(&self.values).take();
         match freed {
             Some(Held::Device(values)) => self.memory.sub(self.kind, primitive_bytes(&values)),
-            Some(Held::Host { bytes, .. }) => self.memory.sub(self.host_kind(), bytes),
+            Some(Held::Host { bytes, .. }) => self.memory.sub(host_kind(self.kind), bytes),
             None => {}
         }
     }
@@ -238,6 +225,30 @@ impl<B: Backend> Drop for Block<B> {
     fn drop(&mut self) {
         self.release();
     }
+}
+
+/// How a block of `kind` counts while it is in host memory.
+fn host_kind(kind: MemoryKind) -> MemoryKind {
+    match kind {
+        MemoryKind::GradientShards => MemoryKind::HostGradientShards,
+        _ => MemoryKind::HostParameterShards,
+    }
+}
+
+/// Each of `ranges` (in elements) of `data`, a flat tensor in host memory, as a flat tensor of
+/// its own: the members' shards of a chunk's or bucket's shard read back in one transfer.
+pub fn host_slices(
+    data: &TensorData,
+    ranges: impl IntoIterator<Item = std::ops::Range<usize>>,
+) -> Vec<TensorData> {
+    let (bytes, size) = (data.as_bytes(), data.dtype.size());
+    ranges
+        .into_iter()
+        .map(|r| {
+            let part = bytes[r.start * size..r.end * size].to_vec();
+            TensorData::from_bytes_vec(part, [r.len()], data.dtype)
+        })
+        .collect()
 }
 
 /// Bytes of a tensor primitive's data.

@@ -63,6 +63,29 @@ impl<B: Backend> ShardedParam<B> {
         Self::holding(store, key, role, block, device, shape)
     }
 
+    /// A shard whose values `data` are already in host memory, uploaded to the store's device
+    /// whenever they are read.
+    fn new_on_host(
+        store: &Arc<ParamStore<B>>,
+        key: usize,
+        role: ShardRole,
+        data: TensorData,
+        shape: Shape,
+        dtype: DType,
+    ) -> Self {
+        let device = store.device().clone();
+        let block = Block::on_host(
+            key,
+            dtype,
+            role.memory_kind(),
+            data,
+            device.clone(),
+            store.memory_handle(),
+            store.counters().clone(),
+        );
+        Self::holding(store, key, role, block, device, shape)
+    }
+
     fn holding(
         store: &Arc<ParamStore<B>>,
         key: usize,
@@ -123,23 +146,7 @@ impl<B: Backend> ShardedParam<B> {
         shape: Shape,
         dtype: DType,
     ) -> Self {
-        let block = Block::on_host(
-            key,
-            dtype,
-            ShardRole::Gradient.memory_kind(),
-            data,
-            store.device().clone(),
-            store.memory_handle(),
-            store.counters().clone(),
-        );
-        Self::holding(
-            store,
-            key,
-            ShardRole::Gradient,
-            block,
-            store.device().clone(),
-            shape,
-        )
+        Self::new_on_host(store, key, ShardRole::Gradient, data, shape, dtype)
     }
 
     /// Position of the parameter in its module's visit order.
@@ -237,23 +244,8 @@ impl<B: Backend> ShardedParam<B> {
             block_len,
             self.dtype()
         );
-        let block = Block::on_host(
-            self.key,
-            self.dtype(),
-            self.role.memory_kind(),
-            shard,
-            self.device.clone(),
-            self.store.memory_handle(),
-            self.store.counters().clone(),
-        );
-        let param = Self::holding(
-            &self.store,
-            self.key,
-            self.role,
-            block,
-            self.device.clone(),
-            self.shape.clone(),
-        );
+        let (shape, dtype) = (self.shape.clone(), self.dtype());
+        let param = Self::new_on_host(&self.store, self.key, self.role, shard, shape, dtype);
         self.store
             .track_block(self.key, &param.block, param.version);
         param

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::DistributedParamId;
-use burn::tensor::{DType, Shape, Slice, Tensor, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, Shape, Slice, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::sync::{lock, read, write};
 use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
 use burn_zero_kernels::{DeviceMemorySampler, device_memory};
@@ -528,7 +528,8 @@ impl<B: Backend> ParamStore<B> {
             dtype = Some(block_dtype);
             numel += len;
         }
-        let values = Block::<B>::upload(bytes, numel, dtype?, &self.device, &self.counters);
+        let data = TensorData::from_bytes_vec(bytes, [numel], dtype?);
+        let values = Block::<B>::upload(data, &self.device, &self.counters);
         Some(Tensor::from_primitive(TensorPrimitive::Float(values)))
     }
 
