@@ -6,7 +6,7 @@
 //! allocator, before and after 100 models are sharded, trained one step and dropped on each of
 //! two ranks.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use burn::backend::Flex;
 use burn::optim::{AdamConfig, GradientsParams};
@@ -26,6 +26,22 @@ fn threads() -> usize {
     std::fs::read_dir("/proc/self/task")
         .expect("/proc/self/task lists the process's threads")
         .count()
+}
+
+/// Threads of this process once those that are exiting have gone, read when at most `limit`
+/// remain or after two seconds. A joined thread can stay listed for a moment after its join
+/// returned (the kernel wakes the joiner before it removes the task), so a single read can
+/// count a thread that is already finished; a leaked thread never leaves, so the wait cannot
+/// hide one.
+fn threads_settled(limit: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let now = threads();
+        if now <= limit || Instant::now() >= deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Shards the model with a gradient-reduction thread and prefetch on, trains one step and
@@ -57,13 +73,21 @@ fn sharding_and_dropping_a_hundred_models_returns_threads_and_heap() {
         // exist before the baseline.
         shard_train_drop(&ctx, &base)?;
         ctx.comm().barrier()?;
-        let before = (threads(), ALLOCATOR.live());
+        // The first model's threads may still be leaving: the baseline is the fewest seen.
+        let fewest = (0..10)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(10));
+                threads()
+            })
+            .min()
+            .unwrap_or_default();
+        let before = (fewest, ALLOCATOR.live());
         ctx.comm().barrier()?;
         for _ in 0..MODELS {
             shard_train_drop(&ctx, &base)?;
         }
         ctx.comm().barrier()?;
-        let after = (threads(), ALLOCATOR.live());
+        let after = (threads_settled(before.0), ALLOCATOR.live());
         ctx.comm().barrier()?;
         Ok((before, after))
     })
@@ -71,9 +95,10 @@ fn sharding_and_dropping_a_hundred_models_returns_threads_and_heap() {
     for (rank, ((threads_before, heap_before), (threads_after, heap_after))) in
         counts.into_iter().enumerate()
     {
-        assert_eq!(
-            threads_after, threads_before,
-            "rank {rank}: {MODELS} sharded and dropped models left threads behind"
+        assert!(
+            threads_after <= threads_before,
+            "rank {rank}: {MODELS} sharded and dropped models left threads behind ({threads_before} \
+             → {threads_after})"
         );
         // A model with its masters, Adam state and store holds tens of kilobytes of heap here:
         // a leak of even one model per hundred shows.
