@@ -120,6 +120,10 @@ struct Args {
     /// device); needs a device backend (wgpu, CUDA).
     #[arg(long)]
     auto_placement_mib: Option<f64>,
+    /// Stage 3: the same placement under the capacity the CUDA driver reports (free memory
+    /// when the model is sharded, plus what cubecl holds reserved); CUDA only.
+    #[arg(long)]
+    auto_placement_device: bool,
     /// Optimizer steps.
     #[arg(long, default_value_t = defaults().steps)]
     steps: usize,
@@ -182,6 +186,7 @@ impl Args {
             chunk_size: self.chunk_size,
             offload_param_frac: self.offload_param_frac,
             auto_placement_mib: self.auto_placement_mib,
+            auto_placement_device: self.auto_placement_device,
             steps: self.steps,
             batch_size: self.batch_size,
             accumulation: self.accumulation,
@@ -540,6 +545,7 @@ fn write_report(
                 "chunk_size": format!("{:?}", config.chunk_size),
                 "offload_param_frac": config.offload_param_frac,
                 "auto_placement_mib": config.auto_placement_mib,
+                "auto_placement_device": config.auto_placement_device,
                 "chunks": r.chunks,
                 "last_step_counts": r.step_counts,
                 "backend": backend,

@@ -317,4 +317,17 @@ fn parameters_on_the_host_train_the_same_bits_and_bad_fractions_are_refused() {
         let error = config.validate().unwrap_err();
         assert!(error.contains("--auto-placement-mib"), "{mib}: {error}");
     }
+    let both = RunConfig {
+        auto_placement_mib: Some(64.0),
+        auto_placement_device: true,
+        stage: 3,
+        ..short(1)
+    };
+    let error = both.validate().unwrap_err();
+    assert!(
+        error.contains("--auto-placement-mib")
+            && error.contains("--auto-placement-device")
+            && error.contains("set one of the two"),
+        "{error}"
+    );
 }

@@ -110,6 +110,54 @@ fn zero_on_nccl_trains_like_local_group_on_every_gpu() {
     nccl_against_local_group((0..count).map(CudaDevice::new).collect());
 }
 
+#[test]
+fn the_auto_placement_plans_for_the_gpus_own_capacity() {
+    let test = "the_auto_placement_plans_for_the_gpus_own_capacity";
+    if skip::cuda_devices(test, 1).is_none() {
+        return;
+    }
+    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    let device = CudaDevice::new(0);
+    let total = burn_zero::comm::device_capacity::<Backend>(&device)
+        .expect("Burn's CUDA backend has a capacity")
+        .unwrap()
+        .total;
+    let run = |config: &RunConfig| {
+        train_with::<Backend>(
+            config,
+            device.clone(),
+            |_| {},
+            local_ranks::<Backend>(1, device.clone()),
+        )
+        .unwrap()
+    };
+    let placed = run(&RunConfig {
+        auto_placement_device: true,
+        ..short(1, 3)
+    });
+    let on_device = run(&short(1, 3));
+    let decision = placed[0]
+        .memory
+        .as_ref()
+        .and_then(|memory| memory.auto_placement)
+        .expect("the placement decided after its warm-up");
+    println!(
+        "{:.0} MiB on the device: {decision:?}",
+        total as f64 / 1048576.0
+    );
+    // The tiny model fits many times over: every chunk goes to the device.
+    assert!(
+        decision.capacity_bytes > 0 && decision.capacity_bytes <= total,
+        "{decision:?} against {total} bytes"
+    );
+    assert_eq!(decision.host_chunks, 0, "{decision:?}");
+    let (losses, params) = difference(&placed, &on_device);
+    assert!(
+        losses <= 1e-4 && params <= 1e-4,
+        "placed and unplaced runs diverge (loss {losses:e}, parameters {params:e})"
+    );
+}
+
 /// A built program: `$variable` when set (a test binary carried to another machine is told
 /// where the programs are), otherwise `relative` to the target folder this test runs from.
 fn program(variable: &str, relative: &str) -> PathBuf {

@@ -13,6 +13,7 @@
 //!   every process, schedules compared across processes before data moves).
 //! - `nccl` (feature `cuda`): `NcclGroup`, the NCCL engine for Burn's CUDA backend (fused or
 //!   plain), within one process or across processes started by `zero-run`.
+//! - [`device_capacity`]: a CUDA device's total and free memory, from its driver.
 //! - [`libraries`]: the CUDA libraries loaded at run time and a [`MissingLibrary`] error that
 //!   names the one that is missing and how to provide it.
 //!
@@ -37,6 +38,7 @@
 
 pub mod agree;
 pub mod call;
+pub mod capacity;
 pub mod communicator;
 pub mod control;
 pub mod counters;
@@ -51,6 +53,7 @@ pub mod ordered;
 /// Locks that a panicking rank does not poison for the others.
 pub use burn_zero_launch::sync;
 pub use call::{CollectiveCall, CollectiveOp, ReduceOp};
+pub use capacity::{CapacityError, DeviceCapacity, device_capacity};
 pub use communicator::Communicator;
 pub use control::JobControl;
 pub use counters::{CollectiveKind, Counts, RankCounters};

@@ -18,6 +18,8 @@ burn_zero_testing::skipped_without_feature!(
     a_rank_that_stops_early_does_not_hang_the_others,
     ranks_in_separate_processes_meet_through_the_environment,
     without_cuda_the_engine_reports_what_is_missing,
+    every_gpu_reports_its_memory_and_an_allocation_takes_from_the_free_part,
+    without_a_device_the_capacity_is_a_named_error,
 );
 
 /// The list above names every test of `engine.rs`.

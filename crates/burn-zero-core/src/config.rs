@@ -110,6 +110,14 @@ pub struct ZeroConfig {
     /// (wgpu, CUDA, with burn-zero's `wgpu`/`cuda` features); replaces `offload_param_frac`.
     #[config(default = "None")]
     pub auto_placement_capacity_mib: Option<f64>,
+    /// Stage 3: the auto placement of `auto_placement_capacity_mib`, with the capacity read
+    /// from the device when the model is sharded instead of given: on CUDA, the memory the
+    /// driver reports free then plus the bytes cubecl already holds reserved there (so memory
+    /// other processes hold is not planned for). Other backends report no capacity (cubecl
+    /// 0.10 counts its own bytes, not the device's size): `shard` refuses it there, naming
+    /// `auto_placement_capacity_mib`.
+    #[config(default = false)]
+    pub auto_placement_device_capacity: bool,
 }
 
 impl ZeroConfig {
@@ -136,6 +144,38 @@ impl ZeroConfig {
                 "shard_group_size {s} does not divide the {world_size} ranks into equal groups"
             )),
         }
+    }
+
+    /// The auto placement's own rules, under whichever of its two options turned it on.
+    fn validate_auto_placement(&self) -> Result<(), String> {
+        let option = match (
+            self.auto_placement_capacity_mib.is_some(),
+            self.auto_placement_device_capacity,
+        ) {
+            (false, false) => return Ok(()),
+            (true, true) => {
+                return Err("auto_placement_capacity_mib gives the capacity and \
+                            auto_placement_device_capacity reads it from the device: set one \
+                            of the two"
+                    .into());
+            }
+            (true, false) => "auto_placement_capacity_mib",
+            (false, true) => "auto_placement_device_capacity",
+        };
+        if self.stage != 3 {
+            return Err(format!(
+                "{option} needs stage 3 (parameters sharded and gathered at use), not stage {}",
+                self.stage
+            ));
+        }
+        if self.offload_param_frac > 0.0 {
+            return Err(format!(
+                "{option} places parameter shards by measurement; offload_param_frac {} would \
+                 place them by fraction: set one of the two",
+                self.offload_param_frac
+            ));
+        }
+        Ok(())
     }
 
     /// Checks the values that cannot work.
@@ -167,27 +207,14 @@ impl ZeroConfig {
                 self.offload_param_frac
             ));
         }
-        if let Some(capacity) = self.auto_placement_capacity_mib {
-            if !(capacity.is_finite() && capacity > 0.0) {
-                return Err(format!(
-                    "auto_placement_capacity_mib must be a positive number of MiB, not {capacity}"
-                ));
-            }
-            if self.stage != 3 {
-                return Err(format!(
-                    "auto_placement_capacity_mib needs stage 3 (parameters sharded and gathered \
-                     at use), not stage {}",
-                    self.stage
-                ));
-            }
-            if self.offload_param_frac > 0.0 {
-                return Err(format!(
-                    "auto_placement_capacity_mib places parameter shards by measurement; \
-                     offload_param_frac {} would place them by fraction: set one of the two",
-                    self.offload_param_frac
-                ));
-            }
+        if let Some(capacity) = self.auto_placement_capacity_mib
+            && !(capacity.is_finite() && capacity > 0.0)
+        {
+            return Err(format!(
+                "auto_placement_capacity_mib must be a positive number of MiB, not {capacity}"
+            ));
         }
+        self.validate_auto_placement()?;
         if self.offload_param_frac > 0.0 && self.stage != 3 {
             return Err(format!(
                 "offload_param_frac needs stage 3 (parameters sharded and gathered at use), not \

@@ -14,6 +14,10 @@ pub enum ZeroError {
     /// A configuration that cannot work.
     #[error("invalid ZeroConfig: {0}")]
     InvalidConfig(String),
+    /// The auto placement was asked to read the device's capacity and its driver could not
+    /// report it.
+    #[error("the auto placement could not read the device's capacity: {0}")]
+    DeviceCapacity(#[from] burn_zero_comm::CapacityError),
     /// A module that is already sharded.
     #[error("parameter {0} is already sharded")]
     AlreadySharded(String),

@@ -18,6 +18,7 @@ use crate::reduce::GradientReducer;
 use crate::reduce::bucket::{self, Mode};
 use crate::reduce::thread::CommThread;
 use crate::state::ZeroState;
+use crate::store::auto_placement;
 use crate::store::table::ParamTable;
 use crate::store::{Groups, ParamInfo, ParamStore, ShardedParam};
 use crate::tensor::{ShardedView, ZeroTensor};
@@ -64,16 +65,7 @@ where
     M: Module<AB>,
 {
     config.validate().map_err(ZeroError::InvalidConfig)?;
-    if config.auto_placement_capacity_mib.is_some()
-        && burn_zero_kernels::device_memory::<B>(ctx.device()).is_none()
-    {
-        return Err(ZeroError::InvalidConfig(format!(
-            "auto_placement_capacity_mib needs a backend whose device memory cubecl reports \
-             (wgpu or CUDA, with burn-zero's `wgpu` or `cuda` feature); {} reports none: use \
-             offload_param_frac",
-            std::any::type_name::<B>()
-        )));
-    }
+    let config = &auto_placement::with_capacity::<B>(config, ctx.device())?;
     let shard_size = config
         .shard_group_size_for(ctx.world_size())
         .map_err(ZeroError::InvalidConfig)?;

@@ -146,9 +146,25 @@ fn bad_fractions_capacities_stages_and_backends_are_refused_by_name() {
                 .with_offload_param_frac(0.5),
             "set one of the two",
         ),
+        (
+            ZeroConfig::new()
+                .with_auto_placement_capacity_mib(Some(64.0))
+                .with_auto_placement_device_capacity(true),
+            "set one of the two",
+        ),
+        (
+            ZeroConfig::new()
+                .with_stage(2)
+                .with_auto_placement_device_capacity(true),
+            "auto_placement_device_capacity needs stage 3",
+        ),
         // Flex's memory is the host's: there is no device count to place by.
         (
             ZeroConfig::new().with_auto_placement_capacity_mib(Some(64.0)),
+            "burn_flex",
+        ),
+        (
+            ZeroConfig::new().with_auto_placement_device_capacity(true),
             "burn_flex",
         ),
     ];

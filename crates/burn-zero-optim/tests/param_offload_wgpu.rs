@@ -16,7 +16,8 @@
 //! runs' peaks, leaving room for one or two of the four layers' shards: its peak stays within
 //! the capacity that the all-on-device run exceeds, it moves as many layers' shards to the
 //! device as its measured room holds (at least one), and it trains the same bits; a capacity
-//! below what the run needs with every shard on the host stops it with a named error.
+//! below what the run needs with every shard on the host stops it with a named error, and so
+//! does asking to read the capacity from a wgpu device (only CUDA's driver reports one).
 //!
 //! A binary of its own: the count is the whole device's, so no other test may allocate on it
 //! meanwhile. Without a wgpu adapter the test says it was skipped, unless
@@ -220,6 +221,19 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
     };
     assert!(
         error.contains("does not fit") && error.contains("auto_placement_capacity_mib"),
+        "{error}"
+    );
+
+    // wgpu reports no device size: asking for it is refused, naming the option to use.
+    let error = match train(
+        &base,
+        ZeroConfig::new().with_auto_placement_device_capacity(true),
+    ) {
+        Ok(_) => panic!("a capacity was read from a wgpu device"),
+        Err(error) => error,
+    };
+    assert!(
+        error.contains("not a CUDA backend") && error.contains("auto_placement_capacity_mib"),
         "{error}"
     );
 }

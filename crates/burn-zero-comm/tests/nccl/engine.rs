@@ -9,7 +9,9 @@ use burn::tensor::{DType, Tensor, TensorData};
 use burn_zero_comm::nccl::{
     CudaBackend, CudaDevice, NcclGroup, NcclOptions, cuda_device_count, launch_nccl,
 };
-use burn_zero_comm::{CommError, Communicator, LaunchError, ReduceOp, launch};
+use burn_zero_comm::{
+    CapacityError, CommError, Communicator, LaunchError, ReduceOp, device_capacity, launch,
+};
 use burn_zero_testing::skip;
 
 type B = CudaBackend;
@@ -314,6 +316,67 @@ fn without_cuda_the_engine_reports_what_is_missing() {
     let text = error.to_string();
     assert!(
         text.contains("libcuda") || text.contains("libnccl") || text.contains("CUDA"),
+        "{text}"
+    );
+}
+
+#[test]
+fn every_gpu_reports_its_memory_and_an_allocation_takes_from_the_free_part() {
+    let test = "every_gpu_reports_its_memory_and_an_allocation_takes_from_the_free_part";
+    let Some((_guard, devices)) = gpus(test, 1) else {
+        return;
+    };
+    const TAKEN: usize = 256 << 20;
+    for device in &devices {
+        let read = || {
+            device_capacity::<B>(device)
+                .expect("Burn's CUDA backend has a capacity")
+                .unwrap_or_else(|error| panic!("{device:?}: {error}"))
+        };
+        let before = read();
+        assert!(
+            before.total > TAKEN as u64 && before.free <= before.total,
+            "{device:?}: {before:?}"
+        );
+        // cubecl reserves at least what it hands out: the driver's free memory falls by at
+        // least the tensor's bytes while it lives.
+        let held = Tensor::<B, 1>::zeros([TAKEN / 4], device);
+        <B as burn::tensor::backend::Backend>::sync(device).unwrap();
+        let during = read();
+        assert_eq!(during.total, before.total, "{device:?}");
+        assert!(
+            during.free + TAKEN as u64 <= before.free,
+            "{device:?}: {} MiB free before a {} MiB tensor, {} MiB with it",
+            before.free >> 20,
+            TAKEN >> 20,
+            during.free >> 20
+        );
+        drop(held);
+    }
+}
+
+#[test]
+fn without_a_device_the_capacity_is_a_named_error() {
+    if cuda_device_count().expect("the CUDA driver answers") > 0 {
+        skip::skip(
+            "without_a_device_the_capacity_is_a_named_error",
+            "a CUDA device is visible",
+        );
+        return;
+    }
+    let error = device_capacity::<B>(&CudaDevice::new(0))
+        .expect("Burn's CUDA backend has a capacity")
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            CapacityError::MissingLibrary(_) | CapacityError::NoSuchDevice { .. }
+        ),
+        "{error}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("libcuda") || text.contains("CUDA device"),
         "{text}"
     );
 }

@@ -24,8 +24,11 @@
 
 use std::time::Duration;
 
+use burn::tensor::backend::Backend;
 use burn_zero_kernels::DeviceMemorySampler;
 
+use crate::config::ZeroConfig;
+use crate::error::ZeroError;
 use crate::memory::AutoPlacementReport;
 
 /// How often the warm-up's sampler reads the device's memory.
@@ -68,6 +71,59 @@ pub struct CapacityExceeded {
 }
 
 const MIB: f64 = 1048576.0;
+
+/// `config` with the auto placement's capacity in `auto_placement_capacity_mib`, read from
+/// `device` when `auto_placement_device_capacity` asks for it; refuses a backend whose memory
+/// cubecl does not report (the placement's readings) or, for a read capacity, whose driver
+/// reports no size.
+pub(crate) fn with_capacity<B: Backend>(
+    config: &ZeroConfig,
+    device: &B::Device,
+) -> Result<ZeroConfig, ZeroError> {
+    let option = if config.auto_placement_device_capacity {
+        "auto_placement_device_capacity"
+    } else if config.auto_placement_capacity_mib.is_some() {
+        "auto_placement_capacity_mib"
+    } else {
+        return Ok(config.clone());
+    };
+    let backend = std::any::type_name::<B>();
+    let Some(held) = burn_zero_kernels::device_memory::<B>(device) else {
+        return Err(ZeroError::InvalidConfig(format!(
+            "{option} needs a backend whose device memory cubecl reports (wgpu or CUDA, with \
+             burn-zero's `wgpu` or `cuda` feature); {backend} reports none: use \
+             offload_param_frac"
+        )));
+    };
+    if !config.auto_placement_device_capacity {
+        return Ok(config.clone());
+    }
+    let Some(capacity) = burn_zero_comm::device_capacity::<B>(device) else {
+        return Err(ZeroError::InvalidConfig(format!(
+            "auto_placement_device_capacity reads the capacity from the CUDA driver, and \
+             {backend} is not a CUDA backend: give the capacity with \
+             auto_placement_capacity_mib"
+        )));
+    };
+    let capacity = capacity?;
+    // What this process may still have: the free memory, and the pools cubecl reserved
+    // already (free to the placement, taken to the driver).
+    let bytes = capacity
+        .free
+        .saturating_add(held.reserved)
+        .min(capacity.total);
+    tracing::info!(
+        total = capacity.total,
+        free = capacity.free,
+        reserved = held.reserved,
+        planned_for = bytes,
+        "auto placement: device capacity read from the driver"
+    );
+    let mut config = config.clone();
+    config.auto_placement_device_capacity = false;
+    config.auto_placement_capacity_mib = Some(bytes as f64 / MIB);
+    Ok(config)
+}
 
 impl AutoPlacement {
     pub(crate) fn new(capacity_mib: f64) -> Self {

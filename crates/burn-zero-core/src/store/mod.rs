@@ -16,7 +16,7 @@
 //! Dependencies run one way: `param` → `param_store` → `auto_placement`, `block`, `cache`,
 //! `groups`, `prefetch`, `table`. Where each rank's padded block of a tensor lies is [`crate::chunk::BlockLayout`]'s.
 
-mod auto_placement;
+pub(crate) mod auto_placement;
 pub mod block;
 mod cache;
 pub mod groups;

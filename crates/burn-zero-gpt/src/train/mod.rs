@@ -62,6 +62,8 @@ pub struct RunConfig {
     pub offload_param_frac: f64,
     /// Stage 3: place parameter shards by measurement under this device capacity (MiB).
     pub auto_placement_mib: Option<f64>,
+    /// Stage 3: the same placement under the capacity the CUDA driver reports.
+    pub auto_placement_device: bool,
     /// Optimizer steps.
     pub steps: usize,
     /// Sequences per optimizer step, over all ranks and micro-steps.
@@ -113,6 +115,7 @@ impl RunConfig {
             chunk_size: ChunkSize::Auto,
             offload_param_frac: 0.0,
             auto_placement_mib: None,
+            auto_placement_device: false,
             steps: 200,
             batch_size: 32,
             accumulation: 1,
@@ -174,9 +177,10 @@ impl RunConfig {
 }
 
 /// `ZeroConfig` fields and the flags that set them.
-const FLAGS: [(&str, &str); 6] = [
+const FLAGS: [(&str, &str); 7] = [
     ("offload_param_frac", "--offload-param-frac"),
     ("auto_placement_capacity_mib", "--auto-placement-mib"),
+    ("auto_placement_device_capacity", "--auto-placement-device"),
     ("bucket_size_mb", "--bucket-mb"),
     ("persist_below_numel", "--persist-below"),
     ("shard_group_size", "--shard-group-size"),
@@ -368,5 +372,6 @@ fn zero_config(config: &RunConfig) -> ZeroConfig {
         .with_chunk_size(config.chunk_size)
         .with_offload_param_frac(config.offload_param_frac)
         .with_auto_placement_capacity_mib(config.auto_placement_mib)
+        .with_auto_placement_device_capacity(config.auto_placement_device)
         .with_overlap_comm(config.overlap_comm)
 }
