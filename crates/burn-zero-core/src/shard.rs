@@ -121,7 +121,7 @@ where
             config.gradient_predivide_factor,
             store.memory_handle(),
             store.counters().clone(),
-            store.gradients_on_host_flag(),
+            store.host_gradients(),
         )
         .map_err(|error| {
             ZeroError::Comm(CommError::InvalidGroup(format!(

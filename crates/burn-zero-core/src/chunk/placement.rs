@@ -23,6 +23,17 @@ pub fn host_chunks(layout: &ChunkLayout, frac: f64) -> Vec<usize> {
     )
 }
 
+/// The ids of the trainable chunks of `layout` (sharded or replicated) whose masters and
+/// optimizer state step on the host when a fraction `frac` (0 to 1) of their bytes is
+/// offloaded (Gemini's `offload_optim_frac`): whole chunks in layout order, as the parameter
+/// fraction takes them, so every rank makes the same choice.
+pub fn optimizer_host_chunks(layout: &ChunkLayout, frac: f64) -> Vec<usize> {
+    let trainable = || layout.chunks().iter().filter(|c| c.trainable);
+    let total: usize = trainable().map(shard_bytes).sum();
+    let allowed = (frac.clamp(0.0, 1.0) * total as f64).round() as usize;
+    take_within(trainable(), allowed)
+}
+
 /// The ids of the sharded chunks of `layout` whose parameter shards fit on the device in
 /// `room` bytes (the auto placement's choice once its warm-up has measured the room).
 pub fn device_chunks(layout: &ChunkLayout, room: usize) -> Vec<usize> {
@@ -38,9 +49,14 @@ pub fn member_keys(layout: &ChunkLayout, ids: &[usize]) -> HashSet<usize> {
 
 /// The sharded chunks in layout order, whole, while their shards' bytes stay within `allowed`.
 fn first_within(layout: &ChunkLayout, allowed: usize) -> Vec<usize> {
+    take_within(sharded(layout), allowed)
+}
+
+/// `chunks` in order, whole, while their shards' bytes stay within `allowed`.
+fn take_within<'a>(chunks: impl Iterator<Item = &'a Chunk>, allowed: usize) -> Vec<usize> {
     let mut taken = 0;
     let mut ids = Vec::new();
-    for chunk in sharded(layout) {
+    for chunk in chunks {
         if taken + shard_bytes(chunk) > allowed {
             break;
         }
@@ -117,6 +133,17 @@ mod tests {
         assert_eq!(device_chunks(&layout, 400), vec![0, 1]);
         assert_eq!(device_chunks(&layout, 799), vec![0, 1]);
         assert_eq!(device_chunks(&layout, 800), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn the_optimizer_fraction_counts_replicated_chunks_too() {
+        // Shards of 200, 200 and 40 bytes (the replicated chunk's 10 elements whole, on each
+        // rank) in layout order: 440 bytes.
+        let layout = layout(&[(100, true), (100, true), (10, false)], 2, None);
+        assert_eq!(optimizer_host_chunks(&layout, 0.0), Vec::<usize>::new());
+        assert_eq!(optimizer_host_chunks(&layout, 0.5), vec![0]);
+        assert_eq!(optimizer_host_chunks(&layout, 0.95), vec![0, 1]);
+        assert_eq!(optimizer_host_chunks(&layout, 1.0), vec![0, 1, 2]);
     }
 
     #[test]

@@ -25,6 +25,7 @@ use burn_zero_kernels::{
 
 use crate::chunk::{Chunk, ChunkKind, ChunkLayout};
 use crate::memory::{MemoryKind, MemoryTracker};
+use crate::store::host_gradients::HostGradients;
 use crate::store::{BlockLayout, ParamInfo, host_slices};
 
 /// How a bucket's gradients are reduced.
@@ -215,9 +216,9 @@ pub(crate) struct Reduction<'a, B: Backend> {
     pub device: &'a B::Device,
     pub predivide: f64,
     pub memory: &'a MemoryTracker,
-    /// Whether this rank's gradient shards go to host memory as they are reduced (an
-    /// optimizer that steps there asked for it), and the counts that transfer is counted in.
-    pub to_host: bool,
+    /// Which of this rank's gradient shards go to host memory as they are reduced (an
+    /// optimizer that steps there asked for them), and the counts that transfer is counted in.
+    pub to_host: &'a HostGradients,
     pub counters: &'a RankCounters,
 }
 
@@ -306,8 +307,8 @@ pub(crate) fn reduce<B: Backend>(
     // The rest of the mean over all `ranks`:
     // sum / ranks = (sum of grad / predivide) / (ranks / predivide).
     let postdivide = ranks as f64 / ctx.predivide;
-    if ctx.to_host
-        && bucket.mode == Mode::ReduceScatter
+    if bucket.mode == Mode::ReduceScatter
+        && ctx.to_host.of_all(bucket.members.iter().map(|m| m.key))
         && let Some(dtype) = shared_dtype(&bucket.members)
     {
         let shards = read_to_host::<B>(ctx, bucket, reduced, postdivide, dtype)?;

@@ -254,7 +254,7 @@ impl<B: Backend> GradientReducer<B> {
             device: store.device(),
             predivide: store.config().gradient_predivide_factor,
             memory: store.memory(),
-            to_host: store.gradients_on_host(),
+            to_host: &store.host_gradients(),
             counters: store.counters(),
         };
         let mut reduced = Vec::new();

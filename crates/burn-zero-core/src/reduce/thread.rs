@@ -15,7 +15,6 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -27,6 +26,7 @@ use crate::memory::MemoryTracker;
 use crate::reduce::bucket::{self, Bucket, ReduceError, Reduction};
 use crate::reduce::queue::{BucketQueue, Reduced};
 use crate::store::groups::OrderedGroups;
+use crate::store::host_gradients::HostGradients;
 
 enum Job<B: Backend> {
     /// Parameter `key`'s final gradient, counted as `bytes` of bucket memory.
@@ -86,7 +86,7 @@ impl<B: Backend> CommThread<B> {
         predivide: f64,
         memory: Arc<MemoryTracker>,
         counters: Arc<RankCounters>,
-        to_host: Arc<AtomicBool>,
+        to_host: Arc<HostGradients>,
     ) -> std::io::Result<Self> {
         let (jobs, inbox) = channel::<Job<B>>();
         let (outbox, finished) = channel::<Finished<B>>();
@@ -228,7 +228,7 @@ struct Work<B: Backend> {
     memory: Arc<MemoryTracker>,
     counters: Arc<RankCounters>,
     /// The store's flag: an optimizer that steps on the host wants gradient shards there.
-    to_host: Arc<AtomicBool>,
+    to_host: Arc<HostGradients>,
 }
 
 /// The thread's loop: queue gradients, have the issuing thread reduce the next bucket in each
@@ -318,7 +318,7 @@ impl<B: Backend> Pass<B> {
         let kinds = bucket.collectives(across.is_some());
         let (device, predivide, memory) =
             (work.device.clone(), work.predivide, work.memory.clone());
-        let (counters, to_host) = (work.counters.clone(), work.to_host.load(Ordering::Relaxed));
+        let (counters, to_host) = (work.counters.clone(), work.to_host.clone());
         let outcome = reservation.run(&kinds, move |shard| {
             let ctx = Reduction {
                 comm: shard,
@@ -326,7 +326,7 @@ impl<B: Backend> Pass<B> {
                 device: &device,
                 predivide,
                 memory: &memory,
-                to_host,
+                to_host: &to_host,
                 counters: &counters,
             };
             let values = bucket::reduce(&ctx, &bucket, grads);

@@ -20,6 +20,7 @@ pub(crate) mod auto_placement;
 pub mod block;
 mod cache;
 pub mod groups;
+pub mod host_gradients;
 pub mod param;
 pub mod param_store;
 pub(crate) mod prefetch;

@@ -131,7 +131,7 @@ impl<B: Backend> ShardedParam<B> {
         dtype: DType,
     ) -> Self {
         let gradient = Self::new(store, key, ShardRole::Gradient, block, shape, dtype);
-        if store.gradients_on_host() {
+        if store.gradient_on_host(key) {
             gradient.block.move_to_host();
         }
         gradient

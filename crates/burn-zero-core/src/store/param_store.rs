@@ -3,7 +3,6 @@
 //! memory accounting and the live parameter blocks.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Instant;
 
@@ -11,6 +10,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::{DType, Shape, Slice, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::sync::{lock, read, write};
+
+use crate::store::host_gradients::HostGradients;
 use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
 use burn_zero_kernels::{DeviceMemorySampler, device_memory};
 
@@ -44,7 +45,7 @@ pub struct ParamStore<B: Backend> {
     /// The auto placement (`auto_placement_capacity_mib`), when configured.
     auto: Option<Mutex<AutoPlacement>>,
     /// Whether reduced gradient shards go to host memory as they arrive.
-    gradients_on_host: Arc<AtomicBool>,
+    gradients_on_host: Arc<HostGradients>,
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
     live: Mutex<LiveBlocks<B>>,
     /// The gather order and the gathers issued ahead of use.
@@ -106,7 +107,7 @@ impl<B: Backend> ParamStore<B> {
             chunks: OnceLock::new(),
             host_keys: RwLock::new(HashSet::new()),
             auto,
-            gradients_on_host: Arc::new(AtomicBool::new(false)),
+            gradients_on_host: Arc::new(HostGradients::default()),
             live: Mutex::new(LiveBlocks {
                 blocks: HashMap::new(),
                 mastered: HashSet::new(),
@@ -158,17 +159,24 @@ impl<B: Backend> ParamStore<B> {
     /// (during backward, on the thread that reduces), for an optimizer that steps on the host:
     /// the device then frees gradients as it goes instead of holding them until the step.
     pub fn keep_gradients_on_host(&self) {
-        self.gradients_on_host.store(true, Ordering::Relaxed);
+        self.gradients_on_host.keep_all();
     }
 
-    /// Whether reduced gradient shards go to host memory as they arrive.
-    pub fn gradients_on_host(&self) -> bool {
-        self.gradients_on_host.load(Ordering::Relaxed)
+    /// As [`Self::keep_gradients_on_host`], for the parameters `keys` only (those of the
+    /// chunks a hybrid optimizer steps on the host); a bucket is read back to the host when
+    /// every one of its members is among them.
+    pub fn keep_gradients_on_host_of(&self, keys: impl IntoIterator<Item = usize>) {
+        self.gradients_on_host.keep(keys);
     }
 
-    /// The flag behind [`Self::gradients_on_host`], for the communication thread that reduces
-    /// during backward (a flag, not the store: the thread must not keep the store alive).
-    pub(crate) fn gradients_on_host_flag(&self) -> Arc<AtomicBool> {
+    /// Whether parameter `key`'s reduced gradient shard goes to host memory as it arrives.
+    pub fn gradient_on_host(&self, key: usize) -> bool {
+        self.gradients_on_host.of(key)
+    }
+
+    /// The set behind [`Self::gradient_on_host`], for the reduction (the communication
+    /// thread holds it, not the store, which it must not keep alive).
+    pub(crate) fn host_gradients(&self) -> Arc<HostGradients> {
         self.gradients_on_host.clone()
     }
 
