@@ -64,40 +64,52 @@ impl<B: Backend> LocalStats<B> {
         });
     }
 
-    /// The global norm and whether any rank saw a non-finite value, in one all-reduce on
-    /// `comm` (the two values moved to its backend by `to_comm`) and one read of its result
-    /// (counted in `counters`). `device` is where the parts were added.
-    pub fn combine<C: Backend>(
-        self,
-        comm: &dyn Communicator<C>,
-        to_comm: impl FnOnce(Tensor<B, 1>) -> Tensor<C, 1>,
-        norm: NormType,
-        device: &B::Device,
-        counters: &RankCounters,
-    ) -> Result<(f32, bool), CommError> {
-        let op = match norm {
-            NormType::L2 => ReduceOp::Sum,
-            NormType::Inf => ReduceOp::Max,
-        };
+    /// The two values, `[norm part, non-finite count]`, where the parts were added
+    /// (`device`): zeros for a rank with no gradient part.
+    pub fn into_local(self, device: &B::Device) -> Tensor<B, 1> {
         let zero = || Tensor::<B, 1>::zeros([1], device);
-        let local = Tensor::cat(
+        Tensor::cat(
             vec![
                 self.norm_part.unwrap_or_else(zero),
                 self.nonfinite.unwrap_or_else(zero),
             ],
             0,
-        );
-        let reduced = comm.all_reduce(to_comm(local), op)?;
-        counters.host_read();
-        let global = reduced
-            .into_data()
-            .convert::<f32>()
-            .to_vec::<f32>()
-            .expect("data converted to f32 reads as f32");
-        let norm_value = match norm {
-            NormType::L2 => global[0].sqrt(),
-            NormType::Inf => global[0],
-        };
-        Ok((norm_value, global[1] > 0.0 || !norm_value.is_finite()))
+        )
     }
+}
+
+/// Two ranks' (or one rank's two optimizers') `[norm part, non-finite count]` as one: summed
+/// for the L2 norm, the larger of each for the largest magnitude.
+pub(crate) fn merge<B: Backend>(a: Tensor<B, 1>, b: Tensor<B, 1>, norm: NormType) -> Tensor<B, 1> {
+    match norm {
+        NormType::L2 => a + b,
+        NormType::Inf => a.max_pair(b),
+    }
+}
+
+/// The global norm and whether any rank saw a non-finite value, from each rank's
+/// `[norm part, non-finite count]` (`local`, on `comm`'s backend), in one all-reduce on
+/// `comm` and one read of its result (counted in `counters`).
+pub(crate) fn combine<C: Backend>(
+    comm: &dyn Communicator<C>,
+    local: Tensor<C, 1>,
+    norm: NormType,
+    counters: &RankCounters,
+) -> Result<(f32, bool), CommError> {
+    let op = match norm {
+        NormType::L2 => ReduceOp::Sum,
+        NormType::Inf => ReduceOp::Max,
+    };
+    let reduced = comm.all_reduce(local, op)?;
+    counters.host_read();
+    let global = reduced
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .expect("data converted to f32 reads as f32");
+    let norm_value = match norm {
+        NormType::L2 => global[0].sqrt(),
+        NormType::Inf => global[0],
+    };
+    Ok((norm_value, global[1] > 0.0 || !norm_value.is_finite()))
 }

@@ -13,6 +13,7 @@ mod one_pass;
 mod optimizer;
 mod placement;
 mod record;
+mod split;
 mod state;
 pub mod state_tree;
 
@@ -24,4 +25,5 @@ pub use one_pass::{FlatStep, OnePass, OnePassFn};
 pub use optimizer::{StateSize, ZeroOptimizer};
 pub use placement::{Offload, OnDevice, Placement};
 pub use record::{MasterEntry, ZeroOptimizerRecord, ZeroOptimizerRecordItem};
+pub use split::{OffloadFractionError, SplitRecord, SplitZeroOptimizer};
 pub use state::StateBytes;

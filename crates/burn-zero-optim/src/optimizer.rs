@@ -1,6 +1,6 @@
 //! `ZeroOptimizer`: a Burn optimizer step on each rank's shard.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
@@ -15,7 +15,7 @@ use burn_zero_comm::RankCounters;
 use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
 
 use crate::chunked::{ChunkGrad, Stepped};
-use crate::clip::{LocalStats, NormType};
+use crate::clip::{LocalStats, NormType, combine};
 use crate::fused::{FusedAdam, FusedAdamW, FusedConfigError};
 use crate::fused_sgd::FusedSgd;
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
@@ -81,6 +81,8 @@ where
     /// The bytes of masters, state and accumulators last reported to the memory accounting
     /// (`None` until the first step with a gradient).
     tracked: Option<[usize; 3]>,
+    /// The parameters this optimizer steps (all of them, but for a hybrid optimizer's parts).
+    pub(crate) owned: Owned,
 }
 
 /// Bytes of an optimizer's state for a master copy of `numel` elements.
@@ -107,6 +109,7 @@ where
             state_size: self.state_size,
             one_pass: self.one_pass,
             tracked: self.tracked,
+            owned: self.owned.clone(),
         }
     }
 }
@@ -204,10 +207,18 @@ where
 
     /// An optimizer with no state yet, bound to `zero` when it is given.
     fn fresh(zero: Option<ZeroState<B>>, optim: O, state_size: StateSize<O, P::Host>) -> Self {
-        if let Some(zero) = &zero
-            && P::GRADIENTS_ON_HOST
-        {
-            zero.store().keep_gradients_on_host();
+        Self::fresh_owning(zero, optim, state_size, Owned::All)
+    }
+
+    /// An optimizer with no state yet that steps the `owned` parameters.
+    pub(crate) fn fresh_owning(
+        zero: Option<ZeroState<B>>,
+        optim: O,
+        state_size: StateSize<O, P::Host>,
+        owned: Owned,
+    ) -> Self {
+        if let Some(zero) = &zero {
+            keep_host_gradients::<B, P>(zero, &owned);
         }
         Self {
             optim,
@@ -225,6 +236,7 @@ where
             state_size,
             one_pass: None,
             tracked: None,
+            owned,
         }
     }
 
@@ -356,46 +368,75 @@ where
         AB: AutodiffBackend<InnerBackend = Zero<B>>,
         M: AutodiffModule<AB>,
     {
-        assert!(
-            lr.is_finite() && lr >= 0.0,
-            "burn-zero: the learning rate {lr} is not a finite number of 0 or more; nothing was \
-             stepped"
-        );
+        check_lr(lr);
+        let mut grads = grads;
+        let collected = self.collect::<AB, M>(&module, &mut grads, &mut None);
+        let module = match self.prepare(collected) {
+            None => self.refill::<AB, M>(module),
+            Some(prepared) => match self.gradient_factor(&prepared) {
+                Some(factor) => self.apply::<AB, M>(lr, factor, module, prepared),
+                None => {
+                    self.skipped += 1;
+                    tracing::warn!(scale = self.loss_scale(), "gradient overflow: step skipped");
+                    // Backward consumed the parameters' marks: renew them, values untouched.
+                    self.refill::<AB, M>(module)
+                }
+            },
+        };
+        self.report_memory();
+        module
+    }
+
+    /// First phase: takes the gradients of the parameters this optimizer steps out of `grads`
+    /// (or out of the reducer's `orphans`, taken once for every optimizer of the step), to
+    /// where the masters live.
+    pub(crate) fn collect<AB, M>(
+        &mut self,
+        module: &M,
+        grads: &mut GradientsParams,
+        orphans: &mut Option<Orphans<B>>,
+    ) -> Collected<B, P::Host>
+    where
+        AB: AutodiffBackend<InnerBackend = Zero<B>>,
+        M: AutodiffModule<AB>,
+    {
         let mut collect = Collect::<B, P> {
             zero: bound(&self.zero),
+            owned: &self.owned,
             grads,
-            orphans: None,
+            orphans,
             taken: HashMap::new(),
             order: Vec::new(),
             values: HashMap::new(),
             _placement: std::marker::PhantomData,
         };
         module.visit(&mut collect);
-        let (taken, order, values) = (collect.taken, collect.order, collect.values);
-        if !order.is_empty() {
+        let collected = Collected {
+            taken: collect.taken,
+            order: collect.order,
+            values: collect.values,
+        };
+        if !collected.order.is_empty() {
             self.check_placement();
             if self.tracked.is_none() {
                 self.tracked = Some([0; 3]);
             }
         }
-        let module = self.step_taken(lr, module, taken, order, values);
-        self.report_memory();
-        module
+        collected
     }
 
-    /// The step proper, on the gradients taken out of `grads`.
-    fn step_taken<AB, M>(
+    /// Second phase: adds the gradients into the accumulators (`None` inside an accumulation
+    /// window: no step this time) and joins each chunk's gradient parts once, for the
+    /// statistics and the step alike.
+    pub(crate) fn prepare(
         &mut self,
-        lr: f64,
-        module: M,
-        mut taken: HashMap<ParamId, Taken<P::Host>>,
-        order: Vec<ParamId>,
-        values: HashMap<usize, ZeroTensor<B>>,
-    ) -> M
-    where
-        AB: AutodiffBackend<InnerBackend = Zero<B>>,
-        M: AutodiffModule<AB>,
-    {
+        collected: Collected<B, P::Host>,
+    ) -> Option<Prepared<B, P::Host>> {
+        let Collected {
+            mut taken,
+            order,
+            values,
+        } = collected;
         if self.accumulation > 1 {
             for id in &order {
                 let t = &taken[id];
@@ -408,8 +449,7 @@ where
             }
             self.micro_steps += 1;
             if self.micro_steps < self.accumulation {
-                // Not a boundary: keep the parameters, renew their hook marks.
-                return module.map(&mut Refill { optimizer: self });
+                return None;
             }
             self.micro_steps = 0;
             let n = self.accumulation as f64;
@@ -420,9 +460,6 @@ where
             }
             self.accumulated.clear();
         }
-
-        // With chunks, each chunk's gradient parts are joined once, for the statistics and
-        // the step alike.
         let chunked = !bound(&self.zero).store().chunks().is_per_parameter();
         let ids: HashMap<usize, ParamId> = taken.iter().map(|(id, t)| (t.key, *id)).collect();
         let chunk_grads = if chunked {
@@ -430,12 +467,35 @@ where
         } else {
             Vec::new()
         };
-        let Some(factor) = self.gradient_factor(&taken, &order, &chunk_grads) else {
-            self.skipped += 1;
-            tracing::warn!(scale = self.loss_scale(), "gradient overflow: step skipped");
-            // Backward consumed the parameters' marks: renew them, values untouched.
-            return module.map(&mut Refill { optimizer: self });
-        };
+        Some(Prepared {
+            taken,
+            order,
+            values,
+            ids,
+            chunk_grads,
+        })
+    }
+
+    /// Last phase: steps every prepared gradient, multiplied by `factor`, and writes the new
+    /// values into `module`.
+    pub(crate) fn apply<AB, M>(
+        &mut self,
+        lr: f64,
+        factor: f64,
+        module: M,
+        prepared: Prepared<B, P::Host>,
+    ) -> M
+    where
+        AB: AutodiffBackend<InnerBackend = Zero<B>>,
+        M: AutodiffModule<AB>,
+    {
+        let Prepared {
+            taken,
+            values,
+            ids,
+            chunk_grads,
+            ..
+        } = prepared;
         let stepped = self.step_chunks(lr, factor, chunk_grads, &values, &ids);
         let mut apply = Apply {
             optimizer: self,
@@ -445,6 +505,35 @@ where
             stepped,
         };
         module.map(&mut apply)
+    }
+
+    /// `module` with its values as they are and every parameter's gradient mark renewed, for
+    /// a step that changes nothing (a micro-step, an overflow).
+    pub(crate) fn refill<AB, M>(&self, module: M) -> M
+    where
+        AB: AutodiffBackend<InnerBackend = Zero<B>>,
+        M: AutodiffModule<AB>,
+    {
+        module.map(&mut Refill {
+            master: &|key, device, dtype| self.master_on_model(key, device, dtype),
+        })
+    }
+
+    /// Parameter `key`'s master values on the model's `device` in `dtype`, when this
+    /// optimizer holds them (to refill a shard `reuse_fp16_shard` released).
+    pub(crate) fn master_on_model(
+        &self,
+        key: usize,
+        device: &B::Device,
+        dtype: DType,
+    ) -> Option<Tensor<B, 1>> {
+        let master = self
+            .masters
+            .get(&key)
+            .map(|master| master.values.clone())
+            .or_else(|| self.chunk_master_values(key))?;
+        let counters = bound(&self.zero).store().counters();
+        Some(written_back::<B, P>(master, device, dtype, counters))
     }
 
     /// Remembers which rank of which group size this optimizer steps for; refuses state that
@@ -464,45 +553,60 @@ where
 
     /// The factor every gradient is multiplied by (unscaling and clipping), or `None` when a
     /// gradient overflowed on any rank. Updates the loss scaler.
-    fn gradient_factor(
-        &mut self,
-        taken: &HashMap<ParamId, Taken<P::Host>>,
-        order: &[ParamId],
-        chunk_grads: &[ChunkGrad<P::Host>],
-    ) -> Option<f64> {
+    fn gradient_factor(&mut self, prepared: &Prepared<B, P::Host>) -> Option<f64> {
         if self.clipping.is_none() && self.scaler.is_none() {
             return Some(1.0);
         }
-        if order.is_empty() {
+        if prepared.is_empty() {
             return None;
         }
+        let norm_type = self.norm_type();
+        let local = self.local_stats(prepared, norm_type);
+        let (norm, overflow) = combine_stats(bound(&self.zero), local, norm_type);
+        self.factor_from(norm, overflow)
+    }
+
+    /// The norm clipping bounds (L2 when only loss scaling reads the statistics).
+    pub(crate) fn norm_type(&self) -> NormType {
+        self.clipping.map_or(NormType::L2, |(_, n)| n)
+    }
+
+    /// Whether the gradients need their global statistics (clipping or loss scaling).
+    pub(crate) fn needs_stats(&self) -> bool {
+        self.clipping.is_some() || self.scaler.is_some()
+    }
+
+    /// This rank's statistics of `prepared` on the model's device: the norm's part (sum of
+    /// squares or largest magnitude) and the count of non-finite values.
+    pub(crate) fn local_stats(
+        &self,
+        prepared: &Prepared<B, P::Host>,
+        norm_type: NormType,
+    ) -> Tensor<B, 1> {
         let zero = bound(&self.zero);
-        let norm_type = self.clipping.map_or(NormType::L2, |(_, n)| n);
         let host = P::host_device(zero.device());
         let mut stats = LocalStats::<P::Host>::default();
         // One statistic per chunk (its flat gradient), then per parameter outside chunks.
-        for chunk in chunk_grads {
+        for chunk in &prepared.chunk_grads {
             stats.add(&chunk.grad, norm_type, chunk.sharded || zero.rank() == 0);
         }
-        for id in order {
-            let Some(t) = taken.get(id) else { continue };
+        for id in &prepared.order {
+            let Some(t) = prepared.taken.get(id) else {
+                continue;
+            };
             let counts = zero.gradient_is_sharded(t.key) || zero.rank() == 0;
             stats.add(&t.grad, norm_type, counts);
         }
-        let (norm, overflow) = stats
-            .combine(
-                zero.comm().as_ref(),
-                |local| P::to_model(local, zero.device(), zero.store().counters()),
-                norm_type,
-                &host,
-                zero.store().counters(),
-            )
-            .unwrap_or_else(|error| {
-                panic!(
-                    "burn-zero: rank {} could not combine gradient norms: {error}",
-                    zero.rank()
-                )
-            });
+        P::to_model(
+            stats.into_local(&host),
+            zero.device(),
+            zero.store().counters(),
+        )
+    }
+
+    /// The step's factor from the global `norm` and `overflow`, updating the loss scaler;
+    /// `None` on an overflow.
+    pub(crate) fn factor_from(&mut self, norm: f32, overflow: bool) -> Option<f64> {
         let scale = self.loss_scale();
         if let Some(scaler) = &mut self.scaler {
             scaler.update(overflow);
@@ -521,6 +625,98 @@ where
     }
 }
 
+/// The global norm and overflow flag from this rank's `local` statistics (on the model's
+/// device), in one all-reduce.
+pub(crate) fn combine_stats<B: Backend>(
+    zero: &ZeroState<B>,
+    local: Tensor<B, 1>,
+    norm_type: NormType,
+) -> (f32, bool) {
+    combine(
+        zero.comm().as_ref(),
+        local,
+        norm_type,
+        zero.store().counters(),
+    )
+    .unwrap_or_else(|error| {
+        panic!(
+            "burn-zero: rank {} could not combine gradient norms: {error}",
+            zero.rank()
+        )
+    })
+}
+
+/// Asks `zero`'s reduction to read the gradients of the `owned` parameters back to host memory
+/// as they are reduced, when `P` steps them there.
+pub(crate) fn keep_host_gradients<B: Backend, P: Placement<B>>(zero: &ZeroState<B>, owned: &Owned) {
+    if !P::GRADIENTS_ON_HOST {
+        return;
+    }
+    match owned {
+        Owned::All => zero.store().keep_gradients_on_host(),
+        Owned::Only(keys) => zero.store().keep_gradients_on_host_of(keys.iter().copied()),
+        // A part that steps on the host everything but some keys is not made.
+        Owned::Except(_) => {}
+    }
+}
+
+/// Refuses a learning rate that cannot work, before anything changes.
+pub(crate) fn check_lr(lr: f64) {
+    assert!(
+        lr.is_finite() && lr >= 0.0,
+        "burn-zero: the learning rate {lr} is not a finite number of 0 or more; nothing was \
+         stepped"
+    );
+}
+
+/// The gradients of one step that an optimizer steps, taken out of `GradientsParams`.
+pub(crate) struct Collected<B: Backend, H: Backend> {
+    taken: HashMap<ParamId, Taken<H>>,
+    order: Vec<ParamId>,
+    /// The current value of every parameter that has a gradient, by key.
+    values: HashMap<usize, ZeroTensor<B>>,
+}
+
+/// Collected gradients ready for the step: accumulated, and joined per chunk.
+pub(crate) struct Prepared<B: Backend, H: Backend> {
+    /// Gradients of parameters outside chunks.
+    taken: HashMap<ParamId, Taken<H>>,
+    order: Vec<ParamId>,
+    values: HashMap<usize, ZeroTensor<B>>,
+    /// Every collected parameter's id by key.
+    ids: HashMap<usize, ParamId>,
+    chunk_grads: Vec<ChunkGrad<H>>,
+}
+
+impl<B: Backend, H: Backend> Prepared<B, H> {
+    /// Whether no gradient was collected.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+/// Which parameters of its module an optimizer steps.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Owned {
+    /// Every trainable parameter.
+    #[default]
+    All,
+    /// Those of these keys (a hybrid optimizer's host part).
+    Only(Arc<HashSet<usize>>),
+    /// All but those of these keys (its device part: frozen parameters are checked here).
+    Except(Arc<HashSet<usize>>),
+}
+
+impl Owned {
+    pub(crate) fn steps(&self, key: usize) -> bool {
+        match self {
+            Owned::All => true,
+            Owned::Only(keys) => keys.contains(&key),
+            Owned::Except(keys) => !keys.contains(&key),
+        }
+    }
+}
+
 /// A 1-D tensor of the inner backend from a primitive.
 pub(crate) fn flat<B: Backend>(primitive: B::FloatTensorPrimitive) -> Tensor<B, 1> {
     let numel = primitive.shape().num_elements();
@@ -531,15 +727,17 @@ pub(crate) fn flat<B: Backend>(primitive: B::FloatTensorPrimitive) -> Tensor<B, 
 }
 
 /// Reduced gradients of parameters a rank did not use, by parameter key.
-type Orphans<B> = BTreeMap<usize, ZeroTensor<B>>;
+pub(crate) type Orphans<B> = BTreeMap<usize, ZeroTensor<B>>;
 
 /// First pass: takes every sharded parameter's gradient, in visit order, to where the masters
 /// live.
 struct Collect<'a, B: Backend, P: Placement<B>> {
     zero: &'a ZeroState<B>,
-    grads: GradientsParams,
+    /// The parameters this optimizer steps; the others' gradients are left in `grads`.
+    owned: &'a Owned,
+    grads: &'a mut GradientsParams,
     /// The reducer's orphan gradients, taken at the first parameter that needs one.
-    orphans: Option<Orphans<B>>,
+    orphans: &'a mut Option<Orphans<B>>,
     taken: HashMap<ParamId, Taken<P::Host>>,
     order: Vec<ParamId>,
     /// The current value of every parameter that has a gradient, by key (a chunked step makes
@@ -592,6 +790,9 @@ where
             // Not a parameter of the module this optimizer's state belongs to: not ours.
             return;
         };
+        if !self.owned.steps(key) {
+            return;
+        }
         // Frozen when sharded: never reduced, never stepped. A gradient means the parameter
         // was unfrozen afterwards, and it would be stepped unreduced, differently on each rank.
         if !self.zero.is_trainable(key) {
@@ -785,21 +986,20 @@ where
         .set_distributed(DistributedParamId::from(id.val()))
 }
 
+/// A parameter's master values on the model's device in a dtype, by key, when held.
+pub(crate) type MasterOnModel<'a, B> =
+    dyn Fn(usize, &<B as BackendTypes>::Device, DType) -> Option<Tensor<B, 1>> + 'a;
+
 /// For steps that leave values as they are (a skipped step, a micro-step inside an
 /// accumulation window): renews every parameter's gradient-hook mark, and rewrites shards
-/// released by `reuse_fp16_shard` from their fp32 masters.
-struct Refill<'a, O, B: Backend, P: Placement<B>>
-where
-    O: SimpleOptimizer<P::Host>,
-{
-    optimizer: &'a ZeroOptimizer<O, B, P>,
+/// released by `reuse_fp16_shard` from their fp32 masters (found by `master`).
+pub(crate) struct Refill<'a, B: Backend> {
+    pub master: &'a MasterOnModel<'a, B>,
 }
 
-impl<AB, O, B, P> ModuleMapper<AB> for Refill<'_, O, B, P>
+impl<AB, B> ModuleMapper<AB> for Refill<'_, B>
 where
     B: Backend,
-    P: Placement<B>,
-    O: SimpleOptimizer<P::Host>,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
 {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
@@ -808,12 +1008,7 @@ where
         let tensor = match tensor.clone().inner().into_primitive().tensor() {
             ZeroTensor::Sharded(view) if view.param().is_released() => {
                 let shard = view.param();
-                let master = self
-                    .optimizer
-                    .masters
-                    .get(&shard.key())
-                    .map(|master| master.values.clone())
-                    .or_else(|| self.optimizer.chunk_master_values(shard.key()))
+                let values = (self.master)(shard.key(), shard.device(), shard.dtype())
                     .unwrap_or_else(|| {
                         panic!(
                             "burn-zero: parameter #{} was released but this optimizer has no \
@@ -821,8 +1016,6 @@ where
                             shard.key()
                         )
                     });
-                let counters = bound(&self.optimizer.zero).store().counters();
-                let values = written_back::<B, P>(master, shard.device(), shard.dtype(), counters);
                 let refilled = shard.with_shard(values.into_primitive().tensor());
                 let value = ZeroTensor::Sharded(ShardedView::new(Arc::new(refilled)));
                 marked_parameter::<AB, B, D>(id, value, tensor.is_require_grad())

@@ -11,7 +11,7 @@ use burn_zero_core::{Zero, ZeroState};
 use serde::{Deserialize, Serialize};
 
 use crate::master::Master;
-use crate::optimizer::ZeroOptimizer;
+use crate::optimizer::{ZeroOptimizer, keep_host_gradients};
 use crate::placement::{OnDevice, Placement};
 
 /// One rank's optimizer state: a Burn [`Record`] of the autodiff backend, so Burn's recorders
@@ -224,9 +224,7 @@ where
     /// is restored only into an optimizer that has a scaler.
     pub fn restore(mut self, record: ZeroOptimizerRecord<O, B, P>) -> Self {
         if let Some(zero) = record.binding {
-            if P::GRADIENTS_ON_HOST {
-                zero.store().keep_gradients_on_host();
-            }
+            keep_host_gradients::<B, P>(&zero, &self.owned);
             self.zero = Some(zero);
         }
         self.placement = record.placement;

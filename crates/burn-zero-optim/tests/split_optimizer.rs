@@ -1,0 +1,225 @@
+//! Optimizer state split between device and host by chunk (`SplitZeroOptimizer`, Gemini's
+//! `offload_optim_frac`): with Flex on both sides, every fraction trains the same bits as the
+//! optimizer kept whole on the device, at stages 1 and 3, per parameter and with chunks, with
+//! gradient accumulation and loss scaling; with clipping the norm is summed per side, so it
+//! agrees to rounding. The state really is split (bytes on each side), the host chunks'
+//! gradients leave the device during backward, records round-trip, and a record saved with
+//! another split or a fraction outside 0..1 is refused by name.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use burn::backend::Flex;
+use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
+use burn_zero_comm::launch;
+use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, ZeroState, shard};
+use burn_zero_optim::{LossScalerConfig, NormType, SplitZeroOptimizer, ZeroOptimizer};
+use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
+
+const WORLD: usize = 2;
+const STEPS: usize = 4;
+const LR: f64 = 1e-2;
+
+type Split = SplitZeroOptimizer<Adam, Flex, Flex>;
+
+/// Every rank's final parameters after `STEPS` steps with the optimizer `make` builds.
+fn train<Opt>(
+    base: &Block<Train>,
+    config: &ZeroConfig,
+    make: impl Fn(&ZeroState<Flex>) -> Opt + Sync,
+) -> Vec<Vec<Vec<f32>>>
+where
+    Opt: Optimizer<Block<Train>, Train>,
+{
+    launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let (mut model, zero) = shard(base.clone(), &ctx, config)?;
+        let mut optimizer = make(&zero);
+        for step in 0..STEPS {
+            let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
+            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+            model = optimizer.step(LR, model, grads);
+        }
+        Ok(param_values(&model))
+    })
+    .unwrap()
+}
+
+fn split_at(zero: &ZeroState<Flex>, frac: f64) -> Split {
+    SplitZeroOptimizer::new(zero, AdamConfig::new().build(), frac).unwrap()
+}
+
+fn config(stage: u8, chunks: ChunkSize) -> ZeroConfig {
+    ZeroConfig::new()
+        .with_stage(stage)
+        .with_persist_below_numel(12)
+        .with_chunk_size(chunks)
+}
+
+#[test]
+fn every_fraction_trains_the_bits_of_the_optimizer_on_the_device() {
+    let base = base_model(&Default::default());
+    let chunk_sizes = [ChunkSize::PerParameter, ChunkSize::Elements(256)];
+    for stage in [1, 3] {
+        for chunks in chunk_sizes {
+            let config = config(stage, chunks);
+            let whole = train(&base, &config, |zero| {
+                ZeroOptimizer::new(zero, AdamConfig::new().build())
+                    .with_accumulation(2)
+                    .with_loss_scaler(LossScalerConfig::new())
+            });
+            for frac in [0.0, 0.5, 1.0] {
+                let split = train(&base, &config, |zero| {
+                    split_at(zero, frac)
+                        .with_accumulation(2)
+                        .with_loss_scaler(LossScalerConfig::new())
+                });
+                for rank in 0..WORLD {
+                    assert!(
+                        params_bits_equal(&whole[rank], &split[rank]),
+                        "stage {stage}, {chunks:?}, offload_optim_frac {frac}, rank {rank}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn clipping_sees_both_sides_and_agrees_to_rounding() {
+    let base = base_model(&Default::default());
+    let config = config(3, ChunkSize::Elements(256));
+    let clipped = |zero: &ZeroState<Flex>| {
+        ZeroOptimizer::new(zero, AdamConfig::new().build()).with_clipping(0.05, NormType::L2)
+    };
+    let whole = train(&base, &config, clipped);
+    let split = train(&base, &config, |zero| {
+        split_at(zero, 0.5).with_clipping(0.05, NormType::L2)
+    });
+    let unclipped = train(&base, &config, |zero| split_at(zero, 0.5));
+    let difference = |a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]| {
+        a.iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .flat_map(|(x, y)| x.iter().zip(y))
+            .map(|(x, y)| (x - y).abs() / x.abs().max(y.abs()).max(1e-3))
+            .fold(0f32, f32::max)
+    };
+    let rounding = difference(&whole, &split);
+    println!("clipped, split against whole: max relative difference {rounding:e}");
+    assert!(rounding < 1e-5, "{rounding:e}");
+    // The clipping acted: without it the values are elsewhere.
+    assert!(difference(&whole, &unclipped) > 1e-3);
+}
+
+#[test]
+fn the_state_is_split_and_host_gradients_leave_the_device_during_backward() {
+    let base = base_model(&Default::default());
+    let config = config(3, ChunkSize::Elements(256));
+    let runs = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let mut per_frac = Vec::new();
+        for frac in [0.0, 0.5, 1.0] {
+            let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+            let mut optimizer = split_at(&zero, frac);
+            let mut backward_reads = 0;
+            for step in 0..2 {
+                let (tokens, targets) = micro_batch::<Train>(step, ctx.device());
+                let loss = model.loss(tokens, targets);
+                let before = zero.counts();
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                backward_reads = (zero.counts() - before).host_reads;
+                model = optimizer.step(LR, model, grads);
+            }
+            per_frac.push((frac, optimizer.bytes(), backward_reads));
+        }
+        Ok(per_frac)
+    })
+    .unwrap();
+    for (rank, per_frac) in runs.iter().enumerate() {
+        let (_, ((all_masters, all_state), _), none_read) = per_frac[0];
+        assert!(
+            all_masters > 0 && all_state == 2 * all_masters,
+            "rank {rank}"
+        );
+        assert_eq!(none_read, 0, "rank {rank}: nothing steps on the host");
+        let (_, ((device_masters, _), (host_masters, host_state)), half_read) = per_frac[1];
+        assert!(
+            device_masters > 0 && host_masters > 0,
+            "rank {rank}: {per_frac:?}"
+        );
+        assert_eq!(device_masters + host_masters, all_masters, "rank {rank}");
+        assert_eq!(host_state, 2 * host_masters, "rank {rank}");
+        let (_, ((device_masters, _), (host_masters, _)), every_read) = per_frac[2];
+        assert_eq!(
+            (device_masters, host_masters),
+            (0, all_masters),
+            "rank {rank}"
+        );
+        assert!(
+            half_read > 0 && half_read < every_read,
+            "rank {rank}: gradients read back during backward: {half_read} with half the \
+             chunks on the host, {every_read} with all"
+        );
+    }
+}
+
+#[test]
+fn records_round_trip_and_another_split_is_refused() {
+    let base = base_model(&Default::default());
+    let config = config(3, ChunkSize::Elements(256));
+    let errors = launch::<Flex, _, _, ZeroError>(1, &[Default::default()], |ctx| {
+        let step = |model: Block<Train>, optimizer: &mut Split, i: usize| {
+            let (tokens, targets) = micro_batch::<Train>(i, ctx.device());
+            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+            Optimizer::step(optimizer, LR, model, grads)
+        };
+        let (mut straight, zero) = shard(base.clone(), &ctx, &config)?;
+        let mut optimizer = split_at(&zero, 0.5);
+        for i in 0..4 {
+            straight = step(straight, &mut optimizer, i);
+        }
+
+        let (mut resumed, zero) = shard(base.clone(), &ctx, &config)?;
+        let mut first = split_at(&zero, 0.5);
+        for i in 0..2 {
+            resumed = step(resumed, &mut first, i);
+        }
+        let record = Optimizer::<Block<Train>, Train>::to_record(&first);
+        let mut second =
+            Optimizer::<Block<Train>, Train>::load_record(split_at(&zero, 0.5), record);
+        for i in 2..4 {
+            resumed = step(resumed, &mut second, i);
+        }
+        assert!(params_bits_equal(
+            &param_values(&straight),
+            &param_values(&resumed)
+        ));
+
+        let record = Optimizer::<Block<Train>, Train>::to_record(&second);
+        let refused = catch_unwind(AssertUnwindSafe(|| {
+            Optimizer::<Block<Train>, Train>::load_record(split_at(&zero, 1.0), record)
+        }));
+        let message = match refused {
+            Ok(_) => String::from("accepted"),
+            Err(panic) => panic.downcast_ref::<String>().cloned().unwrap_or_default(),
+        };
+        Ok(message)
+    })
+    .unwrap();
+    assert!(errors[0].contains("offload_optim_frac"), "{}", errors[0]);
+
+    let refused = launch::<Flex, _, _, ZeroError>(1, &[Default::default()], |ctx| {
+        let (_, zero) = shard(base.clone(), &ctx, &config)?;
+        Ok([-0.1, 1.5, f64::NAN].map(|frac| {
+            SplitZeroOptimizer::<Adam, Flex, Flex>::new(&zero, AdamConfig::new().build(), frac)
+                .err()
+                .map(|error| error.to_string())
+        }))
+    })
+    .unwrap();
+    for error in &refused[0] {
+        let error = error.as_deref().unwrap_or("accepted");
+        assert!(
+            error.contains("offload_optim_frac must be a fraction"),
+            "{error}"
+        );
+    }
+}
