@@ -31,9 +31,15 @@ pub enum MemoryKind {
     /// This rank's shards of reduced gradients moved to host memory as they arrive, for an
     /// optimizer that steps on the host (`ZeroOptimizer::offloaded`).
     HostGradientShards,
+    /// fp32 master copies kept on a host backend by an optimizer that steps there.
+    HostMasterWeights,
+    /// Optimizer state kept on a host backend.
+    HostOptimizerState,
+    /// fp32 gradient sums kept on a host backend.
+    HostGradientAccumulators,
 }
 
-const KINDS: usize = 10;
+const KINDS: usize = 13;
 
 #[derive(Debug, Default)]
 struct Counter {
@@ -96,6 +102,9 @@ impl MemoryTracker {
             gradient_accumulators: self.usage(MemoryKind::GradientAccumulators),
             host_parameter_shards: self.usage(MemoryKind::HostParameterShards),
             host_gradient_shards: self.usage(MemoryKind::HostGradientShards),
+            host_master_weights: self.usage(MemoryKind::HostMasterWeights),
+            host_optimizer_state: self.usage(MemoryKind::HostOptimizerState),
+            host_gradient_accumulators: self.usage(MemoryKind::HostGradientAccumulators),
             chunks: ChunkCounts::default(),
             auto_placement: None,
             counts: Counts::default(),
@@ -127,11 +136,11 @@ pub struct MemoryReport {
     pub gathered: Usage,
     /// Gradients waiting for their bucket and packed buckets.
     pub buckets: Usage,
-    /// fp32 master copies (on the host when the optimizer offloads).
+    /// fp32 master copies on the device.
     pub master_weights: Usage,
-    /// Optimizer state (on the host when the optimizer offloads).
+    /// Optimizer state on the device.
     pub optimizer_state: Usage,
-    /// fp32 gradient accumulators (on the host when the optimizer offloads).
+    /// fp32 gradient accumulators on the device.
     pub gradient_accumulators: Usage,
     /// Shards of sharded parameters kept in host memory (parameter offload); not counted in
     /// `parameter_shards`.
@@ -139,6 +148,13 @@ pub struct MemoryReport {
     /// Shards of reduced gradients moved to host memory for an offloaded optimizer; not
     /// counted in `gradient_shards`.
     pub host_gradient_shards: Usage,
+    /// fp32 master copies on a host backend (`ZeroOptimizer::offloaded`, a split optimizer's
+    /// host chunks); not counted in `master_weights`.
+    pub host_master_weights: Usage,
+    /// Optimizer state on a host backend; not counted in `optimizer_state`.
+    pub host_optimizer_state: Usage,
+    /// fp32 gradient accumulators on a host backend; not counted in `gradient_accumulators`.
+    pub host_gradient_accumulators: Usage,
     /// The chunk layout in numbers.
     pub chunks: ChunkCounts,
     /// What the auto placement measured and decided (`auto_placement_capacity_mib`), once its

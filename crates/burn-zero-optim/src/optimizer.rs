@@ -335,11 +335,19 @@ where
         };
         let memory = zero.memory();
         if let Some(reported) = &mut self.tracked {
-            let kinds = [
-                MemoryKind::MasterWeights,
-                MemoryKind::OptimizerState,
-                MemoryKind::GradientAccumulators,
-            ];
+            let kinds = if P::STATE_ON_HOST {
+                [
+                    MemoryKind::HostMasterWeights,
+                    MemoryKind::HostOptimizerState,
+                    MemoryKind::HostGradientAccumulators,
+                ]
+            } else {
+                [
+                    MemoryKind::MasterWeights,
+                    MemoryKind::OptimizerState,
+                    MemoryKind::GradientAccumulators,
+                ]
+            };
             for ((kind, was), is) in kinds.into_iter().zip(reported.iter_mut()).zip(now) {
                 memory.sub(kind, *was);
                 memory.add(kind, is);

@@ -17,6 +17,10 @@ pub trait Placement<B: Backend>: Send + Sync + Clone + 'static {
     /// backward), rather than stay on the device until the step.
     const GRADIENTS_ON_HOST: bool;
 
+    /// Whether the masters, optimizer state and accumulators live in host memory (the memory
+    /// accounting reports them apart from the device's).
+    const STATE_ON_HOST: bool;
+
     /// Moves a flat tensor from the model's device to the host; a transfer counts as a host
     /// read in `counters`.
     fn to_host(tensor: Tensor<B, 1>, counters: &RankCounters) -> Tensor<Self::Host, 1>;
@@ -52,6 +56,7 @@ pub struct OnDevice;
 impl<B: Backend> Placement<B> for OnDevice {
     type Host = B;
     const GRADIENTS_ON_HOST: bool = false;
+    const STATE_ON_HOST: bool = false;
 
     fn to_host(tensor: Tensor<B, 1>, _counters: &RankCounters) -> Tensor<B, 1> {
         tensor
@@ -91,6 +96,7 @@ pub struct Offload<H>(PhantomData<H>);
 impl<B: Backend, H: Backend> Placement<B> for Offload<H> {
     type Host = H;
     const GRADIENTS_ON_HOST: bool = true;
+    const STATE_ON_HOST: bool = true;
 
     fn to_host(tensor: Tensor<B, 1>, counters: &RankCounters) -> Tensor<H, 1> {
         let dtype = tensor.dtype();

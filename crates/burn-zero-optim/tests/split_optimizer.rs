@@ -2,8 +2,8 @@
 //! `offload_optim_frac`): with Flex on both sides, every fraction trains the same bits as the
 //! optimizer kept whole on the device, at stages 1 and 3, per parameter and with chunks, with
 //! gradient accumulation and loss scaling; with clipping the norm is summed per side, so it
-//! agrees to rounding. The state really is split (bytes on each side), the host chunks'
-//! gradients leave the device during backward, records round-trip, and a record saved with
+//! agrees to rounding. The state really is split (bytes on each side, in the memory report as
+//! well), the host chunks' gradients leave the device during backward, records round-trip, and a record saved with
 //! another split or a fraction outside 0..1 is refused by name.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -128,6 +128,19 @@ fn the_state_is_split_and_host_gradients_leave_the_device_during_backward() {
                 backward_reads = (zero.counts() - before).host_reads;
                 model = optimizer.step(LR, model, grads);
             }
+            // The memory accounting places each side's bytes where they are.
+            let report = zero.memory_report();
+            let accounted = (
+                (
+                    report.master_weights.current as usize,
+                    report.optimizer_state.current as usize,
+                ),
+                (
+                    report.host_master_weights.current as usize,
+                    report.host_optimizer_state.current as usize,
+                ),
+            );
+            assert_eq!(accounted, optimizer.bytes(), "offload_optim_frac {frac}");
             per_frac.push((frac, optimizer.bytes(), backward_reads));
         }
         Ok(per_frac)
