@@ -178,6 +178,16 @@ pub struct AutoPlacementReport {
     pub device_chunks: usize,
     /// Sharded chunks whose shards stayed in host memory.
     pub host_chunks: usize,
+    /// Bytes of the shards that moved to the device (at most `room_bytes`).
+    pub device_shard_bytes: u64,
+}
+
+impl AutoPlacementReport {
+    /// The room the shards left unused: what a split optimizer's `gpu_margin_mem_ratio`
+    /// shares out to optimizer chunks.
+    pub fn left_over_bytes(&self) -> u64 {
+        self.room_bytes.saturating_sub(self.device_shard_bytes)
+    }
 }
 
 /// The chunk layout of a sharded module, in numbers.

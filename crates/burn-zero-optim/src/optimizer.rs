@@ -322,6 +322,25 @@ where
             .sum()
     }
 
+    /// Bytes of chunk `id`'s flat master and its state, when it has one.
+    pub(crate) fn flat_bytes(&self, id: usize) -> Option<usize> {
+        self.flat.get(&id).map(|m| self.master_state_bytes(m))
+    }
+
+    /// Bytes of parameter `key`'s own master and its state, when it has one.
+    pub(crate) fn master_entry_bytes(&self, key: usize) -> Option<usize> {
+        self.masters.get(&key).map(|m| self.master_state_bytes(m))
+    }
+
+    fn master_state_bytes(&self, master: &Master<O, P::Host>) -> usize {
+        let numel = master.values.shape().num_elements();
+        numel * DType::F32.size()
+            + master
+                .state
+                .as_ref()
+                .map_or(0, |state| (self.state_size)(state, numel))
+    }
+
     /// Shows the current masters, state and accumulators in the module's memory accounting.
     pub(crate) fn report_memory(&mut self) {
         let now = [

@@ -12,7 +12,7 @@ use burn::backend::Flex;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
 use burn_zero_comm::launch;
 use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, ZeroState, shard};
-use burn_zero_optim::{LossScalerConfig, NormType, SplitZeroOptimizer, ZeroOptimizer};
+use burn_zero_optim::{LossScalerConfig, NormType, SplitError, SplitZeroOptimizer, ZeroOptimizer};
 use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
 
 const WORLD: usize = 2;
@@ -233,6 +233,70 @@ fn records_round_trip_and_another_split_is_refused() {
         assert!(
             error.contains("offload_optim_frac must be a fraction"),
             "{error}"
+        );
+    }
+}
+
+#[test]
+fn chunks_moved_to_the_device_between_steps_train_the_same_bits() {
+    let base = base_model(&Default::default());
+    let config = config(3, ChunkSize::Elements(256));
+    let whole = train(&base, &config, |zero| {
+        ZeroOptimizer::new(zero, AdamConfig::new().build()).with_accumulation(2)
+    });
+    let moved = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+        let mut optimizer = split_at(&zero, 1.0).with_accumulation(2);
+        let all = optimizer.host_chunks().to_vec();
+        let mut reads = Vec::new();
+        for step in 0..STEPS {
+            if step == 1 {
+                assert_eq!(
+                    optimizer.place_on_device(&all[..1]),
+                    Err(SplitError::InsideAccumulation(1))
+                );
+            }
+            if step == 2 {
+                assert_eq!(
+                    optimizer.place_on_device(&[usize::MAX]),
+                    Err(SplitError::NotOnHost(usize::MAX))
+                );
+                optimizer.place_on_device(&all[..all.len() / 2]).unwrap();
+            }
+            let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
+            let loss = model.loss(tokens, targets);
+            let before = zero.counts();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            reads.push((zero.counts() - before).host_reads);
+            model = optimizer.step(LR, model, grads);
+        }
+        let report = zero.memory_report();
+        Ok((
+            param_values(&model),
+            optimizer.bytes(),
+            (
+                report.master_weights.current as usize,
+                report.host_master_weights.current as usize,
+            ),
+            optimizer.host_chunks() == &all[all.len() / 2..],
+            reads,
+        ))
+    })
+    .unwrap();
+    for (rank, (params, ((device, _), (host, _)), accounted, halved, reads)) in
+        moved.iter().enumerate()
+    {
+        assert!(params_bits_equal(&whole[rank], params), "rank {rank}");
+        assert!(
+            *device > 0 && *host > 0,
+            "rank {rank}: {device} and {host} bytes"
+        );
+        assert_eq!(*accounted, (*device, *host), "rank {rank}");
+        assert!(halved, "rank {rank}");
+        // Fewer gradients are read back once half the chunks step on the device.
+        assert!(
+            reads[3] < reads[1],
+            "rank {rank}: host reads per backward {reads:?}"
         );
     }
 }

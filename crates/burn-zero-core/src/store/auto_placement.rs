@@ -179,14 +179,21 @@ impl AutoPlacement {
         })
     }
 
-    /// Records the decision: `device` chunks moved, `host` stayed, in `room` bytes.
-    pub(crate) fn decide(&mut self, room: u64, device: usize, host: usize) -> AutoPlacementReport {
+    /// Records the decision: `device` chunks (`device_bytes` of shards) moved, `host` stayed,
+    /// in `room` bytes.
+    pub(crate) fn decide(
+        &mut self,
+        room: u64,
+        (device, device_bytes): (usize, u64),
+        host: usize,
+    ) -> AutoPlacementReport {
         let report = AutoPlacementReport {
             capacity_bytes: self.capacity,
             warmup_peak_bytes: self.peak,
             room_bytes: room,
             device_chunks: device,
             host_chunks: host,
+            device_shard_bytes: device_bytes,
         };
         self.decided = Some(report);
         self.sampler = None;
@@ -214,7 +221,7 @@ mod tests {
         assert_eq!(auto.room(), None, "one pass is not the warm-up");
         auto.end_pass();
         assert_eq!(auto.room(), Some(capacity * 9 / 10 - 50 * 1048576));
-        auto.decide(1, 2, 3);
+        auto.decide(1, (2, 0), 3);
         assert_eq!(auto.room(), None, "decided once");
         assert!(!auto.warming_up());
     }

@@ -30,6 +30,14 @@ impl HostGradients {
         write(&self.keys).extend(keys);
     }
 
+    /// No longer those of the parameters `keys` (they step on the device from now on).
+    pub fn forget(&self, keys: impl IntoIterator<Item = usize>) {
+        let mut set = write(&self.keys);
+        for key in keys {
+            set.remove(&key);
+        }
+    }
+
     /// Whether parameter `key`'s goes to host memory.
     pub fn of(&self, key: usize) -> bool {
         self.all.load(Ordering::Relaxed) || read(&self.keys).contains(&key)
@@ -58,6 +66,8 @@ mod tests {
         assert!(home.of(1) && !home.of(3));
         assert!(home.of_all([1, 2].into_iter()));
         assert!(!home.of_all([2, 3].into_iter()));
+        home.forget([2]);
+        assert!(home.of(1) && !home.of(2) && !home.of_all([1, 2].into_iter()));
         home.keep_all();
         assert!(home.of(3) && home.of_all([3, 4].into_iter()));
     }

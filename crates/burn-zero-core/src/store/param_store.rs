@@ -169,6 +169,12 @@ impl<B: Backend> ParamStore<B> {
         self.gradients_on_host.keep(keys);
     }
 
+    /// Undoes [`Self::keep_gradients_on_host_of`] for the parameters `keys`, whose optimizer
+    /// state moved to the device.
+    pub fn keep_gradients_on_device_of(&self, keys: impl IntoIterator<Item = usize>) {
+        self.gradients_on_host.forget(keys);
+    }
+
     /// Whether parameter `key`'s reduced gradient shard goes to host memory as it arrives.
     pub fn gradient_on_host(&self, key: usize) -> bool {
         self.gradients_on_host.of(key)
@@ -211,7 +217,14 @@ impl<B: Backend> ParamStore<B> {
                 block.move_to_device();
             }
             let host = self.chunks().count(ChunkKind::Sharded) - ids.len();
-            let report = auto.decide(room, ids.len(), host);
+            let bytes = ids
+                .iter()
+                .map(|&id| {
+                    let chunk = &self.chunks().chunks()[id];
+                    (chunk.shard_len * chunk.dtype.size()) as u64
+                })
+                .sum();
+            let report = auto.decide(room, (ids.len(), bytes), host);
             tracing::info!(rank = self.rank(), ?report, "parameter shards placed");
             return;
         }

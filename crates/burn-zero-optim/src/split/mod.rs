@@ -40,10 +40,40 @@ use crate::placement::{Offload, OnDevice};
 use crate::record::ZeroOptimizerRecord;
 use crate::state::StateBytes;
 
-/// A fraction that is not one.
+mod margin;
+mod migrate;
+
+pub use margin::MarginReport;
+
+use margin::Margin;
+
+/// A split that cannot be made.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("offload_optim_frac must be a fraction from 0 to 1, not {0}")]
-pub struct OffloadFractionError(pub f64);
+pub enum SplitError {
+    /// The fraction is not one.
+    #[error("offload_optim_frac must be a fraction from 0 to 1, not {0}")]
+    Fraction(f64),
+    /// The margin ratio is not one.
+    #[error("gpu_margin_mem_ratio must be a fraction from 0 to 1, not {0}")]
+    MarginRatio(f64),
+    /// The margin is shared out of the auto placement's room, and there is none.
+    #[error(
+        "gpu_margin_mem_ratio shares out the device memory the auto placement leaves over; \
+         shard with auto_placement_capacity_mib or auto_placement_device_capacity"
+    )]
+    NoAutoPlacement,
+    /// Chunks cannot move inside an accumulation window.
+    #[error(
+        "optimizer chunks move between host and device at a step boundary, not {0} micro-step(s) \
+         into an accumulation window"
+    )]
+    InsideAccumulation(usize),
+    /// A chunk that does not step on the host.
+    #[error(
+        "chunk #{0} does not step on the host (a trainable chunk of the layout whose state is there)"
+    )]
+    NotOnHost(usize),
+}
 
 /// [`ZeroOptimizer`] with the optimizer state of a fraction of the chunks on host backend `H`
 /// (stepped there) and the rest on the model's device (stepped there); see the module docs.
@@ -54,7 +84,10 @@ where
     /// The device side; it also holds the step's clipping, loss scaler and skipped steps.
     device: ZeroOptimizer<O, B, OnDevice>,
     host: ZeroOptimizer<O, B, Offload<H>>,
-    host_chunks: usize,
+    /// The chunks that step on the host, in layout order.
+    host_chunks: Vec<usize>,
+    /// The `gpu_margin_mem_ratio` policy, when asked for.
+    margin: Option<Margin>,
 }
 
 impl<O, B: Backend, H: Backend> Clone for SplitZeroOptimizer<O, B, H>
@@ -65,7 +98,8 @@ where
         Self {
             device: self.device.clone(),
             host: self.host.clone(),
-            host_chunks: self.host_chunks,
+            host_chunks: self.host_chunks.clone(),
+            margin: self.margin,
         }
     }
 }
@@ -80,13 +114,9 @@ where
     /// `offload_optim_frac` (0 to 1) of the trainable chunks' bytes on `H`'s default device.
     /// The layout is the module's chunk layout (`ZeroConfig::chunk_size`; with one parameter
     /// per chunk the fraction is taken parameter by parameter).
-    pub fn new(
-        zero: &ZeroState<B>,
-        optim: O,
-        offload_optim_frac: f64,
-    ) -> Result<Self, OffloadFractionError> {
+    pub fn new(zero: &ZeroState<B>, optim: O, offload_optim_frac: f64) -> Result<Self, SplitError> {
         if !(0.0..=1.0).contains(&offload_optim_frac) {
-            return Err(OffloadFractionError(offload_optim_frac));
+            return Err(SplitError::Fraction(offload_optim_frac));
         }
         let layout = zero.store().chunks();
         let ids = optimizer_host_chunks(layout, offload_optim_frac);
@@ -106,7 +136,8 @@ where
         Ok(Self {
             device,
             host,
-            host_chunks: ids.len(),
+            host_chunks: ids,
+            margin: None,
         })
     }
 }
@@ -159,9 +190,9 @@ where
         self.device.last_grad_norm()
     }
 
-    /// How many chunks step on the host.
-    pub fn host_chunks(&self) -> usize {
-        self.host_chunks
+    /// The ids of the chunks that step on the host, in layout order.
+    pub fn host_chunks(&self) -> &[usize] {
+        &self.host_chunks
     }
 
     /// Bytes of fp32 masters and of optimizer state on the device and on the host:
@@ -181,6 +212,7 @@ where
         M: AutodiffModule<AB>,
     {
         check_lr(lr);
+        self.share_margin();
         let mut grads = grads;
         // The reducer's orphans are taken once, by whichever side meets one first.
         let mut orphans = None;
