@@ -35,6 +35,8 @@ pub use error::KernelError;
 pub use host::BufferPool;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use kernel::fused;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use kernel::launches::{LaunchCountError, LaunchLog};
 pub use pack::Packer;
 pub use spec::{BucketSpec, MemberSpec, PackPath};
 pub use unpack::{RowPart, unpack, unpack_row};

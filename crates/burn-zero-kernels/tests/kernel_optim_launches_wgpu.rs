@@ -1,8 +1,6 @@
-//! Kernel launches per optimizer step on wgpu, counted at the backend boundary: cubecl's
-//! compute client logs every kernel it launches ("Executing <kernel>") when its profiling log
-//! is at the `minimal` level, whatever issued the launch (this crate, Burn's tensor ops, Burn's
-//! fusion layer). This binary turns that log on, into a file of its own, before any wgpu client
-//! exists, and counts the lines between two launches of a marker kernel of its own.
+//! Kernel launches per optimizer step on wgpu, counted at the backend boundary by
+//! [`LaunchLog`]: cubecl's execution log, turned on before any wgpu client exists, with the
+//! lines between two launches of a marker kernel counted.
 //!
 //! Target: at most one launch per optimizer step of a flat shard (Adam, AdamW, SGD), and for
 //! Adam also with the gradient's multiplier and a half-precision parameter's cast. Burn's
@@ -12,11 +10,6 @@
 //! Without a wgpu adapter every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1`
 //! (CI) makes that a failure.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
-
 use burn::backend::wgpu::{CubeBackend, CubeTensor, WgpuDevice, WgpuRuntime};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
@@ -24,120 +17,28 @@ use burn::optim::{AdamConfig, AdamWConfig, SgdConfig, SimpleOptimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_fusion::Fusion;
-use burn_zero_kernels::adam_step_kernel;
 use burn_zero_kernels::host::{AdamRule, AdamStep};
+use burn_zero_kernels::{LaunchLog, adam_step_kernel};
 use burn_zero_optim::{FlatStep, FusedAdam, FusedAdamW, FusedSgd, OnePass};
 use burn_zero_testing::skip;
-use cubecl::config::profiling::ProfilingLogLevel;
-use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
-use cubecl::prelude::*;
 
 type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
 type Fused = Fusion<Plain>;
 
-/// The marker: a kernel nothing else launches.
-#[cube(launch)]
-fn launch_count_marker(out: &mut Array<f32>) {
-    if ABSOLUTE_POS == 0 {
-        out[0] = 1.0;
-    }
-}
-
-/// The execution log of this process: cubecl's profiling log at `minimal`, in a file.
-struct Log {
-    path: PathBuf,
-    /// Markers launched so far.
-    markers: AtomicUsize,
-    /// The tests of this binary count one at a time: the log is one stream.
-    lock: Mutex<()>,
-}
-
-fn log() -> &'static Log {
-    static LOG: OnceLock<Log> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let path =
-            std::env::temp_dir().join(format!("burn-zero-launches-{}.log", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let mut config = CubeClRuntimeConfig::default();
-        config.profiling.logger.level = ProfilingLogLevel::Minimal;
-        config.profiling.logger.file = Some(path.clone());
-        config.profiling.logger.append = true;
-        // Before any client reads the configuration (the first wgpu use in this process).
-        CubeClRuntimeConfig::set(config);
-        Log {
-            path,
-            markers: AtomicUsize::new(0),
-            lock: Mutex::new(()),
-        }
-    })
-}
-
-/// Whether `test` can run (a wgpu adapter), with the launch log turned on.
+/// Whether `test` can run (a wgpu adapter), with the launch log turned on (before any wgpu
+/// client exists: every test calls this first).
 fn runs(test: &str) -> bool {
-    log();
+    LaunchLog::install();
     skip::wgpu_adapter(test)
-}
-
-fn lines(path: &PathBuf) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-fn is_marker(line: &str) -> bool {
-    line.contains("LaunchCountMarker")
-}
-
-/// Launches the marker and waits until the log has written it: every launch made before it
-/// on this device is then in the file (the log is one ordered channel per device). Returns
-/// the marker's line number.
-fn mark(device: &WgpuDevice) -> usize {
-    let log = log();
-    let client = WgpuRuntime::client(device);
-    let out = client.empty(4);
-    let nth = log.markers.fetch_add(1, Ordering::SeqCst) + 1;
-    launch_count_marker::launch::<WgpuRuntime>(
-        &client,
-        CubeCount::Static(1, 1, 1),
-        CubeDim::new_1d(1),
-        unsafe { ArrayArg::from_raw_parts(out, 1) },
-    );
-    cubecl::future::block_on(client.sync()).expect("the device syncs");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let found = lines(&log.path)
-            .iter()
-            .enumerate()
-            .filter(|(_, line)| is_marker(line))
-            .nth(nth - 1)
-            .map(|(at, _)| at);
-        if let Some(at) = found {
-            return at;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the marker never reached the log"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// The kernels launched on `device` while `work` runs (it must leave nothing pending: sync a
 /// fused backend).
 fn launches(device: &WgpuDevice, work: impl FnOnce()) -> Vec<String> {
-    let log = log();
-    let _one_at_a_time = log.lock.lock().unwrap_or_else(|e| e.into_inner());
-    let start = mark(device);
-    work();
-    let end = mark(device);
-    let all = lines(&log.path);
-    all[start + 1..end]
-        .iter()
-        .filter(|line| line.starts_with("Executing"))
-        .cloned()
-        .collect()
+    LaunchLog::install()
+        .launches::<WgpuRuntime, _>(device, work)
+        .expect("the launches are counted")
+        .1
 }
 
 fn flat<B: Backend>(values: &[f32], device: &B::Device) -> Tensor<B, 1> {

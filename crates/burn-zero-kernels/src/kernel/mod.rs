@@ -10,6 +10,7 @@
 
 mod adam;
 pub mod fused;
+pub mod launches;
 mod memory;
 mod pack;
 mod sgd;
