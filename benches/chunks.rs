@@ -1,13 +1,17 @@
 //! Chunks against one parameter per chunk: GPT `small` and `base` (the scaling suite's step,
 //! `common/workload.rs`) at ZeRO stage 3 on 2 ranks (`LocalGroup` threads sharing one device),
 //! with `ChunkSize::PerParameter` and with the searched size (`ChunkSize::default_search()`),
-//! on Flex and on the plain `CubeBackend<WgpuRuntime>` (Burn's fusion backends refuse chunks with
-//! overlapped reduction; Mesa's lavapipe on a machine without a GPU: launches
-//! and synchronisations cost more there than on Flex, the closest to a GPU a CPU machine has).
+//! on Flex and on the plain `CubeBackend<WgpuRuntime>` (Mesa's lavapipe on a machine without a
+//! GPU: launches and synchronisations cost more there than on Flex, the closest to a GPU a CPU
+//! machine has).
 //!
 //! Per configuration, rank 0's figures over the timed steps:
-//! - collectives per step by kind, device synchronisations and host reads per step: differences
-//!   of `ZeroState::counts()` divided by the steps, exact (burn-zero counts what it issues);
+//! - collectives per step by kind, device synchronisations, host reads and host writes per
+//!   step: differences of `ZeroState::counts()` divided by the steps, exact (burn-zero counts
+//!   what it issues);
+//! - on wgpu, the kernel launches of one more step per rank, every launch on the device
+//!   counted from cubecl's execution log (`burn_zero_kernels::LaunchLog`, with `--features
+//!   wgpu`): burn-zero's kernels, Burn's ops and autodiff's together;
 //! - the chunk layout: sharded and replicated chunks, padding (`ChunkLayout::padding`);
 //! - exposed gather time per step (`ZeroState::gather_stats`), the gathered peak and the model
 //!   state (`ZeroState::memory_report`), and the step time.
@@ -208,6 +212,9 @@ struct Figures {
     round_seconds: Vec<f64>,
     memory: MemoryReport,
     layout: Layout,
+    /// Kernel launches of one counted step, per rank (cubecl backends built with burn-zero's
+    /// `wgpu` feature; `None` elsewhere).
+    launches: Option<f64>,
 }
 
 impl Figures {
@@ -259,7 +266,12 @@ struct Runner<B: Backend, O> {
     gathers: u64,
     steps: usize,
     round_seconds: Vec<f64>,
+    launches: Option<f64>,
 }
+
+/// Counts the kernel launches on a device while the work given runs (`None`: this backend's
+/// launches are not counted).
+type LaunchCounter<'a, D> = &'a (dyn Fn(&D, &mut dyn FnMut()) -> Option<usize> + Sync);
 
 impl<B: Backend, O: Optimizer<Gpt<Train<B>>, Train<B>>> Runner<B, O> {
     /// One training step, timed to the end of the work it queued (`B::sync`, Burn's own
@@ -298,8 +310,44 @@ impl<B: Backend, O: Optimizer<Gpt<Train<B>>, Train<B>>> Runner<B, O> {
         Ok(())
     }
 
+    /// One more step with its kernel launches counted by `count` on rank 0, over every rank
+    /// (the ranks meet before and after it, so the window holds this step's launches and
+    /// nothing else); rank 0 keeps the count per rank.
+    fn count_launches(
+        &mut self,
+        corpus: &Corpus,
+        index: usize,
+        ctx: &RankContext<B>,
+        count: LaunchCounter<'_, B::Device>,
+    ) -> Result<(), String> {
+        let mut failed = None;
+        let mut step = || {
+            let stepped = ctx
+                .comm()
+                .barrier()
+                .map_err(|e| e.to_string())
+                .and_then(|()| self.step(corpus, index, ctx, None))
+                .and_then(|()| ctx.comm().barrier().map_err(|e| e.to_string()));
+            if let Err(error) = stepped {
+                failed = Some(error);
+            }
+        };
+        let counted = if ctx.rank() == 0 {
+            count(ctx.device(), &mut step)
+        } else {
+            step();
+            None
+        };
+        if let Some(error) = failed {
+            return Err(error);
+        }
+        self.launches = counted.map(|n| n as f64 / ctx.world_size() as f64);
+        Ok(())
+    }
+
     fn figures(&self) -> Figures {
         Figures {
+            launches: self.launches,
             counts: self.counts,
             uniform: self.uniform,
             exposed: self.exposed,
@@ -316,7 +364,11 @@ impl<B: Backend, O: Optimizer<Gpt<Train<B>>, Train<B>>> Runner<B, O> {
 /// the same ranks (one `RankContext`, as two modules of one training may be) and their steps
 /// interleaved, A B, B A, … within each round and from round to round, so that the machine's
 /// drift falls on both alike step by step.
-fn run<B: Backend>(device: &B::Device, plan: Plan) -> [Figures; 2] {
+fn run<B: Backend>(
+    device: &B::Device,
+    plan: Plan,
+    count: LaunchCounter<'_, B::Device>,
+) -> [Figures; 2] {
     let figures = launch::<B, _, _, String>(WORLD_SIZE, std::slice::from_ref(device), |ctx| {
         let corpus = workload::corpus();
         let mut runners = Vec::new();
@@ -334,6 +386,7 @@ fn run<B: Backend>(device: &B::Device, plan: Plan) -> [Figures; 2] {
                 gathers: 0,
                 steps: 0,
                 round_seconds: Vec::new(),
+                launches: None,
             });
         }
         let mut index = 0;
@@ -367,6 +420,9 @@ fn run<B: Backend>(device: &B::Device, plan: Plan) -> [Figures; 2] {
                     searched / per
                 );
             }
+        }
+        for runner in &mut runners {
+            runner.count_launches(&corpus, index, &ctx, count)?;
         }
         let figures = [runners[0].figures(), runners[1].figures()];
         drop(runners);
@@ -470,8 +526,8 @@ fn plans() -> Vec<Plan> {
 
 fn measure(plan: Plan, wgpu: &WgpuDevice) -> Measured {
     let sides = match plan.kind {
-        Kind::Flex => run::<Flex>(&Default::default(), plan),
-        Kind::Wgpu => run::<PlainWgpu>(wgpu, plan),
+        Kind::Flex => run::<Flex>(&Default::default(), plan, &|_, _| None),
+        Kind::Wgpu => run::<PlainWgpu>(wgpu, plan, &count_wgpu_launches),
     };
     for (side, figures) in Side::BOTH.iter().zip(&sides) {
         eprintln!(
@@ -625,11 +681,36 @@ fn targets(measured: &[Measured]) -> Vec<Target> {
     out
 }
 
+/// The kernels launched on a wgpu `device` while `work` runs, from cubecl's execution log
+/// (burn-zero's `wgpu` feature; not counted without it).
+fn count_wgpu_launches(device: &WgpuDevice, work: &mut dyn FnMut()) -> Option<usize> {
+    #[cfg(feature = "wgpu")]
+    {
+        let log = burn_zero_kernels::LaunchLog::install();
+        match log.launches::<WgpuRuntime, _>(device, work) {
+            Ok(((), launched)) => Some(launched.len()),
+            Err(error) => {
+                eprintln!("wgpu: kernel launches not counted: {error}");
+                None
+            }
+        }
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        let _ = device;
+        work();
+        None
+    }
+}
+
 fn main() {
     // `cargo test --benches` runs bench targets without `--bench`; only `cargo bench` measures.
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
+    // cubecl's execution log, for the launch counts, before any wgpu client exists.
+    #[cfg(feature = "wgpu")]
+    burn_zero_kernels::LaunchLog::install();
     let plans = plans();
     let wgpu = WgpuDevice::default();
     let adapter = if plans.iter().any(|p| p.kind == Kind::Wgpu) {
@@ -671,7 +752,10 @@ fn render(
     };
     let adapter_text = match adapter {
         Some(Ok(name)) => {
-            format!("wgpu: Burn's fused Wgpu on {name}, bucket packing by {pack_path}.")
+            format!(
+                "wgpu: the plain CubeBackend<WgpuRuntime> on {name}, bucket packing by \
+                 {pack_path}."
+            )
         }
         Some(Err(reason)) => format!(
             "wgpu: no adapter ({reason}): install a Vulkan driver (Mesa's lavapipe: \
@@ -690,8 +774,9 @@ fn render(
          steps, step time the median of the rounds' means.\n\n\
          | backend | model | chunks | sharded / replicated chunks | padding (elements) | \
          all-gathers / step | reduce-scatters / step | all-reduces / step | other / step | \
-         syncs / step | host reads / step | exposed gather ms / step | gathered peak MB | step ms |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         syncs / step | host reads / step | host writes / step | kernel launches / step | \
+         exposed gather ms / step | gathered peak MB | step ms |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         mem_bytes as f64 / (1u64 << 30) as f64
     );
     let mut rows = Vec::new();
@@ -704,9 +789,12 @@ fn render(
             let gathers = f.per_step(f.gathers);
             let peak = f.memory.gathered.peak;
             let mark = if f.uniform { "" } else { " (varies)" };
+            let launches = f
+                .launches
+                .map_or_else(|| "—".to_string(), |n| format!("{n:.0}"));
             md.push_str(&format!(
-                "| {} | {} | {} | {} / {} | {} | {}{mark} | {} | {} | {} | {} | {} | {exposed:.2} | \
-                 {:.2} | {step:.1} |\n",
+                "| {} | {} | {} | {} / {} | {} | {}{mark} | {} | {} | {} | {} | {} | {} | \
+                 {launches} | {exposed:.2} | {:.2} | {step:.1} |\n",
                 m.plan.kind.name(),
                 m.plan.preset.name(),
                 side.name(),
@@ -719,6 +807,7 @@ fn render(
                 c[3],
                 c[4],
                 c[5],
+                c[6],
                 mb(peak as f64),
             ));
             rows.push(json!({
@@ -738,6 +827,7 @@ fn render(
                     "host_reads": c[5],
                     "host_writes": c[6],
                     "gathers": gathers,
+                    "kernel_launches": f.launches,
                 },
                 "counts_equal_in_every_step": f.uniform,
                 "exposed_gather_ms_per_step": exposed,
