@@ -4,7 +4,8 @@
 //! or the searched chunk size (`--chunk-size param|search`), with `ZeroOptimizer` over Burn's
 //! Adam. Prints and writes (`--out`) the step times, the rank's memory accounting (the tracer's
 //! figures; the runner reads the driver's own beside them), the chunk layout and burn-zero's
-//! counts per timed step (collectives by kind, device synchronisations, host reads). The
+//! counts per timed step (collectives by kind, device synchronisations, host reads), and with
+//! `--count-launches` the kernel launches of one more step (cubecl's execution log). The
 //! plain-Burn side is `benches/plain-burn/benches/plain_gpu.rs`; `scripts/gpu-check.sh` runs
 //! both.
 //!
@@ -19,10 +20,13 @@ use std::sync::Arc;
 
 use burn::backend::Autodiff;
 use burn::optim::AdamConfig;
-use burn_zero::comm::nccl::{CudaBackend, CudaDevice, NcclGroup, NcclOptions, cuda_device_count};
+use burn_zero::comm::nccl::{
+    CudaBackend, CudaDevice, CudaRuntime, NcclGroup, NcclOptions, cuda_device_count,
+};
 use burn_zero::comm::{Communicator, RankContext};
 use burn_zero::core::chunk::ChunkKind;
 use burn_zero::{ChunkSize, Zero, ZeroConfig, ZeroOptimizer, shard};
+use burn_zero_kernels::LaunchLog;
 use clap::Parser;
 
 use gpu_steps::StepArgs;
@@ -41,6 +45,11 @@ struct Args {
     /// `param` (one parameter per chunk) or `search` (the searched size).
     #[arg(long, default_value = "param", value_parser = parse_chunk_size)]
     chunk_size: ChunkSize,
+    /// After the timed steps, one more step with every kernel launched on the device counted
+    /// from cubecl's execution log (`kernel_launches_per_step`). The log is on from the start,
+    /// a line written per launch, so this run's step times are not the ones to report.
+    #[arg(long)]
+    count_launches: bool,
     #[command(flatten)]
     steps: StepArgs,
 }
@@ -81,11 +90,23 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
     // burn-zero's counts over the timed steps (the runner's synchronisation after each step is
     // Burn's own, not counted).
     let mut before = None;
-    let (_model, seconds) =
+    let (model, seconds) =
         gpu_steps::time_steps_with(model, &mut optimizer, &corpus, &args.steps, &device, || {
             before = Some(zero.counts())
         })?;
     let counts = zero.counts() - before.unwrap_or_default();
+    let launches = if args.count_launches {
+        let index = args.steps.warmup + args.steps.steps;
+        let ((), launched) = LaunchLog::install()
+            .launches::<CudaRuntime, _>(&device, || {
+                let _model = workload::step(model, &mut optimizer, &corpus, index, 0, 1, &device);
+                let _ = <Inner as burn::tensor::backend::Backend>::sync(&device);
+            })
+            .map_err(|e| e.to_string())?;
+        Some(launched.len())
+    } else {
+        None
+    };
     let memory = Some(zero.memory_report());
     let chunks = zero.store().chunks();
     let per_step = |n: u64| n as f64 / args.steps.steps.max(1) as f64;
@@ -114,11 +135,18 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
         "host_writes": per_step(counts.host_writes),
     });
     result["memory"] = serde_json::to_value(memory).map_err(|e| e.to_string())?;
+    if let Some(launches) = launches {
+        result["kernel_launches_per_step"] = launches.into();
+    }
     Ok(result)
 }
 
 fn main() {
     let args = Args::parse();
+    if args.count_launches {
+        // Before any cubecl client exists.
+        LaunchLog::install();
+    }
     let result = match cuda_device_count() {
         Ok(0) => Ok(serde_json::json!({
             "skipped": "no CUDA device visible",

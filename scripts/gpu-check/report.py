@@ -133,6 +133,12 @@ def steps(out):
         for config, row in table.items():
             if config.startswith("zero-") and reference and row["median_step_s"]:
                 row[f"ratio_to_{base}"] = row["median_step_s"] / reference
+    # Kernel launches of one step, counted in runs of their own.
+    for path in sorted(glob.glob(os.path.join(out, "data", "launches", "*.json"))):
+        config = os.path.basename(path)[: -len(".json")]
+        launches = (load(path) or {}).get("kernel_launches_per_step")
+        if config in table and launches is not None:
+            table[config]["kernel_launches_per_step"] = launches
     # Searched chunks against one parameter per chunk at stage 3.
     per_parameter = (table.get("zero-3") or {}).get("median_step_s")
     searched = table.get("zero-3-search")
@@ -271,16 +277,18 @@ def markdown(report):
     if counted:
         lines += ["burn-zero's own counts over the timed steps of each run, divided by the steps (exact): "
                   "collectives by kind, device synchronisations, host reads; chunks as `--chunk-size` "
-                  "laid them out (`param`: one parameter per chunk).", "",
+                  "laid them out (`param`: one parameter per chunk). Kernel launches: every launch on "
+                  "the device in one step, from cubecl's execution log, in a run of its own.", "",
                   "| run | chunk size | chunks (sharded / replicated) | all-gathers | reduce-scatters | "
-                  "all-reduces | other | syncs | host reads |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "all-reduces | other | syncs | host reads | kernel launches |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for config, r in sorted(counted.items()):
             c, k = r["counts_per_step"], r.get("chunks") or {}
             lines.append(
                 f"| {config} | {r.get('chunk_size', '-')} | {k.get('sharded', '-')} / {k.get('replicated', '-')} | "
                 f"{c['all_gathers']:g} | {c['reduce_scatters']:g} | {c['all_reduces']:g} | "
-                f"{c['other_collectives']:g} | {c['syncs']:g} | {c['host_reads']:g} |")
+                f"{c['other_collectives']:g} | {c['syncs']:g} | {c['host_reads']:g} | "
+                f"{r.get('kernel_launches_per_step', '-')} |")
         ratio = (st["configs"].get("zero-3-search") or {}).get("ratio_to_zero-3")
         if isinstance(ratio, float):
             lines += ["", f"Stage 3 step time, searched chunks / one parameter per chunk: {ratio:.3f}."]

@@ -197,6 +197,15 @@ steps() {
             "$bin/gpu-steps" --stage 3 --chunk-size search \
             --out "$out/data/steps/zero-3-search-$round.json" || rc=1
     done
+    # Kernel launches of one step, in runs of their own: cubecl's execution log, which counts
+    # them, writes a line per launch and would slow the timed steps.
+    mkdir -p "$out/data/launches"
+    for run in "0 param zero-0" "3 param zero-3" "3 search zero-3-search"; do
+        read -r stage chunks name <<<"$run"
+        echo "--- kernel launches: $name"
+        "$bin/gpu-steps" --stage "$stage" --chunk-size "$chunks" --warmup 3 --steps 1 \
+            --count-launches --out "$out/data/launches/$name.json" || rc=1
+    done
     return $rc
 }
 
