@@ -4,8 +4,8 @@
 //! - [`checkpoint`]: sharded checkpoints: save at N ranks, load at any world size and stage,
 //!   consolidate into one file plain Burn loads.
 //! - [`comm`]: the [`comm::Communicator`] trait, the in-process [`comm::LocalGroup`] engine
-//!   and the [`comm::launch`] rank launcher.
-//! - [`core`]: the [`Zero`] backend decorator, [`shard`] and [`ZeroConfig`].
+//!   and the [`comm::launch()`] rank launcher.
+//! - [`core`]: the [`Zero`] backend decorator, [`shard()`] and [`ZeroConfig`].
 //! - [`launcher`]: multi-process jobs: the launcher environment ([`launcher::DistEnv`]), the
 //!   TCP rendezvous and the supervisor behind the `zero-run` binary.
 //! - [`optim`]: [`ZeroOptimizer`], Burn's optimizers on each rank's fp32 master shard.

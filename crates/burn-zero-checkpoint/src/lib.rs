@@ -9,7 +9,7 @@
 //!   safetensors file of whole parameters for plain Burn, or a world-size-1 checkpoint.
 //! - [`list`], [`latest`], [`resolve`]: what a checkpoint root holds, complete or not.
 //!
-//! Module map: [`format`] (the files and `metadata.json`), `write` (atomic writes), `read`
+//! Module map: [`format`](mod@format) (the files and `metadata.json`), `write` (atomic writes), `read`
 //! (checked range reads), `state` (optimizer state through its record), `params` (a sharded
 //! module's parameters), `save`, `load`, `consolidate`, `dir` (roots and rotation), [`error`].
 

@@ -65,7 +65,7 @@ pub trait Communicator<B: Backend>: Send + Sync {
     /// Records that this rank failed on its own account (`reason`) without ending the group:
     /// the rank is about to tell the others through a collective (an agreement such as
     /// [`crate::agree::failed_ranks`]), and they will stop because of it. Whoever reports the
-    /// job's failure ([`crate::launch`], the launcher of a training framework) then names the
+    /// job's failure ([`crate::launch()`], the launcher of a training framework) then names the
     /// first rank that reported, the cause, rather than whichever rank happened to stop first.
     ///
     /// Engines that cannot share the record ignore it (the default).

@@ -154,7 +154,7 @@ fn detail_suffix(detail: &str) -> String {
     }
 }
 
-/// How one rank of [`crate::launch`] ended, when it did not succeed.
+/// How one rank of [`crate::launch()`] ended, when it did not succeed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RankFailure {
     /// The rank's closure panicked.
@@ -165,7 +165,7 @@ pub enum RankFailure {
     Errored(String),
 }
 
-/// Why [`crate::launch`] failed.
+/// Why [`crate::launch()`] failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LaunchError {
     /// The arguments do not describe a runnable group.

@@ -4,7 +4,7 @@
 //!   all-reduce, broadcast, barrier) on a backend's float tensors.
 //! - [`LocalGroup`]: the in-process engine, one thread per rank, built on Burn tensor ops so it
 //!   runs on every backend. Reductions run in rank order: results are bitwise reproducible.
-//! - [`launch`]: runs a closure once per rank on its own thread with a [`RankContext`], and
+//! - [`launch()`]: runs a closure once per rank on its own thread with a [`RankContext`], and
 //!   turns a failed rank into an error on every other rank instead of a hang.
 //! - [`OrderedComm`]: a rank's collectives issued from one thread, in the order its training
 //!   thread fixes, whichever thread submits them (what NCCL needs when gradient reduction

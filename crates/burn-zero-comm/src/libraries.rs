@@ -6,7 +6,7 @@
 //! `dlopen` on first use, trying a fixed list of file names, and panics when none loads. The
 //! names depend on the CUDA version the build was made for. This workspace fixes it at 13.0,
 //! whose list tries `.so`, then `.so.13`, then `.so.12` and older: one binary, made on a machine
-//! without nvcc, loads on CUDA 12 and CUDA 13 machines. [`check`] tries the same names before
+//! without nvcc, loads on CUDA 12 and CUDA 13 machines. `check` tries the same names before
 //! the first CUDA call, so a missing library is a [`MissingLibrary`] error instead of a panic.
 
 use std::fmt;

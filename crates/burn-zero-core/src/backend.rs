@@ -12,7 +12,7 @@ use crate::tensor::ZeroTensor;
 /// `Zero<B>` is `B` with one difference: its float tensors may be *sharded* parameters, of
 /// which each rank holds a flat 1/N slice. Compute ops gather a sharded operand, run `B`'s op
 /// and drop the full copy; view ops stay lazy. Int, bool and quantized tensors, devices and
-/// element types are `B`'s own. Train with `Autodiff<Zero<B>>` and [`crate::shard`] the model.
+/// element types are `B`'s own. Train with `Autodiff<Zero<B>>` and [`crate::shard()`] the model.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Zero<B> {
     _inner: PhantomData<B>,

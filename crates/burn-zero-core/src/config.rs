@@ -5,7 +5,7 @@ use burn::tensor::DType;
 
 use crate::chunk::ChunkSize;
 
-/// How [`crate::shard`] partitions a module and how the decorator gathers it.
+/// How [`crate::shard()`] partitions a module and how the decorator gathers it.
 ///
 /// A Burn [`Config`]: it serialises to JSON (`save`/`load`) and builds with `ZeroConfig::new()`
 /// plus `with_*` setters.

@@ -1,5 +1,5 @@
 //! `ZeroState`: the handle on one rank's state of a sharded module — its parameter store and
-//! its gradient reducer — returned by [`crate::shard`] and held by the optimizer.
+//! its gradient reducer — returned by [`crate::shard()`] and held by the optimizer.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use crate::store::table::ParamTable;
 use crate::store::{GatherStats, Groups, ParamInfo, ParamStore, ShardedParam};
 use crate::tensor::{ShardedView, ZeroTensor};
 
-/// One rank's state of a module sharded with [`crate::shard`]: its parameter store
+/// One rank's state of a module sharded with [`crate::shard()`]: its parameter store
 /// (communicator, configuration, parameter table, gathers, memory accounting) and its
 /// gradient reducer (bucket layout, communication thread, last pass's statistics).
 ///
@@ -201,7 +201,7 @@ impl<B: Backend> ZeroState<B> {
     }
 
     /// Shards a full tensor (identical on every rank) into this rank's block, as a tensor of
-    /// `Zero<B>` whose ops gather it. Not marked for gradient hooks: use [`crate::shard`] for
+    /// `Zero<B>` whose ops gather it. Not marked for gradient hooks: use [`crate::shard()`] for
     /// module parameters.
     pub fn shard_tensor<const D: usize>(&self, tensor: Tensor<B, D>) -> Tensor<Zero<B>, D> {
         let shape = tensor.shape();

@@ -2,7 +2,7 @@
 //! benchmarks: a decoder-only transformer with a tied output head, a character-level corpus,
 //! deterministic batches, and module helpers (materialise, cast, read back). Plain Burn: without
 //! its `train` feature it does not depend on burn-zero, so the plain-Burn baseline builds it too.
-//! With it, [`train`] is the example's training run under burn-zero.
+//! With it, `train` is the example's training run under burn-zero.
 
 use std::ops::Range;
 

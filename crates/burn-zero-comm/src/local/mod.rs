@@ -38,7 +38,7 @@ impl Default for GroupOptions {
 /// One rank's handle on an in-process group of ranks that run on threads of this process.
 ///
 /// Build all handles at once with [`LocalGroup::new`] and give one to each rank's thread (or
-/// let [`crate::launch`] do it). Reductions add in rank order, so every rank receives bitwise
+/// let [`crate::launch()`] do it). Reductions add in rank order, so every rank receives bitwise
 /// the same result, run after run. Dropping a handle tells the other ranks that this rank will
 /// issue no more collectives: a rank still waiting for it gets [`CommError::PeerExited`].
 ///

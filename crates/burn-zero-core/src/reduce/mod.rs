@@ -1,6 +1,6 @@
 //! Gradient reduction: from autodiff's gradient hooks to each rank's reduced gradient.
 //!
-//! - [`hook`]: Burn's static hook entry and the per-thread registry it looks in.
+//! - `hook`: Burn's static hook entry and the per-thread registry it looks in.
 //! - `reducer`: [`GradientReducer`], the owner of the layout, the communication thread and
 //!   the backward pass in progress.
 //! - `bucket`: the static bucket layout and one bucket's reduction; `queue`: gradients

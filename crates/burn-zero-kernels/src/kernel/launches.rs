@@ -1,6 +1,6 @@
 //! Kernel launches counted at the backend boundary, from cubecl's execution log.
 //!
-//! cubecl's compute server writes a line ("Executing <kernel>") for every kernel it runs when
+//! cubecl's compute server writes a line (`Executing <kernel>`) for every kernel it runs when
 //! its profiling log is at the `minimal` level, whatever issued the launch: burn-zero's
 //! kernels, Burn's tensor ops, Burn's fusion layer. [`LaunchLog::install`] sends that log to a
 //! file of this process; [`LaunchLog::launches`] launches a marker kernel of its own before and
@@ -81,7 +81,7 @@ impl LaunchLog {
     }
 
     /// Runs `work` and returns its result with the kernels launched on `device` (runtime `R`)
-    /// meanwhile, one log line each ("Executing <kernel>…").
+    /// meanwhile, one log line each (`Executing <kernel>…`).
     pub fn launches<R: CubeRuntime, T>(
         &self,
         device: &R::Device,
