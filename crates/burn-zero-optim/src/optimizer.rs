@@ -687,6 +687,21 @@ pub(crate) fn keep_host_gradients<B: Backend, P: Placement<B>>(zero: &ZeroState<
     }
 }
 
+/// The one device's gradients of Burn's multi-device gradients: burn-zero runs one rank per
+/// device instead of one process driving several, so `optimizer` (named in the message)
+/// accepts exactly one entry.
+pub(crate) fn one_device(grads: MultiGradientsParams, optimizer: &str) -> GradientsParams {
+    let devices = grads.grads.len();
+    let mut grads = grads.grads.into_iter();
+    match (grads.next(), grads.next()) {
+        (Some((grads, _)), None) => grads,
+        _ => panic!(
+            "burn-zero: {optimizer} got gradients from {devices} devices in one step; burn-zero \
+             runs one rank per device (burn_zero::comm::launch), each stepping its own gradients"
+        ),
+    }
+}
+
 /// Refuses a learning rate that cannot work, before anything changes.
 pub(crate) fn check_lr(lr: f64) {
     assert!(
@@ -1088,16 +1103,8 @@ where
     /// entry per device; burn-zero runs one rank per device instead, so exactly one entry is
     /// accepted.
     fn step_multi(&mut self, lr: LearningRate, module: M, grads: MultiGradientsParams) -> M {
-        let devices = grads.grads.len();
-        let mut grads = grads.grads.into_iter();
-        match (grads.next(), grads.next()) {
-            (Some((grads, _)), None) => ZeroOptimizer::step::<AB, M>(self, lr, module, grads),
-            _ => panic!(
-                "burn-zero: ZeroOptimizer got gradients from {devices} devices in one step; \
-                 burn-zero runs one rank per device (burn_zero::comm::launch), each stepping its \
-                 own gradients"
-            ),
-        }
+        let grads = one_device(grads, "ZeroOptimizer");
+        ZeroOptimizer::step::<AB, M>(self, lr, module, grads)
     }
 
     fn to_record(&self) -> Self::Record {

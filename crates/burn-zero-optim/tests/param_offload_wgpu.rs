@@ -27,60 +27,26 @@ use std::time::Duration;
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::{Autodiff, Flex};
-use burn::module::Module;
-use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::backend::Backend;
 use burn_zero_comm::launch;
 use burn_zero_core::{AutoPlacementReport, ChunkSize, Zero, ZeroConfig, ZeroError, shard};
 use burn_zero_kernels::{DeviceMemory, device_memory, peak_device_memory};
 use burn_zero_optim::{Offload, ZeroOptimizer};
 use burn_zero_testing::{param_values, params_bits_equal, skip};
 
+#[path = "common/stack.rs"]
+mod stack;
+
+use stack::{LAYERS, Stack, WIDTH, input};
+
 type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
 type Train = Autodiff<Zero<Plain>>;
 
-const WIDTH: usize = 1024;
-const LAYERS: usize = 4;
 /// Two warm-up passes of the auto placement, and two steps placed.
 const STEPS: usize = 4;
 /// How often the device's memory is read during the steps.
 const EVERY: Duration = Duration::from_millis(2);
-
-#[derive(Module, Debug)]
-struct Stack<B: burn::tensor::backend::Backend> {
-    layers: Vec<Linear<B>>,
-}
-
-impl<B: AutodiffBackend> Stack<B> {
-    fn new(device: &B::Device) -> Self {
-        let layers = (0..LAYERS)
-            .map(|_| {
-                LinearConfig::new(WIDTH, WIDTH)
-                    .with_bias(false)
-                    .init(device)
-            })
-            .collect();
-        Self { layers }
-    }
-
-    fn loss(&self, input: Tensor<B, 2>) -> Tensor<B, 1> {
-        let mut x = input;
-        for layer in &self.layers {
-            x = burn::tensor::activation::relu(layer.forward(x));
-        }
-        x.powi_scalar(2).mean()
-    }
-}
-
-/// Step `step`'s input, made on the host from a fixed pattern: the same in every run.
-fn input(step: usize, device: &WgpuDevice) -> Tensor<Train, 2> {
-    let values: Vec<f32> = (0..4 * WIDTH)
-        .map(|i| ((i * 7 + step * 13) % 97) as f32 / 97.0 - 0.5)
-        .collect();
-    Tensor::from_data(TensorData::new(values, [4, WIDTH]), device)
-}
 
 /// What one run measured: device memory between steps (after the last, synchronised) and at
 /// its peak over the steps, the final parameters, and the auto placement's decision.
@@ -107,7 +73,7 @@ fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
             ZeroOptimizer::<_, _, Offload<Flex>>::offloaded(&zero, AdamConfig::new().build());
         let (model, peak) = peak_device_memory::<Plain, _>(ctx.device(), EVERY, || {
             for step in 0..STEPS {
-                let input = input(step, ctx.device());
+                let input = input::<Train>(step, ctx.device());
                 let grads = GradientsParams::from_grads(model.loss(input).backward(), &model);
                 model = optimizer.step(1e-3, model, grads);
                 Plain::sync(ctx.device()).unwrap();

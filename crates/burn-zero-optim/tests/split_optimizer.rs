@@ -100,14 +100,19 @@ fn clipping_sees_both_sides_and_agrees_to_rounding() {
             .flatten()
             .zip(b.iter().flatten())
             .flat_map(|(x, y)| x.iter().zip(y))
-            .map(|(x, y)| (x - y).abs() / x.abs().max(y.abs()).max(1e-3))
+            .map(|(x, y)| (x - y).abs())
             .fold(0f32, f32::max)
     };
+    // The sides' sums of squares are added in another order than one sum over every chunk, so
+    // the global norm, and with it the clipping factor, can differ in its last bits (a few
+    // parts in 10^7). Over 4 Adam steps of lr 1e-2 that moves a parameter by about 1e-8, under
+    // the rounding of the values themselves (an ulp of a value near 1 is 1.2e-7). Bound: 1e-6.
+    // Measured over 40 processes (each draws its own initial model): at most 2.4e-7.
     let rounding = difference(&whole, &split);
-    println!("clipped, split against whole: max relative difference {rounding:e}");
-    assert!(rounding < 1e-5, "{rounding:e}");
+    println!("clipped, split against whole: largest difference {rounding:e}");
+    assert!(rounding < 1e-6, "{rounding:e}");
     // The clipping acted: without it the values are elsewhere.
-    assert!(difference(&whole, &unclipped) > 1e-3);
+    assert!(difference(&whole, &unclipped) > 1e-4);
 }
 
 #[test]

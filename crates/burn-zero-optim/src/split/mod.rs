@@ -35,7 +35,9 @@ use burn_zero_core::{Zero, ZeroState};
 use crate::clip::{NormType, merge};
 use crate::loss_scale::LossScalerConfig;
 use crate::one_pass::OnePass;
-use crate::optimizer::{Owned, Prepared, Refill, ZeroOptimizer, check_lr, combine_stats};
+use crate::optimizer::{
+    Owned, Prepared, Refill, ZeroOptimizer, check_lr, combine_stats, one_device,
+};
 use crate::placement::{Offload, OnDevice};
 use crate::record::ZeroOptimizerRecord;
 use crate::state::StateBytes;
@@ -326,15 +328,8 @@ where
 
     /// One entry, as [`ZeroOptimizer`] accepts: one rank per device.
     fn step_multi(&mut self, lr: LearningRate, module: M, grads: MultiGradientsParams) -> M {
-        let devices = grads.grads.len();
-        let mut grads = grads.grads.into_iter();
-        match (grads.next(), grads.next()) {
-            (Some((grads, _)), None) => SplitZeroOptimizer::step::<AB, M>(self, lr, module, grads),
-            _ => panic!(
-                "burn-zero: SplitZeroOptimizer got gradients from {devices} devices in one step; \
-                 burn-zero runs one rank per device, each stepping its own gradients"
-            ),
-        }
+        let grads = one_device(grads, "SplitZeroOptimizer");
+        SplitZeroOptimizer::step::<AB, M>(self, lr, module, grads)
     }
 
     fn to_record(&self) -> Self::Record {
