@@ -11,7 +11,10 @@
 //!   what it issues);
 //! - on wgpu, the kernel launches of one more step per rank, every launch on the device
 //!   counted from cubecl's execution log (`burn_zero_kernels::LaunchLog`, with `--features
-//!   wgpu`): burn-zero's kernels, Burn's ops and autodiff's together;
+//!   wgpu`): burn-zero's kernels, Burn's ops and autodiff's together. The log is on for the
+//!   whole run (cubecl reads its configuration once), so the wgpu step times include a line
+//!   written per launch: about 2,000 lines in a step of seconds on lavapipe, noise there;
+//!   the GPU check counts launches in runs of their own for that reason;
 //! - the chunk layout: sharded and replicated chunks, padding (`ChunkLayout::padding`);
 //! - exposed gather time per step (`ZeroState::gather_stats`), the gathered peak and the model
 //!   state (`ZeroState::memory_report`), and the step time.
