@@ -81,7 +81,7 @@ where
     /// The bytes of masters, state and accumulators last reported to the memory accounting
     /// (`None` until the first step with a gradient).
     tracked: Option<[usize; 3]>,
-    /// The parameters this optimizer steps (all of them, but for a hybrid optimizer's parts).
+    /// The parameters this optimizer steps (all of them, but for a split optimizer's two sides).
     pub(crate) owned: Owned,
 }
 
@@ -581,26 +581,43 @@ where
     /// The factor every gradient is multiplied by (unscaling and clipping), or `None` when a
     /// gradient overflowed on any rank. Updates the loss scaler.
     fn gradient_factor(&mut self, prepared: &Prepared<B, P::Host>) -> Option<f64> {
+        self.factor_of(prepared.is_empty(), |optimizer, norm_type| {
+            optimizer.local_stats(prepared, norm_type)
+        })
+    }
+
+    /// The step's gradient factor from this rank's statistics, which `local` gives on the
+    /// model's device for a norm type (one all-reduce combines every rank's): `None` when a
+    /// gradient overflowed on any rank, or when no gradient was collected (`empty`). Updates
+    /// the loss scaler. Without clipping or loss scaling the factor is 1 and nothing is read.
+    /// A split optimizer's device side computes it for both sides.
+    pub(crate) fn factor_of(
+        &mut self,
+        empty: bool,
+        local: impl FnOnce(&Self, NormType) -> Tensor<B, 1>,
+    ) -> Option<f64> {
         if self.clipping.is_none() && self.scaler.is_none() {
             return Some(1.0);
         }
-        if prepared.is_empty() {
+        if empty {
             return None;
         }
-        let norm_type = self.norm_type();
-        let local = self.local_stats(prepared, norm_type);
-        let (norm, overflow) = combine_stats(bound(&self.zero), local, norm_type);
+        let norm_type = self.clipping.map_or(NormType::L2, |(_, n)| n);
+        let local = local(self, norm_type);
+        let zero = bound(&self.zero);
+        let (norm, overflow) = combine(
+            zero.comm().as_ref(),
+            local,
+            norm_type,
+            zero.store().counters(),
+        )
+        .unwrap_or_else(|error| {
+            panic!(
+                "burn-zero: rank {} could not combine gradient norms: {error}",
+                zero.rank()
+            )
+        });
         self.factor_from(norm, overflow)
-    }
-
-    /// The norm clipping bounds (L2 when only loss scaling reads the statistics).
-    pub(crate) fn norm_type(&self) -> NormType {
-        self.clipping.map_or(NormType::L2, |(_, n)| n)
-    }
-
-    /// Whether the gradients need their global statistics (clipping or loss scaling).
-    pub(crate) fn needs_stats(&self) -> bool {
-        self.clipping.is_some() || self.scaler.is_some()
     }
 
     /// This rank's statistics of `prepared` on the model's device: the norm's part (sum of
@@ -633,7 +650,7 @@ where
 
     /// The step's factor from the global `norm` and `overflow`, updating the loss scaler;
     /// `None` on an overflow.
-    pub(crate) fn factor_from(&mut self, norm: f32, overflow: bool) -> Option<f64> {
+    fn factor_from(&mut self, norm: f32, overflow: bool) -> Option<f64> {
         let scale = self.loss_scale();
         if let Some(scaler) = &mut self.scaler {
             scaler.update(overflow);
@@ -650,27 +667,6 @@ where
         };
         Some(clip / scale)
     }
-}
-
-/// The global norm and overflow flag from this rank's `local` statistics (on the model's
-/// device), in one all-reduce.
-pub(crate) fn combine_stats<B: Backend>(
-    zero: &ZeroState<B>,
-    local: Tensor<B, 1>,
-    norm_type: NormType,
-) -> (f32, bool) {
-    combine(
-        zero.comm().as_ref(),
-        local,
-        norm_type,
-        zero.store().counters(),
-    )
-    .unwrap_or_else(|error| {
-        panic!(
-            "burn-zero: rank {} could not combine gradient norms: {error}",
-            zero.rank()
-        )
-    })
 }
 
 /// Asks `zero`'s reduction to read the gradients of the `owned` parameters back to host memory
@@ -743,7 +739,7 @@ pub(crate) enum Owned {
     /// Every trainable parameter.
     #[default]
     All,
-    /// Those of these keys (a hybrid optimizer's host part).
+    /// Those of these keys (a split optimizer's host side).
     Only(Arc<HashSet<usize>>),
     /// All but those of these keys (its device part: frozen parameters are checked here).
     Except(Arc<HashSet<usize>>),

@@ -13,13 +13,14 @@ pub trait Placement<B: Backend>: Send + Sync + Clone + 'static {
     /// The backend the master shards and optimizer state live on.
     type Host: Backend;
 
-    /// Whether reduced gradient shards should go to host memory as they arrive (during
-    /// backward), rather than stay on the device until the step.
-    const GRADIENTS_ON_HOST: bool;
-
     /// Whether the masters, optimizer state and accumulators live in host memory (the memory
     /// accounting reports them apart from the device's).
     const STATE_ON_HOST: bool;
+
+    /// Whether reduced gradient shards should go to host memory as they arrive (during
+    /// backward), rather than stay on the device until the step: where the step runs, unless
+    /// a placement says otherwise.
+    const GRADIENTS_ON_HOST: bool = Self::STATE_ON_HOST;
 
     /// Moves a flat tensor from the model's device to the host; a transfer counts as a host
     /// read in `counters`.
@@ -55,7 +56,6 @@ pub struct OnDevice;
 
 impl<B: Backend> Placement<B> for OnDevice {
     type Host = B;
-    const GRADIENTS_ON_HOST: bool = false;
     const STATE_ON_HOST: bool = false;
 
     fn to_host(tensor: Tensor<B, 1>, _counters: &RankCounters) -> Tensor<B, 1> {
@@ -87,15 +87,14 @@ impl<B: Backend> Placement<B> for OnDevice {
 /// reduction, in one transfer, during backward (replicated parameters' whole gradients at the
 /// step); the step runs there and copies the updated shard back in fp32 before casting it to
 /// the parameter's dtype on the device (a shard offloaded with `offload_param_frac` stays on
-/// the host, cast there): the
-/// device then holds only parameters and gradients ((2 + 2)Ψ/N bytes at stage 3 in half
-/// precision), the host the 12Ψ/N bytes of fp32 masters and Adam moments.
+/// the host, cast there): the device then holds only parameters and gradients ((2 + 2)Ψ/N
+/// bytes at stage 3 in half precision), the host the 12Ψ/N bytes of fp32 masters and Adam
+/// moments.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Offload<H>(PhantomData<H>);
 
 impl<B: Backend, H: Backend> Placement<B> for Offload<H> {
     type Host = H;
-    const GRADIENTS_ON_HOST: bool = true;
     const STATE_ON_HOST: bool = true;
 
     fn to_host(tensor: Tensor<B, 1>, counters: &RankCounters) -> Tensor<H, 1> {

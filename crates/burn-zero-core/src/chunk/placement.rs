@@ -74,7 +74,7 @@ fn sharded(layout: &ChunkLayout) -> impl Iterator<Item = &Chunk> {
 }
 
 /// Bytes of one rank's shard of `chunk`.
-fn shard_bytes(chunk: &Chunk) -> usize {
+pub fn shard_bytes(chunk: &Chunk) -> usize {
     chunk.shard_len * chunk.dtype.size()
 }
 

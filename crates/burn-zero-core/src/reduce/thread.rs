@@ -77,8 +77,8 @@ pub(crate) struct CommThread<B: Backend> {
 
 impl<B: Backend> CommThread<B> {
     /// Starts the thread of a rank, reducing `buckets` in positions of `order` (the rank's
-    /// groups behind its issuing thread) on `device`; gradient shards go to host memory as
-    /// they are reduced while `to_host` is set.
+    /// groups behind its issuing thread) on `device`; the gradient shards `to_host` names go to
+    /// host memory as they are reduced.
     pub fn spawn(
         order: OrderedGroups<B>,
         buckets: Vec<Bucket>,
@@ -227,7 +227,7 @@ struct Work<B: Backend> {
     predivide: f64,
     memory: Arc<MemoryTracker>,
     counters: Arc<RankCounters>,
-    /// The store's flag: an optimizer that steps on the host wants gradient shards there.
+    /// The store's set: the gradient shards an optimizer that steps on the host wants there.
     to_host: Arc<HostGradients>,
 }
 

@@ -1,6 +1,6 @@
 //! Which reduced gradient shards go to host memory as their reduction delivers them: those an
 //! optimizer steps on the host asked for, all of them (`ZeroOptimizer::offloaded`) or the
-//! parameters of its host-stepped chunks (a hybrid optimizer, whose other chunks step on the
+//! parameters of its host-stepped chunks (a split optimizer, whose other chunks step on the
 //! device and keep their gradients there).
 //!
 //! Shared between the store and the communication thread that reduces during backward: the

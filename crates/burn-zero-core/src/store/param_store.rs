@@ -10,12 +10,10 @@ use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::{DType, Shape, Slice, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::sync::{lock, read, write};
-
-use crate::store::host_gradients::HostGradients;
 use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
 use burn_zero_kernels::{DeviceMemorySampler, device_memory};
 
-use crate::chunk::placement::{device_chunks, host_chunks, member_keys};
+use crate::chunk::placement::{device_chunks, host_chunks, member_keys, shard_bytes};
 use crate::chunk::{BlockLayout, Chunk, ChunkKind, ChunkLayout};
 use crate::config::ZeroConfig;
 use crate::memory::{AutoPlacementReport, ChunkCounts, MemoryKind, MemoryReport, MemoryTracker};
@@ -23,6 +21,7 @@ use crate::store::auto_placement::{AutoPlacement, CapacityExceeded, SAMPLE_EVERY
 use crate::store::block::Block;
 use crate::store::cache::GatherCache;
 use crate::store::groups::Groups;
+use crate::store::host_gradients::HostGradients;
 use crate::store::prefetch::{GatherStats, InFlight, Prefetcher};
 use crate::store::table::{ParamInfo, ParamTable};
 
@@ -44,7 +43,7 @@ pub struct ParamStore<B: Backend> {
     host_keys: RwLock<HashSet<usize>>,
     /// The auto placement (`auto_placement_capacity_mib`), when configured.
     auto: Option<Mutex<AutoPlacement>>,
-    /// Whether reduced gradient shards go to host memory as they arrive.
+    /// Which reduced gradient shards go to host memory as they arrive.
     gradients_on_host: Arc<HostGradients>,
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
     live: Mutex<LiveBlocks<B>>,
@@ -163,7 +162,7 @@ impl<B: Backend> ParamStore<B> {
     }
 
     /// As [`Self::keep_gradients_on_host`], for the parameters `keys` only (those of the
-    /// chunks a hybrid optimizer steps on the host); a bucket is read back to the host when
+    /// chunks a split optimizer steps on the host); a bucket is read back to the host when
     /// every one of its members is among them.
     pub fn keep_gradients_on_host_of(&self, keys: impl IntoIterator<Item = usize>) {
         self.gradients_on_host.keep(keys);
@@ -219,10 +218,7 @@ impl<B: Backend> ParamStore<B> {
             let host = self.chunks().count(ChunkKind::Sharded) - ids.len();
             let bytes = ids
                 .iter()
-                .map(|&id| {
-                    let chunk = &self.chunks().chunks()[id];
-                    (chunk.shard_len * chunk.dtype.size()) as u64
-                })
+                .map(|&id| shard_bytes(&self.chunks().chunks()[id]) as u64)
                 .sum();
             let report = auto.decide(room, (ids.len(), bytes), host);
             tracing::info!(rank = self.rank(), ?report, "parameter shards placed");

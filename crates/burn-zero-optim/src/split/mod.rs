@@ -35,9 +35,7 @@ use burn_zero_core::{Zero, ZeroState};
 use crate::clip::{NormType, merge};
 use crate::loss_scale::LossScalerConfig;
 use crate::one_pass::OnePass;
-use crate::optimizer::{
-    Owned, Prepared, Refill, ZeroOptimizer, check_lr, combine_stats, one_device,
-};
+use crate::optimizer::{Owned, Prepared, Refill, ZeroOptimizer, check_lr, one_device};
 use crate::placement::{Offload, OnDevice};
 use crate::record::ZeroOptimizerRecord;
 use crate::state::StateBytes;
@@ -246,21 +244,15 @@ where
 
     /// The step's gradient factor from both sides' statistics, in one all-reduce.
     fn factor(&mut self, on_device: &Prepared<B, B>, on_host: &Prepared<B, H>) -> Option<f64> {
-        if !self.device.needs_stats() {
-            return Some(1.0);
-        }
-        if on_device.is_empty() && on_host.is_empty() {
-            return None;
-        }
-        let norm_type = self.device.norm_type();
-        let local = merge(
-            self.device.local_stats(on_device, norm_type),
-            self.host.local_stats(on_host, norm_type),
-            norm_type,
-        );
-        let zero = self.device.zero_state().expect("made bound");
-        let (norm, overflow) = combine_stats(zero, local, norm_type);
-        self.device.factor_from(norm, overflow)
+        let host = &self.host;
+        let empty = on_device.is_empty() && on_host.is_empty();
+        self.device.factor_of(empty, |device, norm_type| {
+            merge(
+                device.local_stats(on_device, norm_type),
+                host.local_stats(on_host, norm_type),
+                norm_type,
+            )
+        })
     }
 
     /// `module` with values as they are and gradient marks renewed; a shard released by
@@ -297,7 +289,9 @@ where
             panic!(
                 "burn-zero: the optimizer record holds parameter #{key} on the other side of the \
                  device/host split than this optimizer steps it: it was saved with another \
-                 offload_optim_frac or chunk layout; load it with the same ones"
+                 offload_optim_frac or chunk layout, or after chunks moved to the device \
+                 (place_on_device, gpu_margin_mem_ratio); load it into an optimizer split the \
+                 same way"
             );
         }
         self.device = self.device.restore(on_device);
