@@ -454,6 +454,12 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
             bytes(placed.room_bytes)
         );
     }
+    if let Some(kept) = first.memory.as_ref().and_then(|m| m.kept_shards) {
+        println!(
+            "rank 0 kept host shards on the device between gathers: {} uploads saved, {} shards              kept, {} evicted, {} gathers off the recorded order",
+            kept.kept_uses, kept.kept, kept.evicted, kept.off_schedule
+        );
+    }
     let gathers = first.gathers;
     if gathers.gathers > 0 {
         println!(

@@ -35,7 +35,9 @@ pub use backend::Zero;
 pub use chunk::{ChunkSearch, ChunkSize};
 pub use config::ZeroConfig;
 pub use error::ZeroError;
-pub use memory::{AutoPlacementReport, ChunkCounts, MemoryKind, MemoryReport, Usage};
+pub use memory::{
+    AutoPlacementReport, ChunkCounts, KeptShardStats, MemoryKind, MemoryReport, Usage,
+};
 pub use reduce::{GradientReducer, ReductionStats};
 pub use shard::{shard, unshard};
 pub use state::ZeroState;

@@ -107,6 +107,7 @@ impl MemoryTracker {
             host_gradient_accumulators: self.usage(MemoryKind::HostGradientAccumulators),
             chunks: ChunkCounts::default(),
             auto_placement: None,
+            kept_shards: None,
             counts: Counts::default(),
         }
     }
@@ -160,6 +161,9 @@ pub struct MemoryReport {
     /// What the auto placement measured and decided (`auto_placement_capacity_mib`), once its
     /// warm-up has ended.
     pub auto_placement: Option<AutoPlacementReport>,
+    /// What the auto placement's host shards kept on the device between uses did, once it
+    /// decided (their bytes count in `parameter_shards` while kept).
+    pub kept_shards: Option<KeptShardStats>,
     /// What the rank has issued since it started: collectives by kind, device
     /// synchronisations, host reads (for every module sharded on its context).
     pub counts: Counts,
@@ -180,6 +184,11 @@ pub struct AutoPlacementReport {
     pub host_chunks: usize,
     /// Bytes of the shards that moved to the device (at most `room_bytes`).
     pub device_shard_bytes: u64,
+    /// Periods of the recorded pass (one per parameter gather, one between passes), over
+    /// which the host chunks' shards are kept on the device between uses.
+    pub periods: usize,
+    /// The most room a period leaves for host shards kept on the device between uses.
+    pub most_period_room_bytes: u64,
 }
 
 impl AutoPlacementReport {
@@ -188,6 +197,20 @@ impl AutoPlacementReport {
     pub fn left_over_bytes(&self) -> u64 {
         self.room_bytes.saturating_sub(self.device_shard_bytes)
     }
+}
+
+/// What the auto placement's host shards kept on the device between uses did since it decided
+/// (`store::residency`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct KeptShardStats {
+    /// Gathers whose host chunk's shard was already on the device (an upload saved).
+    pub kept_uses: u64,
+    /// Shards kept on the device after their upload.
+    pub kept: u64,
+    /// Kept shards dropped to fit a period's room, or because new values replaced them.
+    pub evicted: u64,
+    /// Gathers outside the recorded order (nothing is kept until the order starts again).
+    pub off_schedule: u64,
 }
 
 /// The chunk layout of a sharded module, in numbers.

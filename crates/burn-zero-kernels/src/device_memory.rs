@@ -83,6 +83,15 @@ impl DeviceMemorySampler {
         }
     }
 
+    /// The most bytes in use and reserved seen since the last call (or the start), and starts
+    /// the next such reading from nothing: the peak of each of a run's periods in turn.
+    pub fn take_peak(&self) -> DeviceMemory {
+        DeviceMemory {
+            in_use: self.in_use.swap(0, Ordering::Relaxed),
+            reserved: self.reserved.swap(0, Ordering::Relaxed),
+        }
+    }
+
     /// Stops the thread and returns the peak.
     pub fn stop(mut self) -> DeviceMemory {
         self.join();

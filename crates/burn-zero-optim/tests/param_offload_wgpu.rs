@@ -15,7 +15,10 @@
 //! Then the auto placement (`auto_placement_capacity_mib`) with a capacity between the two
 //! runs' peaks, leaving room for one or two of the four layers' shards: its peak stays within
 //! the capacity that the all-on-device run exceeds, it moves as many layers' shards to the
-//! device as its measured room holds (at least one), and it trains the same bits; a capacity
+//! device as its measured room holds (at least one), it keeps host layers' shards on the
+//! device between uses in the periods with room to spare (the rank's upload count over the
+//! placed steps is below the two uploads per host layer and pass that a placement without it
+//! makes, by as many as it reports kept uses), and it trains the same bits; a capacity
 //! below what the run needs with every shard on the host stops it with a named error, and so
 //! does asking to read the capacity from a wgpu device (only CUDA's driver reports one).
 //!
@@ -30,7 +33,9 @@ use burn::backend::{Autodiff, Flex};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::Backend;
 use burn_zero_comm::launch;
-use burn_zero_core::{AutoPlacementReport, ChunkSize, Zero, ZeroConfig, ZeroError, shard};
+use burn_zero_core::{
+    AutoPlacementReport, ChunkSize, KeptShardStats, Zero, ZeroConfig, ZeroError, shard,
+};
 use burn_zero_kernels::{DeviceMemory, device_memory, peak_device_memory};
 use burn_zero_optim::{Offload, ZeroOptimizer};
 use burn_zero_testing::{param_values, params_bits_equal, skip};
@@ -45,6 +50,8 @@ type Train = Autodiff<Zero<Plain>>;
 
 /// Two warm-up passes of the auto placement, and two steps placed.
 const STEPS: usize = 4;
+/// The steps after the auto placement's warm-up.
+const PLACED: usize = 2;
 /// How often the device's memory is read during the steps.
 const EVERY: Duration = Duration::from_millis(2);
 
@@ -55,6 +62,9 @@ struct Run {
     peak: DeviceMemory,
     params: Vec<Vec<f32>>,
     placed: Option<AutoPlacementReport>,
+    kept: Option<KeptShardStats>,
+    /// Uploads of host memory to the device over the last `PLACED` steps.
+    placed_uploads: u64,
 }
 
 /// Trains `base` at stage 3 with `config`'s placement; `Err` with the rank's failure.
@@ -71,13 +81,19 @@ fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
         let mut optimizer =
             ZeroOptimizer::<_, _, Offload<Flex>>::offloaded(&zero, AdamConfig::new().build());
+        let uploads = || zero.memory_report().counts.host_writes;
+        let mut placed_uploads = 0;
         let (model, peak) = peak_device_memory::<Plain, _>(ctx.device(), EVERY, || {
             for step in 0..STEPS {
+                if step == STEPS - PLACED {
+                    placed_uploads = uploads();
+                }
                 let input = input::<Train>(step, ctx.device());
                 let grads = GradientsParams::from_grads(model.loss(input).backward(), &model);
                 model = optimizer.step(1e-3, model, grads);
                 Plain::sync(ctx.device()).unwrap();
             }
+            placed_uploads = uploads() - placed_uploads;
             model
         });
         Ok(Run {
@@ -85,6 +101,8 @@ fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
             peak: peak.expect("a cubecl backend"),
             params: param_values(&model),
             placed: zero.memory_report().auto_placement,
+            kept: zero.memory_report().kept_shards,
+            placed_uploads,
         })
     })
     .map_err(|error| error.to_string())?;
@@ -174,6 +192,28 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
     );
     assert!(fitting >= 1, "the room holds no layer's shard: {placed:?}");
     assert!(params_bits_equal(&auto.params, &on_device.params));
+
+    // Uploads over the placed steps: without keeping, each host layer's shard is uploaded for
+    // its forward and its backward gather, and each device layer's new shard once after the
+    // optimizer's step on the host; each device layer's shard moved there once, when the
+    // placement decided at the first of these steps.
+    let kept = auto.kept.expect("the placement decided");
+    let (host, device) = (placed.host_chunks, placed.device_chunks);
+    let unkept = (PLACED * (2 * host + device) + device) as u64;
+    println!(
+        "uploads over {PLACED} placed steps: {} (without keeping {unkept}); {kept:?}",
+        auto.placed_uploads
+    );
+    assert!(
+        kept.kept_uses >= 1,
+        "no host shard was kept: {kept:?} {placed:?}"
+    );
+    assert_eq!(kept.off_schedule, 0, "{kept:?}");
+    assert_eq!(
+        auto.placed_uploads,
+        unkept - kept.kept_uses,
+        "each kept use saves one upload: {kept:?}"
+    );
 
     // Less than the run needs with every shard on the host: a named error, not an allocation
     // failure.

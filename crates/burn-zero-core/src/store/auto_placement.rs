@@ -2,14 +2,22 @@
 //! ColossalAI Gemini's auto policy).
 //!
 //! Gemini records the non-model memory of each period between chunk uses and moves chunks in
-//! and out of the device as the step goes. Here the decision is made once, from a warm-up run
-//! with every parameter shard in host memory: the device's peak over the warm-up is then
-//! everything except the device-resident shards (activations, gradients, the gathered
-//! parameters, buffers, on-device optimizer state), so `0.9 × capacity − peak` is the room the
-//! shards may take. The chunks that fit in that room move to the device for the rest of
-//! training. What a rank reads is its own device's memory, so ranks sharing nothing decide
-//! alike when their devices' usage is alike; shards on the host or the device hold the same
-//! values, so a different choice on two ranks changes no result, only speed.
+//! and out of the device as the step goes. Here the warm-up runs with every parameter shard in
+//! host memory, so what the device holds is everything except the shards (activations,
+//! gradients, the gathered parameters, buffers, on-device optimizer state). Two decisions
+//! follow from it:
+//!
+//! - for good: `0.9 × capacity − peak` over the whole warm-up is room every period has, and the
+//!   chunks that fit in it move to the device for the rest of training;
+//! - per period: the warm-up's last pass is recorded as periods, one starting at each
+//!   parameter gather and one between passes, each with its own peak; the rest of the chunks
+//!   stay in host memory, and their shards, uploaded for each gather, stay on the device
+//!   between uses while the period's room allows (`residency`, which evicts the one used
+//!   furthest ahead).
+//!
+//! What a rank reads is its own device's memory, so ranks sharing nothing decide alike when
+//! their devices' usage is alike; shards on the host or the device hold the same values, so a
+//! different choice on two ranks changes no result, only speed.
 //!
 //! The device is read at every parameter gather and at the end of each pass, and between them
 //! by a sampler thread every millisecond (the peak of a pass falls between two gathers, where
@@ -50,7 +58,23 @@ pub(crate) struct AutoPlacement {
     peak: u64,
     /// Reads the device's memory between the readings at gathers, during the warm-up.
     sampler: Option<DeviceMemorySampler>,
+    /// The pass being recorded.
+    pass: PassRecord,
+    /// The last whole pass, each period's need the largest over the passes before it that
+    /// gathered in the same order.
+    recorded: Option<PassRecord>,
+    /// The reading that opened the current period.
+    opened_at: Option<u64>,
     decided: Option<AutoPlacementReport>,
+}
+
+/// One pass of the warm-up as periods: the chunk each gather began one with, and each closed
+/// period's peak (the last, between passes, closes at the next pass's first gather).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct PassRecord {
+    pub(crate) order: Vec<usize>,
+    pub(crate) needs: Vec<u64>,
+    ended: bool,
 }
 
 /// A warm-up reading above the capacity: the model does not fit even with every shard on the
@@ -132,6 +156,9 @@ impl AutoPlacement {
             passes: 0,
             peak: 0,
             sampler: None,
+            pass: PassRecord::default(),
+            recorded: None,
+            opened_at: None,
             decided: None,
         }
     }
@@ -143,9 +170,9 @@ impl AutoPlacement {
         }
     }
 
-    /// The most bytes in use the sampler has seen so far.
+    /// The most bytes in use the sampler has seen since the last call.
     pub(crate) fn sampled(&self) -> Option<u64> {
-        Some(self.sampler.as_ref()?.peak().in_use)
+        Some(self.sampler.as_ref()?.take_peak().in_use)
     }
 
     /// Whether the warm-up still reads the device's memory.
@@ -165,6 +192,49 @@ impl AutoPlacement {
         Ok(())
     }
 
+    /// A period ends at `reading` bytes in use (its peak over the readings from its start),
+    /// and the next begins: at a gather of chunk `gathered`, or (`None`) between passes.
+    pub(crate) fn boundary(&mut self, reading: u64, gathered: Option<usize>) {
+        if let Some(start) = self.opened_at.take() {
+            self.pass.needs.push(start.max(reading));
+        }
+        match gathered {
+            Some(chunk) => {
+                if self.pass.ended {
+                    let finished = std::mem::take(&mut self.pass);
+                    self.keep(finished);
+                }
+                self.pass.order.push(chunk);
+            }
+            None => self.pass.ended = true,
+        }
+        self.opened_at = Some(reading);
+    }
+
+    /// Keeps `finished` as the recorded pass, with the larger need of each period where the
+    /// pass before gathered in the same order.
+    fn keep(&mut self, mut finished: PassRecord) {
+        if finished.needs.len() != finished.order.len() + 1 {
+            return;
+        }
+        if let Some(before) = self.recorded.as_ref().filter(|r| r.order == finished.order) {
+            for (need, earlier) in finished.needs.iter_mut().zip(&before.needs) {
+                *need = (*need).max(*earlier);
+            }
+        }
+        self.recorded = Some(finished);
+    }
+
+    /// The last whole pass of the warm-up.
+    pub(crate) fn recorded(&self) -> Option<&PassRecord> {
+        self.recorded.as_ref()
+    }
+
+    /// The bytes the placement plans for: 0.9 of the capacity.
+    pub(crate) fn planned(&self) -> u64 {
+        (PLANNED_SHARE * self.capacity as f64) as u64
+    }
+
     /// Counts a finished pass.
     pub(crate) fn end_pass(&mut self) {
         self.passes += 1;
@@ -173,19 +243,19 @@ impl AutoPlacement {
     /// The bytes the shards may take on the device, once the warm-up is over and nothing was
     /// decided yet.
     pub(crate) fn room(&self) -> Option<u64> {
-        (self.decided.is_none() && self.passes >= WARMUP_PASSES).then(|| {
-            let planned = (PLANNED_SHARE * self.capacity as f64) as u64;
-            planned.saturating_sub(self.peak)
-        })
+        (self.decided.is_none() && self.passes >= WARMUP_PASSES)
+            .then(|| self.planned().saturating_sub(self.peak))
     }
 
     /// Records the decision: `device` chunks (`device_bytes` of shards) moved, `host` stayed,
-    /// in `room` bytes.
+    /// in `room` bytes; a pass of `periods` periods, the roomiest leaving `most_room` bytes
+    /// for host shards kept between uses.
     pub(crate) fn decide(
         &mut self,
         room: u64,
         (device, device_bytes): (usize, u64),
         host: usize,
+        (periods, most_room): (usize, u64),
     ) -> AutoPlacementReport {
         let report = AutoPlacementReport {
             capacity_bytes: self.capacity,
@@ -194,6 +264,8 @@ impl AutoPlacement {
             device_chunks: device,
             host_chunks: host,
             device_shard_bytes: device_bytes,
+            periods,
+            most_period_room_bytes: most_room,
         };
         self.decided = Some(report);
         self.sampler = None;
@@ -221,9 +293,33 @@ mod tests {
         assert_eq!(auto.room(), None, "one pass is not the warm-up");
         auto.end_pass();
         assert_eq!(auto.room(), Some(capacity * 9 / 10 - 50 * 1048576));
-        auto.decide(1, (2, 0), 3);
+        auto.decide(1, (2, 0), 3, (0, 0));
         assert_eq!(auto.room(), None, "decided once");
         assert!(!auto.warming_up());
+    }
+
+    #[test]
+    fn a_pass_is_recorded_as_periods_with_the_larger_need_of_equal_passes() {
+        let mut auto = AutoPlacement::new(100.0);
+        // Pass one: gathers of chunks 0 and 1, readings 10, 30, then 20 at its end; its step
+        // period closes at the next pass's first gather (reading 5).
+        auto.boundary(10, Some(0));
+        auto.boundary(30, Some(1));
+        auto.boundary(20, None);
+        auto.boundary(5, Some(0));
+        let first = auto.recorded().unwrap().clone();
+        assert_eq!((first.order, first.needs), (vec![0, 1], vec![30, 30, 20]));
+        // Pass two, same order, one period needing more and one less.
+        auto.boundary(40, Some(1));
+        auto.boundary(8, None);
+        auto.boundary(5, Some(0));
+        let second = auto.recorded().unwrap();
+        assert_eq!(second.needs, vec![40, 40, 20]);
+        // A pass in another order replaces the record.
+        auto.boundary(7, None);
+        auto.boundary(6, Some(1));
+        assert_eq!(auto.recorded().unwrap().order, vec![0]);
+        assert_eq!(auto.recorded().unwrap().needs, vec![7, 7]);
     }
 
     #[test]

@@ -12,9 +12,11 @@
 //! - `prefetch`: the recorded gather order of a pass and the gathers issued ahead of use.
 //! - `auto_placement`: the auto placement's warm-up readings and its decision of which
 //!   parameter shards move to the device.
+//! - `residency`: after that decision, the host shards kept on the device between uses,
+//!   period by period, evicting the one used furthest ahead.
 //!
 //! Dependencies run one way: `param` → `param_store` → `auto_placement`, `block`, `cache`,
-//! `groups`, `prefetch`, `table`. Where each rank's padded block of a tensor lies is [`crate::chunk::BlockLayout`]'s.
+//! `groups`, `prefetch`, `residency`, `table`. Where each rank's padded block of a tensor lies is [`crate::chunk::BlockLayout`]'s.
 
 pub(crate) mod auto_placement;
 pub mod block;
@@ -24,6 +26,7 @@ pub mod host_gradients;
 pub mod param;
 pub mod param_store;
 pub(crate) mod prefetch;
+mod residency;
 pub mod table;
 
 /// Where each rank's padded block of a flat tensor lies (defined with the chunk layout).

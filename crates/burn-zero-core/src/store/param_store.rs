@@ -16,13 +16,16 @@ use burn_zero_kernels::{DeviceMemorySampler, device_memory};
 use crate::chunk::placement::{device_chunks, host_chunks, member_keys, shard_bytes};
 use crate::chunk::{BlockLayout, Chunk, ChunkKind, ChunkLayout};
 use crate::config::ZeroConfig;
-use crate::memory::{AutoPlacementReport, ChunkCounts, MemoryKind, MemoryReport, MemoryTracker};
+use crate::memory::{
+    AutoPlacementReport, ChunkCounts, KeptShardStats, MemoryKind, MemoryReport, MemoryTracker,
+};
 use crate::store::auto_placement::{AutoPlacement, CapacityExceeded, SAMPLE_EVERY};
 use crate::store::block::Block;
 use crate::store::cache::GatherCache;
 use crate::store::groups::Groups;
 use crate::store::host_gradients::HostGradients;
 use crate::store::prefetch::{GatherStats, InFlight, Prefetcher};
+use crate::store::residency::Residency;
 use crate::store::table::{ParamInfo, ParamTable};
 
 /// One rank's store of a sharded module's parameters.
@@ -43,6 +46,8 @@ pub struct ParamStore<B: Backend> {
     host_keys: RwLock<HashSet<usize>>,
     /// The auto placement (`auto_placement_capacity_mib`), when configured.
     auto: Option<Mutex<AutoPlacement>>,
+    /// The host shards the auto placement keeps on the device between uses, once it decided.
+    residency: Mutex<Option<Residency<B::FloatTensorPrimitive>>>,
     /// Which reduced gradient shards go to host memory as they arrive.
     gradients_on_host: Arc<HostGradients>,
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
@@ -106,6 +111,7 @@ impl<B: Backend> ParamStore<B> {
             chunks: OnceLock::new(),
             host_keys: RwLock::new(HashSet::new()),
             auto,
+            residency: Mutex::new(None),
             gradients_on_host: Arc::new(HostGradients::default()),
             live: Mutex::new(LiveBlocks {
                 blocks: HashMap::new(),
@@ -197,44 +203,91 @@ impl<B: Backend> ParamStore<B> {
         lock(self.auto.as_ref()?).report()
     }
 
-    /// The auto placement's part at a gather or at the end of a pass: a reading of the
-    /// device's memory during the warm-up, and at the first gather after it, the decision.
+    /// What the host shards kept on the device between uses did (`None` without the auto
+    /// placement, or before it decided).
+    pub fn kept_shards(&self) -> Option<KeptShardStats> {
+        lock(&self.residency).as_ref().map(Residency::stats)
+    }
+
+    /// Tells the auto placement that `bytes` of the device room it measured now hold something
+    /// else for good (optimizer chunks moved into the margin): the host shards it keeps on the
+    /// device between uses plan for that much less in every period.
+    pub fn take_device_room(&self, bytes: u64) {
+        if let Some(residency) = lock(&self.residency).as_mut() {
+            let freed = residency.take(bytes);
+            self.memory.sub(MemoryKind::ParameterShards, freed as usize);
+        }
+    }
+
+    /// The auto placement's part at a gather of chunk `gathered` or (`None`) at the end of a
+    /// pass: a reading of the device's memory during the warm-up, and at the first gather after
+    /// it, the decision; from then on, the kept shards follow the periods.
     ///
     /// # Panics
     /// When a warm-up reading is above the capacity ([`CapacityExceeded`]).
-    fn place_automatically(&self, pass_ended: bool) {
+    fn place_automatically(&self, gathered: Option<usize>) {
         let Some(auto) = &self.auto else { return };
         let mut auto = lock(auto);
-        if !auto.warming_up() {
-            return;
+        if auto.warming_up() {
+            self.read_warmup(&mut auto, gathered);
+            let Some(room) = auto.room().filter(|_| gathered.is_some()) else {
+                return;
+            };
+            self.decide_placement(&mut auto, room);
         }
-        if let Some(room) = auto.room() {
-            let ids = device_chunks(self.chunks(), room as usize);
-            let keys = member_keys(self.chunks(), &ids);
-            write(&self.host_keys).retain(|key| !keys.contains(key));
-            for block in self.live_blocks(|key| keys.contains(&key)) {
-                block.move_to_device();
-            }
-            let host = self.chunks().count(ChunkKind::Sharded) - ids.len();
-            let bytes = ids
-                .iter()
-                .map(|&id| shard_bytes(&self.chunks().chunks()[id]) as u64)
-                .sum();
-            let report = auto.decide(room, (ids.len(), bytes), host);
-            tracing::info!(rank = self.rank(), ?report, "parameter shards placed");
-            return;
+        drop(auto);
+        if let Some(residency) = lock(&self.residency).as_mut() {
+            let freed = match gathered {
+                Some(chunk) => residency.gathering(chunk),
+                None => residency.end_pass(),
+            };
+            self.memory.sub(MemoryKind::ParameterShards, freed as usize);
         }
+    }
+
+    /// A warm-up reading at a period's boundary: the device's bytes in use now and the most
+    /// the sampler saw since the last boundary.
+    fn read_warmup(&self, auto: &mut AutoPlacement, gathered: Option<usize>) {
         auto.keep_sampling(|| DeviceMemorySampler::start::<B>(&self.device, SAMPLE_EVERY));
         let now = device_memory::<B>(&self.device).map(|now| now.in_use);
-        for reading in [now, auto.sampled()].into_iter().flatten() {
+        let reading = [now, auto.sampled()].into_iter().flatten().max();
+        if let Some(reading) = reading {
             if let Err(error) = auto.observe(reading) {
                 let error: CapacityExceeded = error;
                 panic!("burn-zero: rank {}: {error}", self.rank());
             }
+            auto.boundary(reading, gathered);
         }
-        if pass_ended {
+        if gathered.is_none() {
             auto.end_pass();
         }
+    }
+
+    /// The auto placement's decision once its warm-up is over: the chunks whose shards fit in
+    /// `room` move to the device for good, and the others' shards are kept between uses by
+    /// the recorded periods.
+    fn decide_placement(&self, auto: &mut AutoPlacement, room: u64) {
+        let ids = device_chunks(self.chunks(), room as usize);
+        let keys = member_keys(self.chunks(), &ids);
+        write(&self.host_keys).retain(|key| !keys.contains(key));
+        for block in self.live_blocks(|key| keys.contains(&key)) {
+            block.move_to_device();
+        }
+        let host = self.chunks().count(ChunkKind::Sharded) - ids.len();
+        let bytes = ids
+            .iter()
+            .map(|&id| shard_bytes(&self.chunks().chunks()[id]) as u64)
+            .sum();
+        let residency = auto
+            .recorded()
+            .filter(|pass| !pass.order.is_empty() && host > 0)
+            .map(|pass| Residency::new(pass.order.clone(), &pass.needs, auto.planned(), bytes));
+        let periods = residency
+            .as_ref()
+            .map_or((0, 0), |r| (r.periods(), r.most_room()));
+        let report = auto.decide(room, (ids.len(), bytes), host, periods);
+        *lock(&self.residency) = residency;
+        tracing::info!(rank = self.rank(), ?report, "parameter shards placed");
     }
 
     /// The chunk layout: which parameters are gathered, reduced and stepped together (empty
@@ -325,6 +378,7 @@ impl<B: Backend> ParamStore<B> {
         };
         report.counts = self.counters.snapshot();
         report.auto_placement = self.auto_placement();
+        report.kept_shards = self.kept_shards();
         report
     }
 
@@ -412,7 +466,11 @@ impl<B: Backend> ParamStore<B> {
         parameter: bool,
     ) -> B::FloatTensorPrimitive {
         if parameter {
-            self.place_automatically(false);
+            let chunk = self
+                .chunks()
+                .place(key)
+                .map_or(usize::MAX, |(chunk, _)| chunk.id);
+            self.place_automatically(Some(chunk));
         }
         let prefetching = parameter && lock(&self.prefetch).depth() > 0;
         if prefetching {
@@ -454,7 +512,7 @@ impl<B: Backend> ParamStore<B> {
                     })
             }
             (None, None) => {
-                let values = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(block.values()));
+                let values = self.own_shard(key, version, block, parameter);
                 self.comm()
                     .all_gather(values)
                     .map(|raw| (raw, vec![(key, version)]))
@@ -523,7 +581,7 @@ impl<B: Backend> ParamStore<B> {
             .iter()
             .map(|o| o.as_deref().unwrap_or(block))
             .collect();
-        if let Some(shard) = self.upload_host_shard(&blocks) {
+        if let Some(shard) = self.host_shard(chunk, &blocks, &members) {
             return Ok((shard, members));
         }
         let parts = blocks
@@ -531,6 +589,54 @@ impl<B: Backend> ParamStore<B> {
             .map(|b| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(b.values())))
             .collect();
         Ok((Tensor::cat(parts, 0), members))
+    }
+
+    /// A single-member gather's shard: parameter `key`'s `block` (at `version`), from the
+    /// kept shards or uploaded when it is in host memory and a module `parameter`.
+    fn own_shard(
+        &self,
+        key: usize,
+        version: u64,
+        block: &Block<B>,
+        parameter: bool,
+    ) -> Tensor<B, 1> {
+        let chunk = self.chunks().place(key).filter(|_| parameter);
+        if let Some((chunk, _)) = chunk
+            && let Some(shard) = self.host_shard(chunk, &[block], &[(key, version)])
+        {
+            return shard;
+        }
+        Tensor::from_primitive(TensorPrimitive::Float(block.values()))
+    }
+
+    /// The shard of `chunk` whose `blocks` (of `members` at their versions) are all in host
+    /// memory: the one kept on the device when it holds these versions, or else uploaded
+    /// (and offered to be kept). `None` when a block is on the device.
+    fn host_shard(
+        &self,
+        chunk: &Chunk,
+        blocks: &[&Block<B>],
+        members: &[(usize, u64)],
+    ) -> Option<Tensor<B, 1>> {
+        if !blocks.iter().all(|block| block.is_on_host()) {
+            return None;
+        }
+        let versions: Vec<u64> = members.iter().map(|&(_, version)| version).collect();
+        let mut residency = lock(&self.residency);
+        if let Some(kept) = residency.as_mut().and_then(|r| r.get(chunk.id, &versions)) {
+            return Some(Tensor::from_primitive(TensorPrimitive::Float(kept)));
+        }
+        let shard = self.upload_host_shard(blocks)?;
+        if let Some(residency) = residency.as_mut() {
+            let bytes = shard_bytes(chunk) as u64;
+            let primitive = shard.clone().into_primitive().tensor();
+            let (kept, freed) = residency.offer(chunk.id, versions, primitive, bytes);
+            self.memory.sub(MemoryKind::ParameterShards, freed as usize);
+            if kept {
+                self.memory.add(MemoryKind::ParameterShards, bytes as usize);
+            }
+        }
+        Some(shard)
     }
 
     /// `blocks` joined in host memory and uploaded once, when every one of them is there.
@@ -696,8 +802,7 @@ impl<B: Backend> ParamStore<B> {
                     Err(_) => break,
                 },
                 None => {
-                    let values =
-                        Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(block.values()));
+                    let values = self.own_shard(key, version, &block, true);
                     let bytes = info.shape.num_elements() * info.dtype.size();
                     (values, vec![(key, version)], bytes)
                 }
@@ -730,7 +835,7 @@ impl<B: Backend> ParamStore<B> {
     /// Ends a pass (the end of backward): its gather order is recorded if it is new, and
     /// prefetches it did not use are dropped.
     pub(crate) fn end_pass(&self) {
-        self.place_automatically(true);
+        self.place_automatically(None);
         let dropped = lock(&self.prefetch).end_pass();
         self.memory.sub(MemoryKind::Gathered, dropped);
     }
@@ -769,6 +874,12 @@ impl<B: Backend> ParamStore<B> {
     /// Records `block` as the current block of parameter `key`, moved to host memory when the
     /// parameter's chunk lives there, to the device when it does not.
     pub(crate) fn track_block(&self, key: usize, block: &Arc<Block<B>>, version: u64) {
+        if let Some(residency) = lock(&self.residency).as_mut()
+            && let Some((chunk, _)) = self.chunks().place(key)
+        {
+            let freed = residency.forget(chunk.id);
+            self.memory.sub(MemoryKind::ParameterShards, freed as usize);
+        }
         if self.is_on_host(key) {
             block.move_to_host();
         } else {

@@ -4,7 +4,8 @@
 //! The auto placement (`ZeroConfig::auto_placement_capacity_mib`) measures the device's peak
 //! over its warm-up, with every parameter shard on the host, and moves the shards that fit in
 //! `0.9 × capacity − peak`. What that room has left after the shards is memory the step never
-//! touches; the ratio says how much of it the optimizer may take. At the first step after the
+//! needs at its peak; the ratio says how much of it the optimizer may take (the host shards the
+//! placement keeps on the device between uses then plan for that much less). At the first step after the
 //! placement decided, host chunks move to the device in layout order while their masters and
 //! state (as measured on the host) fit in `ratio × left over`; the rest keep stepping on the
 //! host. The decision is made once, as the placement's is.
@@ -94,6 +95,9 @@ where
         }
         self.place_on_device(&moving)
             .expect("at a step boundary, host chunks only");
+        // The state moved takes room the kept parameter shards planned for.
+        let zero = self.device.zero_state().expect("made bound");
+        zero.store().take_device_room(taken);
         let report = MarginReport {
             budget_bytes: budget,
             moved_chunks: moving.len(),
