@@ -25,5 +25,5 @@ pub use one_pass::{FlatStep, OnePass, OnePassFn};
 pub use optimizer::{StateSize, ZeroOptimizer};
 pub use placement::{Offload, OnDevice, Placement};
 pub use record::{MasterEntry, ZeroOptimizerRecord, ZeroOptimizerRecordItem};
-pub use split::{MarginReport, SplitError, SplitRecord, SplitZeroOptimizer};
+pub use split::{MarginReport, SplitError, SplitZeroOptimizer};
 pub use state::StateBytes;

@@ -17,10 +17,10 @@ use burn::tensor::{DType, Tensor};
 use burn_zero_comm::RankCounters;
 use burn_zero_core::chunk::placement::member_keys;
 
+use super::record::cross_state;
 use super::{SplitError, SplitZeroOptimizer};
 use crate::master::Master;
 use crate::optimizer::Owned;
-use crate::state_tree::{from_tree, to_tree};
 
 impl<O, B: Backend, H: Backend> SplitZeroOptimizer<O, B, H>
 where
@@ -94,12 +94,6 @@ where
 {
     counters.host_write();
     let values = Tensor::<B, 1>::from_data(master.values.into_data(), (device, DType::F32));
-    let state = master.state.map(|state| {
-        to_tree::<H, <O as SimpleOptimizer<H>>::State<1>>(state)
-            .and_then(|tree| from_tree::<B, <O as SimpleOptimizer<B>>::State<1>>(tree, device))
-            .unwrap_or_else(|reason| {
-                panic!("burn-zero: an optimizer state could not move to the device: {reason}")
-            })
-    });
+    let state = cross_state::<O, H, B>(master.state, device);
     Master { values, state }
 }

@@ -42,6 +42,7 @@ use crate::state::StateBytes;
 
 mod margin;
 mod migrate;
+mod record;
 
 pub use margin::MarginReport;
 
@@ -269,42 +270,7 @@ where
         };
         module.map(&mut Refill { master: &master })
     }
-
-    /// Replaces each side's state with its record, refusing a record whose parameters step on
-    /// the other side (saved with another `offload_optim_frac` or chunk layout).
-    fn restore_sides(mut self, (on_device, on_host): SplitRecord<O, B, H>) -> Self {
-        let misplaced = on_device
-            .masters
-            .iter()
-            .map(|(key, _, _)| *key)
-            .find(|&key| !self.device.owned.steps(key))
-            .or_else(|| {
-                on_host
-                    .masters
-                    .iter()
-                    .map(|(key, _, _)| *key)
-                    .find(|&key| !self.host.owned.steps(key))
-            });
-        if let Some(key) = misplaced {
-            panic!(
-                "burn-zero: the optimizer record holds parameter #{key} on the other side of the \
-                 device/host split than this optimizer steps it: it was saved with another \
-                 offload_optim_frac or chunk layout, or after chunks moved to the device \
-                 (place_on_device, gpu_margin_mem_ratio); load it into an optimizer split the \
-                 same way"
-            );
-        }
-        self.device = self.device.restore(on_device);
-        self.host = self.host.restore(on_host);
-        self
-    }
 }
-
-/// A [`SplitZeroOptimizer`]'s record: the device side's and the host side's.
-pub type SplitRecord<O, B, H> = (
-    ZeroOptimizerRecord<O, B, OnDevice>,
-    ZeroOptimizerRecord<O, B, Offload<H>>,
-);
 
 impl<M, AB, O, B, H> Optimizer<M, AB> for SplitZeroOptimizer<O, B, H>
 where
@@ -314,7 +280,8 @@ where
     H: Backend,
     O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
-    type Record = SplitRecord<O, B, H>;
+    /// The whole state on the host backend (see [`SplitZeroOptimizer::record`]).
+    type Record = ZeroOptimizerRecord<O, B, Offload<H>>;
 
     fn step(&mut self, lr: LearningRate, module: M, grads: GradientsParams) -> M {
         SplitZeroOptimizer::step::<AB, M>(self, lr, module, grads)
@@ -327,10 +294,10 @@ where
     }
 
     fn to_record(&self) -> Self::Record {
-        (self.device.record(), self.host.record())
+        self.record()
     }
 
     fn load_record(self, record: Self::Record) -> Self {
-        self.restore_sides(record)
+        self.restore(record)
     }
 }
