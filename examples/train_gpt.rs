@@ -115,6 +115,11 @@ struct Args {
     /// in host memory, uploaded for each gather (parameter offload; 0: all on the device).
     #[arg(long, default_value_t = defaults().offload_param_frac)]
     offload_param_frac: f64,
+    /// The fraction (0 to 1) of the trainable chunks' optimizer state (fp32 masters, Adam's
+    /// moments) kept in host memory and stepped there on the CPU, whole chunks in layout order;
+    /// the rest stays on the device (0: all on the device).
+    #[arg(long, default_value_t = defaults().offload_optim_frac)]
+    offload_optim_frac: f64,
     /// Stage 3: place parameter shards by measurement under this device capacity in MiB (a
     /// two-step warm-up with every shard on the host, then the shards that fit move to the
     /// device); needs a device backend (wgpu, CUDA).
@@ -185,6 +190,7 @@ impl Args {
             prefetch: self.prefetch,
             chunk_size: self.chunk_size,
             offload_param_frac: self.offload_param_frac,
+            offload_optim_frac: self.offload_optim_frac,
             auto_placement_mib: self.auto_placement_mib,
             auto_placement_device: self.auto_placement_device,
             steps: self.steps,
@@ -454,6 +460,19 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
             bytes(placed.room_bytes)
         );
     }
+    if first.optimizer_host_chunks > 0
+        && let Some(m) = &first.memory
+    {
+        println!(
+            "rank 0 stepped the optimizer state of {} chunks on the host: masters {}, state {} \
+             there (device: masters {}, state {})",
+            first.optimizer_host_chunks,
+            bytes(m.host_master_weights.current),
+            bytes(m.host_optimizer_state.current),
+            bytes(m.master_weights.current),
+            bytes(m.optimizer_state.current)
+        );
+    }
     if let Some(kept) = first.memory.as_ref().and_then(|m| m.kept_shards) {
         println!(
             "rank 0 kept host shards on the device between gathers: {} uploads saved, {} shards              kept, {} evicted, {} gathers off the recorded order",
@@ -550,6 +569,7 @@ fn write_report(
                 "gathers": r.gathers,
                 "chunk_size": format!("{:?}", config.chunk_size),
                 "offload_param_frac": config.offload_param_frac,
+                "offload_optim_frac": config.offload_optim_frac,
                 "auto_placement_mib": config.auto_placement_mib,
                 "auto_placement_device": config.auto_placement_device,
                 "chunks": r.chunks,

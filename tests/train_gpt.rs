@@ -331,3 +331,60 @@ fn parameters_on_the_host_train_the_same_bits_and_bad_fractions_are_refused() {
         "{error}"
     );
 }
+
+/// `--offload-optim-frac`: half the chunks' optimizer state stepped on the host (Flex) trains
+/// the same bits as all of it on the device; its checkpoint resumes in a run with all of it on
+/// the device at another world size bitwise, and the other way round; a fraction outside 0..1
+/// is refused before training.
+#[test]
+fn optimizer_state_on_the_host_trains_and_resumes_the_same_bits() {
+    let scratch = |name: &str| {
+        let dir = std::env::temp_dir().join(format!("burn-zero-{name}-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        dir
+    };
+    let (device_dir, split_dir) = (scratch("gpt-device-optim"), scratch("gpt-split-optim"));
+    let run = |dir: &std::path::Path, world_size, accumulation, offload_optim_frac, resume| {
+        let config = RunConfig {
+            world_size,
+            accumulation,
+            offload_optim_frac,
+            keep_params: true,
+            checkpoint_dir: Some(dir.to_path_buf()),
+            save_every: 2,
+            resume,
+            ..short(4)
+        };
+        train::<Flex>(&config, Default::default(), |_| {}).unwrap()
+    };
+    let on_device = run(&device_dir, 2, 1, 0.0, false);
+    let split = run(&split_dir, 2, 1, 0.5, false);
+    for (split, device) in split.iter().zip(&on_device) {
+        assert_eq!(split.params, device.params, "rank {}", split.rank);
+        assert!(split.optimizer_host_chunks > 0);
+        let memory = split.memory.as_ref().unwrap();
+        assert!(memory.host_master_weights.current > 0 && memory.master_weights.current > 0);
+    }
+    // Each run's checkpoint of step 2 resumes under the other optimizer, on one rank.
+    for dir in [&device_dir, &split_dir] {
+        std::fs::remove_dir_all(dir.join("step-00000004")).unwrap();
+    }
+    let from_split = run(&split_dir, 1, 2, 0.0, true);
+    let from_device = run(&device_dir, 1, 2, 0.75, true);
+    for resumed in [&from_split[0], &from_device[0]] {
+        assert_eq!(resumed.resumed_from, Some(2));
+        assert_eq!(resumed.params, on_device[0].params);
+    }
+    assert!(from_device[0].optimizer_host_chunks > 0);
+    std::fs::remove_dir_all(&device_dir).ok();
+    std::fs::remove_dir_all(&split_dir).ok();
+
+    for frac in [1.5, -0.1, f64::NAN] {
+        let config = RunConfig {
+            offload_optim_frac: frac,
+            ..short(1)
+        };
+        let error = config.validate().unwrap_err();
+        assert!(error.contains("--offload-optim-frac"), "{frac}: {error}");
+    }
+}

@@ -7,6 +7,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod optimizer;
 mod rank;
 mod sample;
 
@@ -60,6 +61,9 @@ pub struct RunConfig {
     pub chunk_size: ChunkSize,
     /// Stage 3: the fraction of the sharded chunks whose parameter shards live in host memory.
     pub offload_param_frac: f64,
+    /// The fraction (0 to 1) of the trainable chunks' optimizer state kept on the host (Flex)
+    /// and stepped there, the rest on the device (0: all on the device).
+    pub offload_optim_frac: f64,
     /// Stage 3: place parameter shards by measurement under this device capacity (MiB).
     pub auto_placement_mib: Option<f64>,
     /// Stage 3: the same placement under the capacity the CUDA driver reports.
@@ -114,6 +118,7 @@ impl RunConfig {
             prefetch: 0,
             chunk_size: ChunkSize::Auto,
             offload_param_frac: 0.0,
+            offload_optim_frac: 0.0,
             auto_placement_mib: None,
             auto_placement_device: false,
             steps: 200,
@@ -162,6 +167,12 @@ impl RunConfig {
         }
         if self.seq_len == 0 || self.seq_len + 1 >= Corpus::new(TEXT).len() {
             return Err(format!("--seq-len {} does not fit the text", self.seq_len));
+        }
+        if !(0.0..=1.0).contains(&self.offload_optim_frac) {
+            return Err(format!(
+                "--offload-optim-frac {} must be a fraction from 0 to 1",
+                self.offload_optim_frac
+            ));
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(format!("--lr {} must be a positive finite number", self.lr));
@@ -221,6 +232,8 @@ pub struct RankOutcome {
     pub memory: Option<MemoryReport>,
     /// Steps the loss scaler skipped (f16 only).
     pub skipped_steps: usize,
+    /// Chunks whose optimizer state is on the host (`offload_optim_frac`).
+    pub optimizer_host_chunks: usize,
     /// Generated text (the prompt included).
     pub sample: String,
     /// Final parameters, when asked for.
@@ -253,6 +266,9 @@ pub enum RankError {
     /// Sharding or a collective failed.
     #[error(transparent)]
     Zero(#[from] ZeroError),
+    /// The optimizer cannot be made as configured.
+    #[error("{0}")]
+    Optimizer(String),
     /// Saving or loading a checkpoint failed.
     #[error(transparent)]
     Checkpoint(#[from] burn_zero_checkpoint::CheckpointError),

@@ -3,15 +3,14 @@
 use std::time::Instant;
 
 use burn::module::{AutodiffModule, Module};
-use burn::optim::{Adam, AdamConfig, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
-use burn_zero_checkpoint::{SaveOptions, load, save};
 use burn_zero_comm::{Counts, RankContext, ReduceOp};
 use burn_zero_core::chunk::ChunkKind;
 use burn_zero_core::{ZeroConfig, ZeroState, shard};
-use burn_zero_optim::{LossScalerConfig, ZeroOptimizer};
 
+use super::optimizer::RankOptimizer;
 use super::sample::generate;
 use super::{ChunkSummary, RankError, RankOutcome, RunConfig, StepInfo, Train};
 use crate::{Corpus, Gpt, param_values};
@@ -34,7 +33,7 @@ pub(super) struct Run<'a, B: Backend> {
 /// by value, as Burn's optimizers take it).
 struct Rank<B: Backend> {
     ctx: RankContext<B>,
-    optimizer: ZeroOptimizer<Adam, B>,
+    optimizer: RankOptimizer<B>,
     state: ZeroState<B>,
 }
 
@@ -91,16 +90,11 @@ impl<B: Backend> Run<'_, B> {
             self.base.clone().fork(ctx.device())
         };
         let (mut model, state) = shard(start, &ctx, &self.zero)?;
-        let mut optimizer: ZeroOptimizer<Adam, B> =
-            ZeroOptimizer::new(&state, AdamConfig::new().build())
-                .with_accumulation(config.accumulation);
-        if config.precision == DType::F16 {
-            optimizer = optimizer.with_loss_scaler(LossScalerConfig::new());
-        }
+        let mut optimizer = RankOptimizer::new(&state, config)?;
         let mut resumed_from = None;
         if let (true, Some(dir)) = (config.resume, &config.checkpoint_dir) {
-            let (loaded_model, loaded_optimizer, loaded) = load(dir, model, optimizer)?;
-            (model, optimizer) = (loaded_model, loaded_optimizer);
+            let loaded;
+            (optimizer, model, loaded) = optimizer.load(dir, model, &state)?;
             resumed_from = Some(loaded.step as usize);
         }
         let rank = Rank {
@@ -171,8 +165,7 @@ impl<B: Backend> Run<'_, B> {
         };
         let due = config.save_every > 0 && done.is_multiple_of(config.save_every);
         if due || done == config.steps {
-            let options = SaveOptions::default();
-            save(dir, done as u64, model, &rank.optimizer, &options)?;
+            rank.optimizer.save(dir, done as u64, model, &rank.state)?;
         }
         Ok(())
     }
@@ -209,6 +202,7 @@ impl<B: Backend> Run<'_, B> {
             seconds,
             memory: Some(rank.state.memory_report()),
             skipped_steps: rank.optimizer.skipped_steps(),
+            optimizer_host_chunks: rank.optimizer.host_chunks(),
             sample,
             params,
             resumed_from,
