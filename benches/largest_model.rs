@@ -16,7 +16,8 @@
 //!   device holds a parameter only while an op uses it, and the gradients;
 //! - stage 3, optimizer on the host, auto placement: the same, with `auto_placement_capacity_mib`
 //!   set to the budget instead of every shard on the host: after two warm-up steps the shards
-//!   that fit move to the device.
+//!   that fit move to the device, and the others' shards stay on the device between their
+//!   gathers while each period of the step has room.
 //!
 //! The models keep depth and width in one ratio (`k` blocks of width 64·k, `k` heads of 64,
 //! MLP 4× wide) and train on the same micro-batch (8 sequences of 64 characters), so the
@@ -28,9 +29,17 @@
 //! side, none of it burn-zero's accounting. Each trial runs in a child process of its own (this
 //! bench executable with `--trial`), so that no pool of an earlier trial is counted.
 //!
-//! For each side, `k` grows from 1 until a trial exceeds the budget; the report gives the
-//! largest `k` that fit, its parameters, its measured peak and its tokens per second (over the
-//! last two steps, after the auto placement's two warm-up steps).
+//! For each side, `k` doubles from 1 until a trial exceeds the budget (or fails: an auto
+//! placement whose warm-up exceeds its capacity stops with a named error), then the interval
+//! is halved down to the largest `k` that fits; the report gives the
+//! largest `k` that fit, its parameters, its measured peak, its tokens per second and its
+//! uploads of host memory to the device per step (both over the last two steps, after the auto
+//! placement's two warm-up steps; the uploads are the rank's own count, and the trial's JSON
+//! line adds the read-backs and what the auto placement decided and kept).
+//!
+//! `--backend cuda` (built with `--features cuda`; the GPU check's `largest` section) runs the
+//! trials on CUDA device 0 (`CubeBackend<CudaRuntime>`), under its free memory unless
+//! `LARGEST_BUDGET_MIB` is set; `LARGEST_MODEL_REPORT` names a file for the JSON report.
 //!
 //! Environment: `LARGEST_BUDGET_MIB` (default 128), `LARGEST_MAX_K` (default 12),
 //! `LARGEST_SIDES` (the sides to run, by name, comma-separated; default all), `LARGEST_JUDGE`
@@ -50,7 +59,7 @@ use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_fusion::Fusion;
 use burn_zero::comm::launch;
 use burn_zero::optim::FusedAdam;
@@ -62,6 +71,38 @@ use serde_json::{Value, json};
 
 /// wgpu as Burn's default features build it: the fusion layer over the cubecl backend.
 type Wgpu = Fusion<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+/// CUDA as the GPU check runs it: the cubecl backend (`--features cuda`).
+#[cfg(feature = "cuda")]
+type Cuda = burn_zero::comm::nccl::CudaBackend;
+#[cfg(feature = "cuda")]
+use burn_zero::comm::nccl::CudaDevice;
+
+/// The device the trials run on (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeviceKind {
+    Wgpu,
+    #[cfg(feature = "cuda")]
+    Cuda,
+}
+
+impl DeviceKind {
+    fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Wgpu => "wgpu",
+            #[cfg(feature = "cuda")]
+            DeviceKind::Cuda => "cuda",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        match name {
+            "wgpu" => Some(DeviceKind::Wgpu),
+            #[cfg(feature = "cuda")]
+            "cuda" => Some(DeviceKind::Cuda),
+            _ => None,
+        }
+    }
+}
 
 /// Sequences per step and characters per sequence: the same for every model and side.
 const BATCH: usize = 8;
@@ -133,15 +174,18 @@ fn model<B: AutodiffBackend>(k: usize, corpus: &Corpus, device: &B::Device) -> G
 }
 
 /// `STEPS` training steps of `model` with `optimizer`; the seconds of the last `TIMED`.
+/// `timing` is called as they start.
 fn train<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
     mut model: Gpt<B>,
     optimizer: &mut O,
     corpus: &Corpus,
     device: &B::Device,
+    mut timing: impl FnMut(),
 ) -> f64 {
     let mut started = Instant::now();
     for step in 0..STEPS {
         if step == STEPS - TIMED {
+            timing();
             started = Instant::now();
         }
         let (inputs, targets) = corpus.batch::<B>(SEED, step, 0..BATCH, SEQ_LEN, device);
@@ -153,60 +197,81 @@ fn train<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
     started.elapsed().as_secs_f64()
 }
 
-/// One trial, in this (child) process: prints one JSON line.
-fn trial(side: Side, k: usize) {
-    let device = WgpuDevice::default();
+/// One trial, in this (child) process, on `backend`: prints one JSON line.
+fn trial(side: Side, k: usize, backend: DeviceKind) {
+    match backend {
+        DeviceKind::Wgpu => trial_on::<Wgpu>(side, k, WgpuDevice::default()),
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => trial_on::<Cuda>(side, k, CudaDevice::new(0)),
+    }
+}
+
+/// [`trial`] on backend `B`'s `device`.
+fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
     let corpus = Corpus::new(TEXT);
-    // Counted on the host: nothing of the trial's side is on the device before it starts.
-    let parameters = config(k, corpus.vocab())
-        .init::<Flex>(&Default::default())
-        .num_params();
-    let (seconds, peak) = peak_device_memory::<Wgpu, _>(&device, SAMPLE_EVERY, || match side {
-        Side::PlainBurn => {
-            // Not sharded: `Zero` forwards every op of an unsharded model to the backend
-            // (Burn's autodiff needs a backend with its distributed operations, which `Zero`
-            // is), so this is Burn's own training, holding its own memory.
-            let model = model::<Autodiff<Zero<Wgpu>>>(k, &corpus, &device);
-            let mut adam = AdamConfig::new().init();
-            train(model, &mut adam, &corpus, &device)
-        }
-        Side::Stage3
-        | Side::Stage3OptimizerOnHost
-        | Side::Stage3ParametersOnHost
-        | Side::Stage3AutoPlacement => {
-            let config = match side {
-                Side::Stage3ParametersOnHost => ZeroConfig::new()
-                    .with_stage(3)
-                    .with_offload_param_frac(1.0)
-                    .with_max_live_gathered_bytes(0),
-                Side::Stage3AutoPlacement => ZeroConfig::new()
-                    .with_stage(3)
-                    .with_auto_placement_capacity_mib(Some(mib(budget())))
-                    .with_max_live_gathered_bytes(0),
-                _ => ZeroConfig::new().with_stage(3),
-            };
-            let mut ranks =
-                launch::<Wgpu, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
-                    let base = model::<Autodiff<Zero<Wgpu>>>(k, &corpus, ctx.device());
-                    let (model, zero) = shard(base, &ctx, &config)?;
-                    let adam = AdamConfig::new();
-                    Ok(if side == Side::Stage3 {
-                        let mut optimizer =
-                            ZeroOptimizer::adam(&zero, &adam).expect("valid config");
-                        train(model, &mut optimizer, &corpus, ctx.device())
-                    } else {
-                        let fused = FusedAdam::new(&adam).expect("valid config");
-                        let mut optimizer =
-                            ZeroOptimizer::<_, _, Offload<Flex>>::offloaded(&zero, fused)
-                                .with_one_pass();
-                        train(model, &mut optimizer, &corpus, ctx.device())
+    let ((parameters, seconds, placement), peak) =
+        peak_device_memory::<B, _>(&device, SAMPLE_EVERY, || match side {
+            Side::PlainBurn => {
+                // Not sharded: `Zero` forwards every op of an unsharded model to the backend
+                // (Burn's autodiff needs a backend with its distributed operations, which `Zero`
+                // is), so this is Burn's own training, holding its own memory.
+                let model = model::<Autodiff<Zero<B>>>(k, &corpus, &device);
+                let parameters = model.num_params();
+                let mut adam = AdamConfig::new().init();
+                let seconds = train(model, &mut adam, &corpus, &device, || {});
+                (parameters, seconds, Value::Null)
+            }
+            Side::Stage3
+            | Side::Stage3OptimizerOnHost
+            | Side::Stage3ParametersOnHost
+            | Side::Stage3AutoPlacement => {
+                let config = match side {
+                    Side::Stage3ParametersOnHost => ZeroConfig::new()
+                        .with_stage(3)
+                        .with_offload_param_frac(1.0)
+                        .with_max_live_gathered_bytes(0),
+                    Side::Stage3AutoPlacement => ZeroConfig::new()
+                        .with_stage(3)
+                        .with_auto_placement_capacity_mib(Some(mib(budget())))
+                        .with_max_live_gathered_bytes(0),
+                    _ => ZeroConfig::new().with_stage(3),
+                };
+                let mut ranks =
+                    launch::<B, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
+                        let base = model::<Autodiff<Zero<B>>>(k, &corpus, ctx.device());
+                        let parameters = base.num_params();
+                        let (model, zero) = shard(base, &ctx, &config)?;
+                        let adam = AdamConfig::new();
+                        let mut timed_from = zero.counts();
+                        let timing = || timed_from = zero.counts();
+                        let seconds = if side == Side::Stage3 {
+                            let mut optimizer =
+                                ZeroOptimizer::adam(&zero, &adam).expect("valid config");
+                            train(model, &mut optimizer, &corpus, ctx.device(), timing)
+                        } else {
+                            let fused = FusedAdam::new(&adam).expect("valid config");
+                            let mut optimizer =
+                                ZeroOptimizer::<_, _, Offload<Flex>>::offloaded(&zero, fused)
+                                    .with_one_pass();
+                            train(model, &mut optimizer, &corpus, ctx.device(), timing)
+                        };
+                        // What crossed between host and device per timed step, and what the
+                        // auto placement kept on the device between gathers over the run.
+                        let timed = zero.counts() - timed_from;
+                        let report = zero.memory_report();
+                        let placement = json!({
+                            "uploads_per_step": timed.host_writes as f64 / TIMED as f64,
+                            "read_backs_per_step": timed.host_reads as f64 / TIMED as f64,
+                            "auto_placement": report.auto_placement,
+                            "kept_shards": report.kept_shards,
+                        });
+                        Ok((parameters, seconds, placement))
                     })
-                })
-                .expect("one rank trains");
-            ranks.swap_remove(0)
-        }
-    });
-    let peak = peak.expect("built with --features wgpu");
+                    .expect("one rank trains");
+                ranks.swap_remove(0)
+            }
+        });
+    let peak = peak.expect("a backend with a device-memory count");
     let tokens = (TIMED * BATCH * SEQ_LEN) as f64;
     let line = json!({
         "side": side.name(),
@@ -215,15 +280,18 @@ fn trial(side: Side, k: usize) {
         "peak_reserved_bytes": peak.reserved,
         "peak_in_use_bytes": peak.in_use,
         "tokens_per_s": tokens / seconds,
+        "placement": placement,
     });
     println!("{line}");
 }
 
 /// Runs one trial in a child process; `None` when it failed (for instance out of memory).
-fn run_trial(side: Side, k: usize) -> Option<Value> {
+fn run_trial(side: Side, k: usize, backend: DeviceKind, budget: u64) -> Option<Value> {
     let exe = std::env::current_exe().expect("the bench knows its executable");
     let output = Command::new(exe)
         .args(["--trial", side.name(), &k.to_string()])
+        .args(["--backend", backend.name()])
+        .env("LARGEST_BUDGET_MIB", (budget >> 20).to_string())
         .output()
         .expect("the bench can run itself");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -231,9 +299,14 @@ fn run_trial(side: Side, k: usize) -> Option<Value> {
     match (output.status.success(), line) {
         (true, Some(line)) => serde_json::from_str(line).ok(),
         _ => {
+            // The panic's message (the line after "panicked at"), else the last lines.
             let stderr = String::from_utf8_lossy(&output.stderr);
-            let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
-            eprintln!("  {} k={k}: the trial failed: {tail:?}", side.name());
+            let lines: Vec<&str> = stderr.lines().collect();
+            let why = match lines.iter().position(|l| l.contains("panicked at")) {
+                Some(at) => lines[at..].iter().take(2).copied().collect::<Vec<_>>(),
+                None => lines.iter().rev().take(3).copied().collect(),
+            };
+            eprintln!("  {} k={k}: the trial failed: {why:?}", side.name());
             None
         }
     }
@@ -289,36 +362,45 @@ fn mib(bytes: u64) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    let backend = match args.iter().position(|a| a == "--backend") {
+        None => DeviceKind::Wgpu,
+        Some(at) => {
+            let name = args.get(at + 1).map_or("", String::as_str);
+            match DeviceKind::parse(name) {
+                Some(backend) => backend,
+                None => {
+                    eprintln!(
+                        "largest_model: --backend {name:?} is not one this build runs: wgpu, or \
+                         cuda with --features cuda"
+                    );
+                    std::process::exit(2);
+                }
+            }
+        }
+    };
     if let Some(at) = args.iter().position(|a| a == "--trial") {
         let side = Side::parse(&args[at + 1]).expect("a side's name");
         let k = args[at + 2].parse().expect("a size");
-        trial(side, k);
+        trial(side, k, backend);
         return;
     }
     // `cargo test --benches` runs bench targets without `--bench`; only `cargo bench` measures.
     if !args.iter().any(|a| a == "--bench") {
         return;
     }
-    // The adapter first: it initialises the device with Burn's own options, which the first
-    // use of the device (the memory count below) would otherwise do.
-    let adapter = match adapter::wgpu_adapter() {
-        Ok(adapter) => adapter,
+    let (device_name, capacity) = match open_device(backend) {
+        Ok(opened) => opened,
         Err(reason) => {
-            eprintln!(
-                "largest_model: no wgpu adapter ({reason}). Install a Vulkan driver (Mesa's \
-                 lavapipe: apt-get install mesa-vulkan-drivers) to run it."
-            );
+            eprintln!("largest_model: {reason}");
+            write_report(&json!({ "skipped": reason }));
             return;
         }
     };
-    if burn_zero_kernels::device_memory::<Wgpu>(&WgpuDevice::default()).is_none() {
-        eprintln!(
-            "largest_model: built without the wgpu kernels, so there is no device-memory count: \
-             cargo bench --bench largest_model --features wgpu"
-        );
-        return;
-    }
-    let budget = budget();
+    // On CUDA the budget is the device's free memory unless one is given.
+    let budget = match (std::env::var("LARGEST_BUDGET_MIB").is_ok(), capacity) {
+        (false, Some(free)) => free,
+        _ => budget(),
+    };
     let judge = Judge::from_env();
     let max_k = env_number("LARGEST_MAX_K", 12);
     // `LARGEST_SIDES`: the sides to run, by name, comma-separated (default: all).
@@ -330,12 +412,8 @@ fn main() {
     });
     let mut rows = Vec::new();
     for side in sides {
-        let mut fit: Option<Value> = None;
-        let mut over: Option<Value> = None;
-        for k in 1..=max_k {
-            let Some(result) = run_trial(side, k) else {
-                break;
-            };
+        let fits = |k: usize| {
+            let result = run_trial(side, k, backend, budget)?;
             let peak = result[judge.key()].as_u64().unwrap_or(u64::MAX);
             eprintln!(
                 "  {} k={k}: {} parameters, peak {:.1} MiB",
@@ -343,16 +421,105 @@ fn main() {
                 result["parameters"],
                 mib(peak)
             );
-            if peak > budget {
-                over = Some(result);
-                break;
-            }
-            fit = Some(result);
-        }
+            Some((peak <= budget, result))
+        };
+        let (fit, over) = search(max_k, fits);
         rows.push((side, fit, over));
     }
-    let (md, json) = render(&rows, budget, judge, &adapter);
+    let (md, json) = render(&rows, budget, judge, &device_name);
+    write_report(&json);
     report::publish("largest_model", &md, Some(&json));
+}
+
+/// Writes `json` where `LARGEST_MODEL_REPORT` says (the GPU check's data file), when it is set.
+fn write_report(json: &Value) {
+    if let Ok(path) = std::env::var("LARGEST_MODEL_REPORT") {
+        let text = serde_json::to_string_pretty(json).expect("a JSON value serialises");
+        if let Err(error) = std::fs::write(&path, text + "\n") {
+            eprintln!("largest_model: could not write {path}: {error}");
+        }
+    }
+}
+
+/// The largest `k` from 1 to `max_k` for which `fits` says yes, and the trial of the smallest
+/// that did not fit (when it ran): `k` doubles until a trial does not fit, then the interval
+/// is halved, so that a search up to a GPU's size takes a few trials per side. A trial that
+/// failed (`None`: out of memory, for one) does not fit. Sizes are assumed to fit up to some
+/// `k` and no further.
+fn search(
+    max_k: usize,
+    mut fits: impl FnMut(usize) -> Option<(bool, Value)>,
+) -> (Option<Value>, Option<Value>) {
+    // The largest size that fit with its trial, and the smallest that did not with its trial
+    // when one ran.
+    let mut fit: Option<(usize, Value)> = None;
+    let mut over: Option<(usize, Option<Value>)> = None;
+    let mut k = 1;
+    while k <= max_k {
+        match fits(k) {
+            Some((true, result)) => fit = Some((k, result)),
+            other => {
+                over = Some((k, other.map(|(_, result)| result)));
+                break;
+            }
+        }
+        if k == max_k {
+            break;
+        }
+        k = (k * 2).min(max_k);
+    }
+    while let (Some((low, _)), Some((high, _))) = (&fit, &over) {
+        if high - low <= 1 {
+            break;
+        }
+        let mid = (low + high) / 2;
+        match fits(mid) {
+            Some((true, result)) => fit = Some((mid, result)),
+            other => over = Some((mid, other.map(|(_, result)| result))),
+        }
+    }
+    (fit.map(|(_, v)| v), over.and_then(|(_, v)| v))
+}
+
+/// The device of `backend` ready for trials: its name for the report and, on CUDA, its free
+/// memory in bytes; why not, when there is none or no memory count.
+fn open_device(backend: DeviceKind) -> Result<(String, Option<u64>), String> {
+    match backend {
+        DeviceKind::Wgpu => {
+            // The adapter first: it initialises the device with Burn's own options, which the
+            // first use of the device (the memory count below) would otherwise do.
+            let adapter = adapter::wgpu_adapter().map_err(|reason| {
+                format!(
+                    "no wgpu adapter ({reason}). Install a Vulkan driver (Mesa's lavapipe: \
+                     apt-get install mesa-vulkan-drivers) to run it."
+                )
+            })?;
+            if burn_zero_kernels::device_memory::<Wgpu>(&WgpuDevice::default()).is_none() {
+                return Err(
+                    "built without the wgpu kernels, so there is no device-memory \
+                            count: cargo bench --bench largest_model --features wgpu"
+                        .into(),
+                );
+            }
+            Ok((adapter, None))
+        }
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => {
+            let device = CudaDevice::new(0);
+            match burn_zero_comm::device_capacity::<Cuda>(&device) {
+                Some(Ok(capacity)) => {
+                    let name = format!(
+                        "CUDA device 0 ({:.0} MiB, {:.0} MiB free)",
+                        mib(capacity.total),
+                        mib(capacity.free)
+                    );
+                    Ok((name, Some(capacity.free)))
+                }
+                Some(Err(error)) => Err(format!("no CUDA device: {error}")),
+                None => Err("no CUDA device: the backend is not CUDA's".into()),
+            }
+        }
+    }
 }
 
 type Row = (Side, Option<Value>, Option<Value>);
@@ -365,8 +532,8 @@ fn render(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Va
         mib(budget),
         judge.describe()
     );
-    md += "| placement | largest k | parameters | peak reserved MiB | peak in use MiB | tokens/s | next size (k+1) judged peak MiB | × plain Burn's parameters |\n";
-    md += "|---|---|---|---|---|---|---|---|\n";
+    md += "| placement | largest k | parameters | peak reserved MiB | peak in use MiB | tokens/s | uploads per step | next size (k+1) judged peak MiB | × plain Burn's parameters |\n";
+    md += "|---|---|---|---|---|---|---|---|---|\n";
     let plain = rows
         .iter()
         .find(|(side, ..)| *side == Side::PlainBurn)
@@ -384,8 +551,12 @@ fn render(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Va
             v.and_then(|v| v.as_u64())
                 .map_or("—".into(), |b| format!("{:.1}", mib(b)))
         };
+        let uploads = fit
+            .as_ref()
+            .and_then(|v| v["placement"]["uploads_per_step"].as_f64())
+            .map_or("—".into(), |u| format!("{u:.0}"));
         md += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             side.describe(),
             cell(fit, "k").map_or("none fits".into(), |v| v.to_string()),
             parameters.map_or("—".into(), |p| p.to_string()),
@@ -394,6 +565,7 @@ fn render(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Va
             cell(fit, "tokens_per_s")
                 .and_then(|v| v.as_f64())
                 .map_or("—".into(), |t| format!("{t:.0}")),
+            uploads,
             show_mib(cell(over, judge.key())),
             ratio,
         );

@@ -46,7 +46,7 @@ build_bundle() {
         -p burn-zero -p burn-zero-comm -p burn-zero-kernels -p burn-zero-launch \
         --features burn-zero/cuda,burn-zero-comm/cuda,burn-zero-kernels/cuda,burn-zero-launch/cli \
         --example train_gpt --bin zero-run --bin nccl-rank-probe \
-        --bench nccl --bench gpu_steps --bench pack_cuda --bench optimizer_cuda \
+        --bench nccl --bench gpu_steps --bench pack_cuda --bench optimizer_cuda --bench largest_model \
         --test nccl --test kernel_cuda --test cuda >"$log/workspace.json"
     echo "== building the plain-Burn side (benches/plain-burn, --features cuda)"
     cargo build --profile "$profile" --message-format=json-render-diagnostics \
@@ -75,6 +75,7 @@ nccl-bench nccl bench
 gpu-steps gpu_steps bench
 pack-cuda pack_cuda bench
 optimizer-cuda optimizer_cuda bench
+largest-model largest_model bench
 plain-gpu plain_gpu bench
 nccl-tests nccl test
 kernel-cuda-tests kernel_cuda test

@@ -166,6 +166,7 @@ def build(out):
         "pack": load(os.path.join(out, "data", "pack.json")),
         "optimizer": load(os.path.join(out, "data", "optimizer.json")),
         "steps": steps(out),
+        "largest": load(os.path.join(out, "data", "largest.json")),
         "fsdp2": load(os.path.join(out, "data", "fsdp2.json")),
     }
     for name, value in data.items():
@@ -294,6 +295,30 @@ def markdown(report):
             lines += ["", f"Stage 3 step time, searched chunks / one parameter per chunk: {ratio:.3f}."]
     else:
         lines.append(s["steps"]["status"] if not st else st.get("skipped", "-"))
+
+    lines += ["", "## Largest model under the device's free memory", ""]
+    lg = (s.get("largest") or {}).get("data")
+    if lg and "sides" in lg:
+        lines += [f"The largest GPT (k blocks of width 64·k, {lg['batch']} × {lg['seq_len']} tokens a step, "
+                  f"f32, 1 rank) whose step stays within {lg['budget_bytes'] / 2**20:.0f} MiB on "
+                  f"{lg['adapter']}, judged by cubecl's bytes {lg['judged_by'].replace('_', ' ')}.", "",
+                  "| placement | largest k | parameters | peak in use MiB | tokens/s | uploads per step | × plain Burn |",
+                  "|---|---|---|---|---|---|---|"]
+        plain = next((e["largest"]["parameters"] for e in lg["sides"]
+                      if e["side"] == "plain-burn" and e.get("largest")), None)
+        for e in lg["sides"]:
+            fit = e.get("largest")
+            if not fit:
+                lines.append(f"| {e['side']} | none fits | - | - | - | - | - |")
+                continue
+            uploads = (fit.get("placement") or {}).get("uploads_per_step")
+            ratio = f"{fit['parameters'] / plain:.2f}" if plain else "-"
+            lines.append(f"| {e['side']} | {fit['k']} | {fit['parameters']:,} | "
+                         f"{fit['peak_in_use_bytes'] / 2**20:.1f} | {fit['tokens_per_s']:.0f} | "
+                         f"{'-' if uploads is None else f'{uploads:.0f}'} | {ratio} |")
+    else:
+        entry = s.get("largest") or {}
+        lines.append(entry.get("status", "not run") if not lg else lg.get("skipped", "-"))
 
     lines += ["", "## PyTorch FSDP2 peer", ""]
     f = s["fsdp2"]["data"]

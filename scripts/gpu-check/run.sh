@@ -9,13 +9,16 @@
 # (the fused Adam kernel against Burn's Adam, the copy bandwidth and the host pass), steps
 # (GPT step time, Zero at stages 0-3 with one parameter per chunk and at stage 3 with the
 # searched chunk size, against plain Burn, with memory and burn-zero's collectives and device
-# synchronisations per step), fsdp2 (PyTorch FSDP2 on the same GPT). A section that fails
+# synchronisations per step), largest (the largest GPT whose step fits the device's free
+# memory, plain Burn against burn-zero's placements), fsdp2 (PyTorch FSDP2 on the same GPT).
+# A section that fails
 # records its error and the others still run; at the end REPORT_DIR holds report.json,
 # report.md and every section's log.
 #
 # Environment: NCCL_LIB_DIR (a folder holding libnccl.so or libnccl.so.2), GPU_CHECK_ROUNDS
 # (step-time rounds, default 3), GPU_CHECK_SECTIONS (space-separated subset to run),
-# PYTHON (default python3).
+# GPU_CHECK_LARGEST_SIDES and GPU_CHECK_LARGEST_MAX_K (the largest-model search's sides and
+# largest size), PYTHON (default python3).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$PWD/gpu-check-report}
@@ -23,7 +26,7 @@ mkdir -p "$out/logs" "$out/data"
 out=$(cd "$out" && pwd)
 python=${PYTHON:-python3}
 rounds=${GPU_CHECK_ROUNDS:-3}
-sections=${GPU_CHECK_SECTIONS:-"environment tests nccl pack optimizer steps fsdp2"}
+sections=${GPU_CHECK_SECTIONS:-"environment tests nccl pack optimizer steps largest fsdp2"}
 bin="$here/bin"
 status="$out/data/sections.tsv"
 : >"$status"
@@ -173,6 +176,16 @@ pack() {
 
 optimizer() {
     OPTIMIZER_CUDA_REPORT="$out/data/optimizer.json" "$bin/optimizer-cuda"
+}
+
+largest() {
+    # The largest GPT whose step fits the device's free memory: plain Burn against stage 3 with
+    # the optimizer and parameters on the host, and the auto placement (sizes doubled, then
+    # halved between the last that fit and the first that did not; each trial a process).
+    LARGEST_MODEL_REPORT="$out/data/largest.json" \
+        LARGEST_SIDES=${GPU_CHECK_LARGEST_SIDES:-plain-burn,stage3-parameters-on-host,stage3-auto-placement} \
+        LARGEST_MAX_K=${GPU_CHECK_LARGEST_MAX_K:-48} LARGEST_JUDGE=in_use \
+        "$bin/largest-model" --bench --backend cuda
 }
 
 steps() {
