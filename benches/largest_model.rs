@@ -17,7 +17,11 @@
 //! - stage 3, optimizer on the host, auto placement: the same, with `auto_placement_capacity_mib`
 //!   set to the budget instead of every shard on the host: after two warm-up steps the shards
 //!   that fit move to the device, and the others' shards stay on the device between their
-//!   gathers while each period of the step has room.
+//!   gathers while each period of the step has room;
+//! - stage 3, auto placement, optimizer chunks in its margin: the same placement with a split
+//!   optimizer whose every chunk starts on the host; once the placement has decided, chunks
+//!   move to the device while their masters and moments fit in 0.8 of the room it left over
+//!   (`gpu_margin_mem_ratio`), and step there.
 //!
 //! The models keep depth and width in one ratio (`k` blocks of width 64·k, `k` heads of 64,
 //! MLP 4× wide) and train on the same micro-batch (8 sequences of 64 characters), so the
@@ -63,7 +67,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_fusion::Fusion;
 use burn_zero::comm::launch;
 use burn_zero::optim::FusedAdam;
-use burn_zero::optim::Offload;
+use burn_zero::optim::{Offload, SplitZeroOptimizer};
 use burn_zero::{Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 use burn_zero_gpt::{Corpus, Gpt, GptConfig, Materialise, TEXT};
 use burn_zero_kernels::peak_device_memory;
@@ -115,6 +119,8 @@ const LR: f64 = 1e-3;
 const SEED: u64 = 2024;
 /// How often the sampler reads the device's memory.
 const SAMPLE_EVERY: Duration = Duration::from_millis(5);
+/// The share of the auto placement's left-over room the margin side gives optimizer chunks.
+const MARGIN_RATIO: f64 = 0.8;
 
 /// Where the model state lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,15 +130,17 @@ enum Side {
     Stage3OptimizerOnHost,
     Stage3ParametersOnHost,
     Stage3AutoPlacement,
+    Stage3AutoPlacementMargin,
 }
 
 impl Side {
-    const ALL: [Side; 5] = [
+    const ALL: [Side; 6] = [
         Side::PlainBurn,
         Side::Stage3,
         Side::Stage3OptimizerOnHost,
         Side::Stage3ParametersOnHost,
         Side::Stage3AutoPlacement,
+        Side::Stage3AutoPlacementMargin,
     ];
 
     fn name(self) -> &'static str {
@@ -142,6 +150,7 @@ impl Side {
             Side::Stage3OptimizerOnHost => "stage3-optimizer-on-host",
             Side::Stage3ParametersOnHost => "stage3-parameters-on-host",
             Side::Stage3AutoPlacement => "stage3-auto-placement",
+            Side::Stage3AutoPlacementMargin => "stage3-auto-placement-margin",
         }
     }
 
@@ -152,6 +161,9 @@ impl Side {
             Side::Stage3OptimizerOnHost => "stage 3, optimizer on the host",
             Side::Stage3ParametersOnHost => "stage 3, optimizer and parameters on the host",
             Side::Stage3AutoPlacement => "stage 3, optimizer on the host, auto placement",
+            Side::Stage3AutoPlacementMargin => {
+                "stage 3, auto placement, optimizer chunks in its margin"
+            }
         }
     }
 
@@ -224,16 +236,19 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
             Side::Stage3
             | Side::Stage3OptimizerOnHost
             | Side::Stage3ParametersOnHost
-            | Side::Stage3AutoPlacement => {
+            | Side::Stage3AutoPlacement
+            | Side::Stage3AutoPlacementMargin => {
                 let config = match side {
                     Side::Stage3ParametersOnHost => ZeroConfig::new()
                         .with_stage(3)
                         .with_offload_param_frac(1.0)
                         .with_max_live_gathered_bytes(0),
-                    Side::Stage3AutoPlacement => ZeroConfig::new()
-                        .with_stage(3)
-                        .with_auto_placement_capacity_mib(Some(mib(budget())))
-                        .with_max_live_gathered_bytes(0),
+                    Side::Stage3AutoPlacement | Side::Stage3AutoPlacementMargin => {
+                        ZeroConfig::new()
+                            .with_stage(3)
+                            .with_auto_placement_capacity_mib(Some(mib(budget())))
+                            .with_max_live_gathered_bytes(0)
+                    }
                     _ => ZeroConfig::new().with_stage(3),
                 };
                 let mut ranks =
@@ -243,11 +258,26 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
                         let (model, zero) = shard(base, &ctx, &config)?;
                         let adam = AdamConfig::new();
                         let mut timed_from = zero.counts();
+                        let mut margin = None;
                         let timing = || timed_from = zero.counts();
                         let seconds = if side == Side::Stage3 {
                             let mut optimizer =
                                 ZeroOptimizer::adam(&zero, &adam).expect("valid config");
                             train(model, &mut optimizer, &corpus, ctx.device(), timing)
+                        } else if side == Side::Stage3AutoPlacementMargin {
+                            // Every chunk's state starts on the host; after the placement, those
+                            // that fit in 0.8 of the room it left move to the device.
+                            let fused = FusedAdam::new(&adam).expect("valid config");
+                            let mut optimizer =
+                                SplitZeroOptimizer::<_, _, Flex>::new(&zero, fused, 1.0)
+                                    .expect("a fraction of 1")
+                                    .with_one_pass()
+                                    .with_gpu_margin_mem_ratio(MARGIN_RATIO)
+                                    .expect("under the auto placement");
+                            let seconds =
+                                train(model, &mut optimizer, &corpus, ctx.device(), timing);
+                            margin = optimizer.margin_report();
+                            seconds
                         } else {
                             let fused = FusedAdam::new(&adam).expect("valid config");
                             let mut optimizer =
@@ -260,6 +290,12 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
                         let timed = zero.counts() - timed_from;
                         let report = zero.memory_report();
                         let placement = json!({
+                            "margin": margin.map(|m| json!({
+                                "budget_bytes": m.budget_bytes,
+                                "moved_chunks": m.moved_chunks,
+                                "moved_bytes": m.moved_bytes,
+                                "host_chunks": m.host_chunks,
+                            })),
                             "uploads_per_step": timed.host_writes as f64 / TIMED as f64,
                             "read_backs_per_step": timed.host_reads as f64 / TIMED as f64,
                             "auto_placement": report.auto_placement,
