@@ -107,7 +107,7 @@ pub fn nccl_available() -> Result<(), CommError> {
     init::ensure_nccl()
 }
 
-/// [`crate::launch`] for NCCL: runs `rank_fn` once per device, each rank on its own thread with
+/// [`crate::launch()`] for NCCL: runs `rank_fn` once per device, each rank on its own thread with
 /// its [`NcclGroup`], and returns the results in rank order. The ranks share one failure: a
 /// rank that fails ends every rank's group at once (each aborts its communicator), and a rank
 /// that finished leaves, so one still waiting for it fails with [`CommError::PeerExited`]
