@@ -6,21 +6,22 @@
 //! optimizer's state for it. The values cross as tensor data; the state crosses through its
 //! Burn record (`state_tree`), which works for any optimizer whatever it keeps private. From
 //! the next backward on, the chunk's gradient shards stay on the device and the device side
-//! steps it.
+//! steps it. A split's record crosses its entries the same way.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use burn::optim::SimpleOptimizer;
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor};
 use burn_zero_comm::RankCounters;
 use burn_zero_core::chunk::placement::member_keys;
 
-use super::record::cross_state;
 use super::{SplitError, SplitZeroOptimizer};
 use crate::master::Master;
 use crate::optimizer::Owned;
+use crate::placement::{Offload, Placement};
+use crate::state_tree::{from_tree, to_tree};
 
 impl<O, B: Backend, H: Backend> SplitZeroOptimizer<O, B, H>
 where
@@ -41,16 +42,16 @@ where
         let device = zero.device().clone();
         let counters = store.counters();
         for &id in ids {
-            if let Some(master) = self.host.flat.remove(&id) {
-                let master = to_device::<O, B, H>(master, &device, counters);
-                self.device.flat.insert(id, master);
+            if let Some(Master { values, state }) = self.host.flat.remove(&id) {
+                let (values, state) = master_to_device::<O, B, H>(values, state, &device, counters);
+                self.device.flat.insert(id, Master { values, state });
             }
         }
         let keys = member_keys(store.chunks(), ids);
         for &key in &keys {
-            if let Some(master) = self.host.masters.remove(&key) {
-                let master = to_device::<O, B, H>(master, &device, counters);
-                self.device.masters.insert(key, master);
+            if let Some(Master { values, state }) = self.host.masters.remove(&key) {
+                let (values, state) = master_to_device::<O, B, H>(values, state, &device, counters);
+                self.device.masters.insert(key, Master { values, state });
             }
         }
         let on_host: HashSet<usize> = match &self.host.owned {
@@ -82,18 +83,38 @@ where
     }
 }
 
-/// A host master on the model's `device`: its values as data (one host write, counted), its
-/// state through its record.
-fn to_device<O, B: Backend, H: Backend>(
-    master: Master<O, H>,
+/// A host master's `values` and `state` on the model's `device`: the values as data (one host
+/// write, counted), the state through its record.
+pub(super) fn master_to_device<O, B: Backend, H: Backend>(
+    values: Tensor<H, 1>,
+    state: Option<<O as SimpleOptimizer<H>>::State<1>>,
     device: &B::Device,
     counters: &RankCounters,
-) -> Master<O, B>
+) -> (Tensor<B, 1>, Option<<O as SimpleOptimizer<B>>::State<1>>)
 where
     O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
-    counters.host_write();
-    let values = Tensor::<B, 1>::from_data(master.values.into_data(), (device, DType::F32));
-    let state = cross_state::<O, H, B>(master.state, device);
-    Master { values, state }
+    let values = <Offload<H> as Placement<B>>::to_model(values, device, counters);
+    (values, cross_state::<O, H, B>(state, device))
+}
+
+/// An optimizer state of backend `F` on backend `T`'s `device`, through its Burn record: any
+/// optimizer's state crosses this way, whatever it keeps private.
+pub(super) fn cross_state<O, F: Backend, T: Backend>(
+    state: Option<<O as SimpleOptimizer<F>>::State<1>>,
+    device: &T::Device,
+) -> Option<<O as SimpleOptimizer<T>>::State<1>>
+where
+    O: SimpleOptimizer<F> + SimpleOptimizer<T>,
+{
+    state.map(|state| {
+        to_tree::<F, <O as SimpleOptimizer<F>>::State<1>>(state)
+            .and_then(|tree| from_tree::<T, <O as SimpleOptimizer<T>>::State<1>>(tree, device))
+            .unwrap_or_else(|reason| {
+                panic!(
+                    "burn-zero: an optimizer state could not cross between device and host: \
+                     {reason}"
+                )
+            })
+    })
 }

@@ -9,18 +9,16 @@
 //! or into an offloaded `ZeroOptimizer`, and the other way round; and it saves as a sharded
 //! checkpoint like any `ZeroOptimizerRecord`, which also resumes it at another world size.
 //!
-//! Device entries cross as data (one read back or upload each, counted) and their optimizer
-//! state through its Burn record (`state_tree`), as chunks moving between steps do.
+//! Device entries cross as chunks moving between steps do (`migrate`): values as data (one
+//! read back or upload each, counted), optimizer state through its Burn record.
 
 use burn::optim::SimpleOptimizer;
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn_zero_comm::RankCounters;
 
 use super::SplitZeroOptimizer;
+use super::migrate::{cross_state, master_to_device};
 use crate::placement::{Offload, OnDevice, Placement};
-use crate::record::{MasterEntry, ZeroOptimizerRecord};
-use crate::state_tree::{from_tree, to_tree};
+use crate::record::ZeroOptimizerRecord;
 
 impl<O, B: Backend, H: Backend> SplitZeroOptimizer<O, B, H>
 where
@@ -73,11 +71,19 @@ where
             .partition(|(key, _)| on_host(*key));
         let device_masters = device_masters
             .into_iter()
-            .map(|entry| to_device::<O, B, H>(entry, device, counters))
+            .map(|(key, values, state)| {
+                let (values, state) = master_to_device::<O, B, H>(values, state, device, counters);
+                (key, values, state)
+            })
             .collect();
         let device_sums = device_sums
             .into_iter()
-            .map(|(key, sum)| (key, to_model::<B, H>(sum, device, counters)))
+            .map(|(key, sum)| {
+                (
+                    key,
+                    <Offload<H> as Placement<B>>::to_model(sum, device, counters),
+                )
+            })
             .collect();
         let mut on_device = ZeroOptimizerRecord::<O, B, OnDevice>::new(
             record.placement,
@@ -103,43 +109,4 @@ where
         self.host = self.host.restore(on_host);
         self
     }
-}
-
-/// A host entry on the model's `device`.
-fn to_device<O, B: Backend, H: Backend>(
-    (key, values, state): MasterEntry<O, H>,
-    device: &B::Device,
-    counters: &RankCounters,
-) -> MasterEntry<O, B>
-where
-    O: SimpleOptimizer<B> + SimpleOptimizer<H>,
-{
-    let values = to_model::<B, H>(values, device, counters);
-    (key, values, cross_state::<O, H, B>(state, device))
-}
-
-fn to_model<B: Backend, H: Backend>(
-    tensor: Tensor<H, 1>,
-    device: &B::Device,
-    counters: &RankCounters,
-) -> Tensor<B, 1> {
-    <Offload<H> as Placement<B>>::to_model(tensor, device, counters)
-}
-
-/// An optimizer state of backend `F` on backend `T`'s `device`, through its Burn record: any
-/// optimizer's state crosses this way, whatever it keeps private.
-pub(super) fn cross_state<O, F: Backend, T: Backend>(
-    state: Option<<O as SimpleOptimizer<F>>::State<1>>,
-    device: &T::Device,
-) -> Option<<O as SimpleOptimizer<T>>::State<1>>
-where
-    O: SimpleOptimizer<F> + SimpleOptimizer<T>,
-{
-    state.map(|state| {
-        to_tree::<F, <O as SimpleOptimizer<F>>::State<1>>(state)
-            .and_then(|tree| from_tree::<T, <O as SimpleOptimizer<T>>::State<1>>(tree, device))
-            .unwrap_or_else(|reason| {
-                panic!("burn-zero: an optimizer state could not cross between device and host: {reason}")
-            })
-    })
 }
