@@ -219,14 +219,20 @@ impl<B: Backend> ParamStore<B> {
         }
     }
 
-    /// The auto placement's part at a gather of chunk `gathered` or (`None`) at the end of a
-    /// pass: a reading of the device's memory during the warm-up, and at the first gather after
-    /// it, the decision; from then on, the kept shards follow the periods.
+    /// The auto placement's part at a gather of parameter `gathered_key` or (`None`) at the end
+    /// of a pass: a reading of the device's memory during the warm-up, and at the first gather
+    /// after it, the decision; from then on, the kept shards follow the periods.
     ///
     /// # Panics
     /// When a warm-up reading is above the capacity ([`CapacityExceeded`]).
-    fn place_automatically(&self, gathered: Option<usize>) {
+    fn place_automatically(&self, gathered_key: Option<usize>) {
         let Some(auto) = &self.auto else { return };
+        // Periods are told apart by the chunk they gather.
+        let gathered = gathered_key.map(|key| {
+            self.chunks()
+                .place(key)
+                .map_or(usize::MAX, |(chunk, _)| chunk.id)
+        });
         let mut auto = lock(auto);
         if auto.warming_up() {
             self.read_warmup(&mut auto, gathered);
@@ -466,11 +472,7 @@ impl<B: Backend> ParamStore<B> {
         parameter: bool,
     ) -> B::FloatTensorPrimitive {
         if parameter {
-            let chunk = self
-                .chunks()
-                .place(key)
-                .map_or(usize::MAX, |(chunk, _)| chunk.id);
-            self.place_automatically(Some(chunk));
+            self.place_automatically(Some(key));
         }
         let prefetching = parameter && lock(&self.prefetch).depth() > 0;
         if prefetching {
@@ -600,7 +602,9 @@ impl<B: Backend> ParamStore<B> {
         block: &Block<B>,
         parameter: bool,
     ) -> Tensor<B, 1> {
-        let chunk = self.chunks().place(key).filter(|_| parameter);
+        let chunk = (parameter && block.is_on_host())
+            .then(|| self.chunks().place(key))
+            .flatten();
         if let Some((chunk, _)) = chunk
             && let Some(shard) = self.host_shard(chunk, &[block], &[(key, version)])
         {
