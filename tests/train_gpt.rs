@@ -2,6 +2,8 @@
 //! ZeRO-3 on 2 ranks ends with exactly the parameters of 1 rank that accumulates the same two
 //! micro-batches.
 
+use std::path::{Path, PathBuf};
+
 use burn::backend::Flex;
 use burn_zero_gpt::train::{RankOutcome, RunConfig, train};
 
@@ -14,6 +16,25 @@ fn short(steps: usize) -> RunConfig {
         sample_len: 0,
         ..RunConfig::new()
     }
+}
+
+/// Four short steps that keep their parameters and save a checkpoint under `dir` every two
+/// (resuming from the latest there when `resume`).
+fn checkpointed(dir: &Path, resume: bool) -> RunConfig {
+    RunConfig {
+        keep_params: true,
+        checkpoint_dir: Some(dir.to_path_buf()),
+        save_every: 2,
+        resume,
+        ..short(4)
+    }
+}
+
+/// An empty directory of this process for `name`'s checkpoints.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-zero-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    dir
 }
 
 #[test]
@@ -100,17 +121,12 @@ fn a_learning_rate_that_is_not_a_positive_number_is_refused_before_training() {
 
 #[test]
 fn a_run_saved_at_two_ranks_resumes_at_one_rank_bitwise() {
-    let dir = std::env::temp_dir().join(format!("burn-zero-train-gpt-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
+    let dir = scratch("train-gpt");
     let run = |world_size, accumulation, resume| {
         let config = RunConfig {
             world_size,
             accumulation,
-            keep_params: true,
-            checkpoint_dir: Some(dir.clone()),
-            save_every: 2,
-            resume,
-            ..short(4)
+            ..checkpointed(&dir, resume)
         };
         train::<Flex>(&config, Default::default(), |_| {}).unwrap()
     };
@@ -136,8 +152,7 @@ fn a_run_saved_at_two_ranks_resumes_at_one_rank_bitwise() {
 
 #[test]
 fn adapter_fine_tuning_trains_only_the_adapters_bitwise_at_any_world_size_and_on_resume() {
-    let dir = std::env::temp_dir().join(format!("burn-zero-adapters-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
+    let dir = scratch("adapters");
     // Every parameter sharded: the adapters are reduce-scattered too.
     let adapters = |steps| RunConfig {
         adapter_rank: 4,
@@ -338,22 +353,13 @@ fn parameters_on_the_host_train_the_same_bits_and_bad_fractions_are_refused() {
 /// is refused before training.
 #[test]
 fn optimizer_state_on_the_host_trains_and_resumes_the_same_bits() {
-    let scratch = |name: &str| {
-        let dir = std::env::temp_dir().join(format!("burn-zero-{name}-{}", std::process::id()));
-        std::fs::remove_dir_all(&dir).ok();
-        dir
-    };
     let (device_dir, split_dir) = (scratch("gpt-device-optim"), scratch("gpt-split-optim"));
-    let run = |dir: &std::path::Path, world_size, accumulation, offload_optim_frac, resume| {
+    let run = |dir: &Path, world_size, accumulation, offload_optim_frac, resume| {
         let config = RunConfig {
             world_size,
             accumulation,
             offload_optim_frac,
-            keep_params: true,
-            checkpoint_dir: Some(dir.to_path_buf()),
-            save_every: 2,
-            resume,
-            ..short(4)
+            ..checkpointed(dir, resume)
         };
         train::<Flex>(&config, Default::default(), |_| {}).unwrap()
     };
