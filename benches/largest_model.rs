@@ -33,10 +33,10 @@
 //! side, none of it burn-zero's accounting. Each trial runs in a child process of its own (this
 //! bench executable with `--trial`), so that no pool of an earlier trial is counted.
 //!
-//! For each side, `k` doubles from 1 until a trial exceeds the budget (or fails: an auto
-//! placement whose warm-up exceeds its capacity stops with a named error), then the interval
-//! is halved down to the largest `k` that fits; the report gives the
-//! largest `k` that fit, its parameters, its measured peak, its tokens per second and its
+//! For each side, `k` doubles from 1 (or `LARGEST_MIN_K`) until a trial exceeds the budget (or
+//! fails: an auto placement whose warm-up exceeds its capacity stops with a named error), then
+//! the interval is halved down to the largest `k` that fits; the report gives the largest `k`
+//! that fit, its parameters, its measured peak, its tokens per second and its
 //! uploads of host memory to the device per step (both over the last two steps, after the auto
 //! placement's two warm-up steps; the uploads are the rank's own count, and the trial's JSON
 //! line adds the read-backs and what the auto placement decided and kept).
@@ -45,7 +45,8 @@
 //! trials on CUDA device 0 (`CubeBackend<CudaRuntime>`), under its free memory unless
 //! `LARGEST_BUDGET_MIB` is set; `LARGEST_MODEL_REPORT` names a file for the JSON report.
 //!
-//! Environment: `LARGEST_BUDGET_MIB` (default 128), `LARGEST_MAX_K` (default 12),
+//! Environment: `LARGEST_BUDGET_MIB` (default 128), `LARGEST_MIN_K` and `LARGEST_MAX_K` (where
+//! the doubling starts and the largest size tried; default 1 and 12),
 //! `LARGEST_SIDES` (the sides to run, by name, comma-separated; default all), `LARGEST_JUDGE`
 //! (`reserved`, the default, or `in_use`).
 //! `cargo bench --bench largest_model --features wgpu`; without `--features wgpu` there is no
@@ -439,6 +440,9 @@ fn main() {
     };
     let judge = Judge::from_env();
     let max_k = env_number("LARGEST_MAX_K", 12);
+    // `LARGEST_MIN_K`: where the doubling starts (each trial is a process of its own, and on
+    // CUDA each compiles its kernels first: sizes known to fit need not be tried).
+    let min_k = env_number("LARGEST_MIN_K", 1).clamp(1, max_k.max(1));
     // `LARGEST_SIDES`: the sides to run, by name, comma-separated (default: all).
     let chosen = std::env::var("LARGEST_SIDES").ok();
     let sides = Side::ALL.into_iter().filter(|side| {
@@ -459,7 +463,7 @@ fn main() {
             );
             Some((peak <= budget, result))
         };
-        let (fit, over) = search(max_k, fits);
+        let (fit, over) = search(min_k, max_k, fits);
         rows.push((side, fit, over));
     }
     let (md, json) = render(&rows, budget, judge, &device_name);
@@ -483,6 +487,7 @@ fn write_report(json: &Value) {
 /// failed (`None`: out of memory, for one) does not fit. Sizes are assumed to fit up to some
 /// `k` and no further.
 fn search(
+    min_k: usize,
     max_k: usize,
     mut fits: impl FnMut(usize) -> Option<(bool, Value)>,
 ) -> (Option<Value>, Option<Value>) {
@@ -490,7 +495,7 @@ fn search(
     // when one ran.
     let mut fit: Option<(usize, Value)> = None;
     let mut over: Option<(usize, Option<Value>)> = None;
-    let mut k = 1;
+    let mut k = min_k;
     while k <= max_k {
         match fits(k) {
             Some((true, result)) => fit = Some((k, result)),

@@ -152,6 +152,8 @@ def status_of(name, ran, data):
         return "not run"
     if isinstance(data, dict) and isinstance(data.get("skipped"), str) and ran[name]["exit_code"] == 0:
         return "no CUDA device"
+    if ran[name]["exit_code"] == 124:
+        return "timed out"
     return "ok" if ran[name]["exit_code"] == 0 else "failed"
 
 

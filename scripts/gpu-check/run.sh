@@ -17,8 +17,11 @@
 #
 # Environment: NCCL_LIB_DIR (a folder holding libnccl.so or libnccl.so.2), GPU_CHECK_ROUNDS
 # (step-time rounds, default 3), GPU_CHECK_SECTIONS (space-separated subset to run),
-# GPU_CHECK_LARGEST_SIDES and GPU_CHECK_LARGEST_MAX_K (the largest-model search's sides and
-# largest size), PYTHON (default python3).
+# GPU_CHECK_LARGEST_SIDES, GPU_CHECK_LARGEST_MIN_K, GPU_CHECK_LARGEST_MAX_K and
+# GPU_CHECK_LARGEST_BUDGET_MIB (the largest-model search's sides, first and largest size, and
+# device budget; default the free memory), GPU_CHECK_SECTION_TIMEOUT (seconds a section may
+# run before it is stopped and recorded as timed out, exit 124; default none; a section named
+# as NAME:SECONDS in GPU_CHECK_SECTIONS gets its own), PYTHON (default python3).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$PWD/gpu-check-report}
@@ -26,6 +29,7 @@ mkdir -p "$out/logs" "$out/data"
 out=$(cd "$out" && pwd)
 python=${PYTHON:-python3}
 rounds=${GPU_CHECK_ROUNDS:-3}
+section_timeout=${GPU_CHECK_SECTION_TIMEOUT:-}
 sections=${GPU_CHECK_SECTIONS:-"environment tests nccl pack optimizer steps largest fsdp2"}
 bin="$here/bin"
 status="$out/data/sections.tsv"
@@ -96,15 +100,23 @@ gpu_present() {
     command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 }
 
-# section NAME COMMAND...: runs COMMAND with its output in logs/NAME.log and records
+# section NAME LIMIT COMMAND...: runs COMMAND (for at most LIMIT seconds, when not empty) with
+# its output in logs/NAME.log and records
 # "NAME<TAB>exit code<TAB>milliseconds" in data/sections.tsv.
 section() {
-    local name=$1 started rc
-    shift
+    local name=$1 limit=$2 started rc
+    shift 2
     echo "== $name"
     started=$(date +%s%N)
-    # A subshell: whatever goes wrong inside a section stays inside it.
-    ( "$@" ) >"$out/logs/$name.log" 2>&1
+    # A subshell: whatever goes wrong inside a section stays inside it. Under a time limit the
+    # section runs in a process group of its own, so that `timeout` stops its programs too.
+    if [ -n "$limit" ]; then
+        export -f "$@" with_driver_memory 2>/dev/null
+        export here out bin python rounds
+        timeout --kill-after=10 "$limit" bash -c "$*" >"$out/logs/$name.log" 2>&1
+    else
+        ( "$@" ) >"$out/logs/$name.log" 2>&1
+    fi
     rc=$?
     printf '%s\t%s\t%s\n' "$name" "$rc" "$(( ($(date +%s%N) - started) / 1000000 ))" >>"$status"
     if [ "$rc" -eq 0 ]; then
@@ -182,9 +194,14 @@ largest() {
     # The largest GPT whose step fits the device's free memory: plain Burn against stage 3 with
     # the optimizer and parameters on the host, and the auto placement (sizes doubled, then
     # halved between the last that fit and the first that did not; each trial a process).
+    # The budget is the free memory unless GPU_CHECK_LARGEST_BUDGET_MIB names one.
+    if [ -n "${GPU_CHECK_LARGEST_BUDGET_MIB:-}" ]; then
+        export LARGEST_BUDGET_MIB=$GPU_CHECK_LARGEST_BUDGET_MIB
+    fi
     LARGEST_MODEL_REPORT="$out/data/largest.json" \
         LARGEST_SIDES=${GPU_CHECK_LARGEST_SIDES:-plain-burn,stage3-parameters-on-host,stage3-auto-placement} \
-        LARGEST_MAX_K=${GPU_CHECK_LARGEST_MAX_K:-48} LARGEST_JUDGE=in_use \
+        LARGEST_MIN_K=${GPU_CHECK_LARGEST_MIN_K:-1} LARGEST_MAX_K=${GPU_CHECK_LARGEST_MAX_K:-48} \
+        LARGEST_JUDGE=in_use \
         "$bin/largest-model" --bench --backend cuda
 }
 
@@ -234,7 +251,11 @@ if gpu_present; then
     # The driver sees a GPU: a test that finds no device has found a bug, not a reason to skip.
     export BURN_ZERO_REQUIRE_CUDA=1
 fi
-for name in $sections; do
-    section "$name" "$name"
+for entry in $sections; do
+    # NAME or NAME:SECONDS
+    name=${entry%%:*}
+    limit=$section_timeout
+    if [ "$entry" != "$name" ]; then limit=${entry#*:}; fi
+    section "$name" "$limit" "$name"
 done
 "$python" "$here/report.py" "$out" || echo "report.py failed: the logs are in $out/logs"
