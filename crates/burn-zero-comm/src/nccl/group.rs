@@ -224,9 +224,10 @@ impl NcclGroup {
             let mut link = self.lock();
             self.bind(&mut link)?;
             let started = Instant::now();
-            let split = self.usable(&mut link)?.split(0, self.rank);
-            let (child, progress) =
-                split.map_err(|f| self.fail(&mut link, self.nccl_error(during, f)))?;
+            let split = self
+                .usable(&mut link)?
+                .split(0, self.rank, started, self.options.timeout);
+            let (child, progress) = self.split_started(&mut link, split, started, during)?;
             drop(link);
             let child = super::init::finish_init(
                 self.rank,
@@ -369,9 +370,10 @@ impl NcclGroup {
         let mut link = self.lock();
         self.bind(&mut link)?;
         let started = Instant::now();
-        let split = self.usable(&mut link)?.split(color, self.rank);
-        let (child, progress) =
-            split.map_err(|f| self.fail(&mut link, self.nccl_error(during, f)))?;
+        let split = self
+            .usable(&mut link)?
+            .split(color, self.rank, started, self.options.timeout);
+        let (child, progress) = self.split_started(&mut link, split, started, during)?;
         drop(link);
         let child =
             super::init::finish_init(rank, child, progress, started, self.options.timeout, during)
@@ -500,6 +502,29 @@ impl NcclGroup {
                 rank: self.rank,
                 call: Box::new(call.clone()),
             })
+    }
+
+    /// The communicator a split started, or the group ended with why it did not: NCCL's
+    /// failure, or the parent still busy with it when the group's timeout ran out.
+    fn split_started(
+        &self,
+        link: &mut Link,
+        split: Result<sys::Split, Failure>,
+        started: Instant,
+        during: &str,
+    ) -> Result<(RawComm, Progress), CommError> {
+        match split {
+            Ok(sys::Split::Started(child, progress)) => Ok((child, progress)),
+            Ok(sys::Split::Stalled) => {
+                let stalled = CommError::Stalled {
+                    rank: self.rank,
+                    during: during.to_string(),
+                    waited: started.elapsed(),
+                };
+                Err(self.fail(link, stalled))
+            }
+            Err(failure) => Err(self.fail(link, self.nccl_error(during, failure))),
+        }
     }
 
     fn nccl_error(&self, during: &str, failure: Failure) -> CommError {

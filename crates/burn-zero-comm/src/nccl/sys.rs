@@ -9,6 +9,9 @@
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use cudarc::nccl::sys;
 
@@ -147,6 +150,22 @@ pub(crate) fn group_end() -> Result<Progress, Failure> {
 #[derive(Debug)]
 pub(crate) struct RawComm {
     comm: sys::ncclComm_t,
+    /// Where NCCL was told to store the communicator. Its creation runs as an asynchronous job
+    /// that stores the handle there again when it finishes, from NCCL's own thread and, for a
+    /// non-blocking communicator, after the creating call has returned; a split stores it
+    /// there only then. So the slot lives on the heap, as long as the communicator.
+    _slot: Slot,
+}
+
+/// The heap cell NCCL writes a new communicator's handle into (see [`RawComm`]).
+type Slot = Box<AtomicPtr<sys::ncclComm>>;
+
+/// What [`RawComm::split`] came to.
+pub(crate) enum Split {
+    /// The new communicator, still to be polled until [`Progress::Done`].
+    Started(RawComm, Progress),
+    /// The parent was still creating it when the time given ran out.
+    Stalled,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time; the engine
@@ -174,50 +193,96 @@ impl RawComm {
             internal: id.map(|b| b as c_char),
         };
         let mut config = nonblocking_config();
-        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `comm` and `config` are valid for writes/reads during the call; `config` is
-        // initialised as NCCL_CONFIG_INITIALIZER would (size, magic, version, every other field
-        // undefined) with `blocking = 0`; NCCL copies it before returning. The caller made
-        // the device's context current on this thread.
-        let result =
-            unsafe { sys::ncclCommInitRankConfig(&mut comm, world_size, id, rank, &mut config) };
+        let slot: Slot = Box::new(AtomicPtr::new(std::ptr::null_mut()));
+        // SAFETY: `slot` is valid for writes until the communicator it receives is aborted (it
+        // moves into the `RawComm`, or is leaked below), which covers NCCL's late store from
+        // its init thread; `config` is initialised as NCCL_CONFIG_INITIALIZER would (size,
+        // magic, version, every other field undefined) with `blocking = 0`, and NCCL copies it
+        // before returning. The caller made the device's context current on this thread.
+        let result = unsafe {
+            sys::ncclCommInitRankConfig(slot.as_ptr(), world_size, id, rank, &mut config)
+        };
+        let comm = slot.load(Ordering::Acquire);
         if comm.is_null() {
-            // Nothing to abort: report the failure (or NCCL's silence) as is.
+            // Nothing to abort: report the failure (or NCCL's silence) as is. A job that was
+            // started may still write the slot.
+            Box::leak(slot);
             check(result, None)?;
             return Err(Failure {
                 code: "ncclInternalError".into(),
                 detail: "ncclCommInitRankConfig returned no communicator".into(),
             });
         }
-        let raw = RawComm { comm };
+        let raw = RawComm { comm, _slot: slot };
         let progress = check(result, Some(raw.comm))?;
         Ok((raw, progress))
     }
 
-    /// Starts creating a communicator over the ranks of `self` that pass the same `color`, in
-    /// their order in `self` (`ncclCommSplit`, keyed by rank); one color for all ranks makes a
-    /// duplicate. Collective: every rank calls it.
-    pub(crate) fn split(&self, color: usize, rank: usize) -> Result<(RawComm, Progress), Failure> {
+    /// Creates a communicator over the ranks of `self` that pass the same `color`, in their
+    /// order in `self` (`ncclCommSplit`, keyed by rank); one color for all ranks makes a
+    /// duplicate. Collective: every rank calls it. The split runs as a job of the parent, which
+    /// stores the new handle only when it has finished: this polls the parent until then, or
+    /// until `timeout` has passed since `started`; the new communicator may still be
+    /// connecting ([`Progress::Pending`]).
+    pub(crate) fn split(
+        &self,
+        color: usize,
+        rank: usize,
+        started: Instant,
+        timeout: Duration,
+    ) -> Result<Split, Failure> {
         let color = c_int::try_from(color).map_err(|_| Failure {
             code: "ncclInvalidArgument".into(),
             detail: format!("split color {color} does not fit NCCL's int"),
         })?;
         let key = c_int::try_from(rank).unwrap_or(c_int::MAX);
         let mut config = nonblocking_config();
-        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `self.comm` is a live communicator (owned by `self`); `comm` and `config` are
-        // valid for the call, as in `init`.
-        let result = unsafe { sys::ncclCommSplit(self.comm, color, key, &mut comm, &mut config) };
-        if comm.is_null() {
-            check(result, Some(self.comm))?;
-            return Err(Failure {
-                code: "ncclInternalError".into(),
-                detail: "ncclCommSplit returned no communicator".into(),
-            });
+        let slot: Slot = Box::new(AtomicPtr::new(std::ptr::null_mut()));
+        // SAFETY: `self.comm` is a live communicator (owned by `self`); `slot` stays valid for
+        // writes until the new communicator is aborted (it moves into the `RawComm`, or is
+        // leaked when waiting stops), which covers NCCL's store from its own thread; `config`
+        // is valid for the call, as in `init`.
+        let result =
+            unsafe { sys::ncclCommSplit(self.comm, color, key, slot.as_ptr(), &mut config) };
+        if let Err(failure) = check(result, Some(self.comm)) {
+            Box::leak(slot);
+            return Err(failure);
         }
-        let raw = RawComm { comm };
-        let progress = check(result, Some(raw.comm))?;
-        Ok((raw, progress))
+        let mut pause = Duration::from_micros(50);
+        let comm = loop {
+            let comm = slot.load(Ordering::Acquire);
+            if !comm.is_null() {
+                break comm;
+            }
+            match self.poll() {
+                Ok(Progress::Pending) => {}
+                // The parent has finished the job; the handle is stored before that.
+                Ok(Progress::Done) => {
+                    let comm = slot.load(Ordering::Acquire);
+                    if comm.is_null() {
+                        Box::leak(slot);
+                        return Err(Failure {
+                            code: "ncclInternalError".into(),
+                            detail: "ncclCommSplit finished without a communicator".into(),
+                        });
+                    }
+                    break comm;
+                }
+                Err(failure) => {
+                    Box::leak(slot);
+                    return Err(failure);
+                }
+            }
+            if started.elapsed() >= timeout {
+                Box::leak(slot);
+                return Ok(Split::Stalled);
+            }
+            thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(10));
+        };
+        let raw = RawComm { comm, _slot: slot };
+        let progress = raw.poll()?;
+        Ok(Split::Started(raw, progress))
     }
 
     /// The communicator's state: [`Progress::Pending`] while creation or an enqueue is still
