@@ -153,6 +153,7 @@ impl<B: Backend> GradientReducer<B> {
         let grad = slot.read();
         let bytes = grad.shape().num_elements() * grad.dtype().size();
         let store = &self.store;
+        store.read_within_period();
         store.memory().add(MemoryKind::Buckets, bytes);
         let mut guard = self.lock_pass();
         let pass = &mut *guard;

@@ -19,11 +19,14 @@
 //! their devices' usage is alike; shards on the host or the device hold the same values, so a
 //! different choice on two ranks changes no result, only speed.
 //!
-//! The device is read at every parameter gather and at the end of each pass, and between them
-//! by a sampler thread every millisecond (the peak of a pass falls between two gathers, where
-//! a layer's gradient and activations are alive together); the sampler stops with the
-//! warm-up. A peak shorter than a millisecond may still escape the readings: the 10% margin is
-//! for that.
+//! The device is read at every parameter gather and at the end of each pass, at every
+//! parameter's gradient as backward hands it over (the peak of a pass falls between two
+//! gathers, where a layer's gradient and activations are alive together), and between them by
+//! a sampler thread every millisecond; the sampler stops with the warm-up. On a GPU a period
+//! lasts well under a millisecond (the host runs ahead of the device, and cubecl counts an
+//! allocation when it is queued), so the readings at gathers and gradients are the ones that
+//! see its peak; the sampler catches what lasts longer. A peak between two readings may still
+//! escape: the 10% margin is for that.
 //!
 //! The readings are cubecl's bytes in use (live allocations), as Gemini counts allocated
 //! memory rather than the allocator's cache: the pages cubecl keeps reserved are reused for
@@ -192,6 +195,16 @@ impl AutoPlacement {
         Ok(())
     }
 
+    /// A reading inside the current period (at a gradient): it counts towards the period's
+    /// peak as the readings at its boundaries do.
+    pub(crate) fn within(&mut self, reading: u64) -> Result<(), CapacityExceeded> {
+        self.observe(reading)?;
+        if let Some(opened) = self.opened_at.as_mut() {
+            *opened = (*opened).max(reading);
+        }
+        Ok(())
+    }
+
     /// A period ends at `reading` bytes in use (its peak over the readings from its start),
     /// and the next begins: at a gather of chunk `gathered`, or (`None`) between passes.
     pub(crate) fn boundary(&mut self, reading: u64, gathered: Option<usize>) {
@@ -320,6 +333,22 @@ mod tests {
         auto.boundary(6, Some(1));
         assert_eq!(auto.recorded().unwrap().order, vec![0]);
         assert_eq!(auto.recorded().unwrap().needs, vec![7, 7]);
+    }
+
+    #[test]
+    fn a_reading_inside_a_period_raises_its_need_and_only_its_own() {
+        let mut auto = AutoPlacement::new(1.0);
+        auto.boundary(100, Some(0));
+        auto.within(700).unwrap();
+        auto.boundary(200, Some(1));
+        auto.boundary(150, None);
+        auto.within(300).unwrap();
+        auto.boundary(120, Some(0));
+        // The pass is kept once the next one starts; the between-passes period got 300.
+        assert_eq!(auto.recorded().unwrap().needs, vec![700, 200, 300]);
+        assert_eq!(auto.peak, 700);
+        // Above the capacity, a reading inside a period is refused like any other.
+        assert!(auto.within(2 << 20).is_err());
     }
 
     #[test]

@@ -258,14 +258,36 @@ impl<B: Backend> ParamStore<B> {
         let now = device_memory::<B>(&self.device).map(|now| now.in_use);
         let reading = [now, auto.sampled()].into_iter().flatten().max();
         if let Some(reading) = reading {
-            if let Err(error) = auto.observe(reading) {
-                let error: CapacityExceeded = error;
-                panic!("burn-zero: rank {}: {error}", self.rank());
-            }
+            self.refuse_over_capacity(auto.observe(reading));
             auto.boundary(reading, gathered);
         }
         if gathered.is_none() {
             auto.end_pass();
+        }
+    }
+
+    /// During the auto placement's warm-up, a reading of the device's bytes in use inside the
+    /// current period (backward hands over a gradient): on a GPU a period is shorter than the
+    /// sampler's interval, and this is where a layer's gradient and activations are alive
+    /// together.
+    ///
+    /// # Panics
+    /// When the reading is above the capacity ([`CapacityExceeded`]).
+    pub(crate) fn read_within_period(&self) {
+        let Some(auto) = &self.auto else { return };
+        let mut auto = lock(auto);
+        if !auto.warming_up() {
+            return;
+        }
+        if let Some(now) = device_memory::<B>(&self.device) {
+            self.refuse_over_capacity(auto.within(now.in_use));
+        }
+    }
+
+    /// Panics with a warm-up reading above the capacity, naming the rank.
+    fn refuse_over_capacity(&self, reading: Result<(), CapacityExceeded>) {
+        if let Err(error) = reading {
+            panic!("burn-zero: rank {}: {error}", self.rank());
         }
     }
 
