@@ -455,11 +455,22 @@ fn main() {
         let fits = |k: usize| {
             let result = run_trial(side, k, backend, budget)?;
             let peak = result[judge.key()].as_u64().unwrap_or(u64::MAX);
+            // The trial's speed and transfers too: a search stopped early still leaves, for
+            // each size it tried, what the sides paid there.
+            let per_step = |name: &str| {
+                result["placement"][name]
+                    .as_f64()
+                    .map_or_else(|| "-".to_string(), |n| n.to_string())
+            };
             eprintln!(
-                "  {} k={k}: {} parameters, peak {:.1} MiB",
+                "  {} k={k}: {} parameters, peak {:.1} MiB, {:.1} tokens/s, uploads {} and \
+                 read-backs {} per step",
                 side.name(),
                 result["parameters"],
-                mib(peak)
+                mib(peak),
+                result["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
+                per_step("uploads_per_step"),
+                per_step("read_backs_per_step"),
             );
             Some((peak <= budget, result))
         };
