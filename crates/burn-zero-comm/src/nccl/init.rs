@@ -4,7 +4,6 @@
 //! control connection kept open beside it for aborts and schedule checks).
 
 use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use burn_zero_launch::DistEnv;
@@ -241,7 +240,7 @@ pub(crate) fn finish_init(
     timeout: Duration,
     during: &str,
 ) -> Result<RawComm, CommError> {
-    let mut pause = Duration::from_micros(50);
+    let mut backoff = sys::Backoff::new();
     while progress == Progress::Pending {
         progress = comm.poll().map_err(|f| setup_error(rank, during, f))?;
         if progress == Progress::Done {
@@ -255,8 +254,7 @@ pub(crate) fn finish_init(
                 waited,
             });
         }
-        thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(10));
+        backoff.wait();
     }
     Ok(comm)
 }

@@ -160,6 +160,26 @@ pub(crate) struct RawComm {
 /// The heap cell NCCL writes a new communicator's handle into (see [`RawComm`]).
 type Slot = Box<AtomicPtr<sys::ncclComm>>;
 
+/// The pause between two polls of an NCCL step still under way: 50 µs, doubling up to 10 ms,
+/// so a quick step is seen at once and a slow one costs little CPU.
+pub(crate) struct Backoff {
+    pause: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Self {
+            pause: Duration::from_micros(50),
+        }
+    }
+
+    /// Sleeps for the current pause, and doubles the next.
+    pub(crate) fn wait(&mut self) {
+        thread::sleep(self.pause);
+        self.pause = (self.pause * 2).min(Duration::from_millis(10));
+    }
+}
+
 /// What [`RawComm::split`] came to.
 pub(crate) enum Split {
     /// The new communicator, still to be polled until [`Progress::Done`].
@@ -248,7 +268,7 @@ impl RawComm {
             Box::leak(slot);
             return Err(failure);
         }
-        let mut pause = Duration::from_micros(50);
+        let mut backoff = Backoff::new();
         let comm = loop {
             let comm = slot.load(Ordering::Acquire);
             if !comm.is_null() {
@@ -277,8 +297,7 @@ impl RawComm {
                 Box::leak(slot);
                 return Ok(Split::Stalled);
             }
-            thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(10));
+            backoff.wait();
         };
         let raw = RawComm { comm, _slot: slot };
         let progress = raw.poll()?;
