@@ -453,6 +453,12 @@ fn connect_until(host: &str, port: u16, deadline: Instant) -> io::Result<TcpStre
                 for addr in addrs {
                     let limit = remaining.clamp(Duration::from_millis(1), Duration::from_secs(5));
                     match TcpStream::connect_timeout(&addr, limit) {
+                        Ok(stream) if is_self_connection(&stream) => {
+                            last = io::Error::new(
+                                io::ErrorKind::ConnectionRefused,
+                                "nobody listens yet (the connection met itself)",
+                            );
+                        }
                         Ok(stream) => {
                             connected = Some(stream);
                             break;
@@ -482,6 +488,14 @@ fn connect_until(host: &str, port: u16, deadline: Instant) -> io::Result<TcpStre
             }
         }
     }
+}
+
+/// Whether `stream` is connected to itself. While nobody listens on a loopback port in the
+/// ephemeral range, a connection attempt may be given that very port as its own source port,
+/// and TCP's simultaneous open then connects the socket to itself: it would read back its own
+/// hello and never meet the master. Such a connection is dropped and the attempt repeated.
+fn is_self_connection(stream: &TcpStream) -> bool {
+    matches!((stream.local_addr(), stream.peer_addr()), (Ok(local), Ok(peer)) if local == peer)
 }
 
 /// Tells every connected rank why the rendezvous failed.
@@ -568,6 +582,27 @@ fn read_reply(stream: &mut TcpStream, deadline: Instant) -> io::Result<(u8, Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A socket bound to a loopback port and connected to that same port, where nobody
+    /// listens, connects to itself (TCP's simultaneous open), as a rank's retry may when its
+    /// source port happens to be the master's port: it is told apart from a real connection.
+    #[test]
+    fn a_connection_that_met_itself_is_told_apart() {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        socket
+            .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        let own = socket.local_addr().unwrap();
+        socket.connect(&own).unwrap();
+        let looped = TcpStream::from(socket);
+        assert_eq!(looped.peer_addr().unwrap(), looped.local_addr().unwrap());
+        assert!(is_self_connection(&looped));
+
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let real = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        assert!(!is_self_connection(&real));
+    }
 
     fn free_port() -> u16 {
         TcpListener::bind("127.0.0.1:0")

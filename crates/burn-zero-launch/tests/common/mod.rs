@@ -2,22 +2,35 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
 
 /// The test rank program.
 pub const PROBE: &str = env!("CARGO_BIN_EXE_zero-launch-probe");
 /// The launcher under test.
 pub const ZERO_RUN: &str = env!("CARGO_BIN_EXE_zero-run");
 
-/// A port nobody listens on right now (bound to port 0, then released). Another process may
-/// take it before a test's master binds it: run tests that bind it through [`with_port`].
+/// The ports [`free_port`] handed out in this test process.
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// A port nobody listens on right now (bound to port 0, then released), and never handed to
+/// another test of this process (tests run side by side, and the system may offer a released
+/// port again before the first test's master binds it). Another process may still take it
+/// before a test's master binds it: run tests that bind it through [`with_port`].
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// Runs `attempt` with a free port and returns the port and the processes' outputs, trying again with
