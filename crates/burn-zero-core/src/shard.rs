@@ -40,7 +40,10 @@ const DESC_LEN: usize = 3 + 2 * MAX_DIMS;
 /// gradient bucket layout is fixed here, from the trainable parameters in reverse visit
 /// order. Trainable parameters are marked for autodiff's gradient hooks, so `backward` leaves
 /// each rank with its shard of the mean gradient. Lazily initialised parameters are
-/// materialised one at a time.
+/// materialised one at a time; where parameters may be offloaded (`offload_param_frac` above
+/// 0, or the auto placement) each shard goes to host memory as it is cut, so a module built
+/// from lazy parameters is sharded with one parameter at a time on the device, however large
+/// it is (those whose chunks stay on the device are uploaded once the layout is fixed).
 ///
 /// A parameter that does not require a gradient (`Module::no_grad`, `set_require_grad(false)`)
 /// is frozen: it is sharded and gathered like the others, but it has no place in the gradient
@@ -377,8 +380,13 @@ impl<B: Backend> Sharder<B> {
                 .add(MemoryKind::PersistentParameters, numel * dtype.size());
             ZeroTensor::Local(B::float_reshape(flat.into_primitive().tensor(), shape))
         } else {
-            let block = self.store.own_block(flat).into_primitive().tensor();
-            let param = ShardedParam::parameter(&self.store, key, block, shape, dtype);
+            let param = if self.store.stages_shards_on_host() {
+                let data = self.store.own_block_data(flat);
+                ShardedParam::parameter_on_host(&self.store, key, data, shape, dtype)
+            } else {
+                let block = self.store.own_block(flat).into_primitive().tensor();
+                ShardedParam::parameter(&self.store, key, block, shape, dtype)
+            };
             ZeroTensor::Sharded(ShardedView::new(Arc::new(param)))
         };
         Ok(Some((tensor, info)))

@@ -22,6 +22,10 @@
 //! below what the run needs with every shard on the host stops it with a named error, and so
 //! does asking to read the capacity from a wgpu device (only CUDA's driver reports one).
 //!
+//! First, sharding a model whose parameters Burn has not initialised yet: with every shard
+//! offloaded the device holds at most two layers at the peak (each parameter is materialised,
+//! cut and sent to the host in turn), while kept on the device the shards are all four.
+//!
 //! A binary of its own: the count is the whole device's, so no other test may allocate on it
 //! meanwhile. Without a wgpu adapter the test says it was skipped, unless
 //! `BURN_ZERO_REQUIRE_WGPU=1` (CI) makes that a failure.
@@ -124,12 +128,47 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
         );
         return;
     }
+    let layer = (WIDTH * WIDTH * 4) as u64;
+    let shards = LAYERS as u64 * layer;
+
+    // Sharding a model whose parameters are still lazy: with the parameters offloaded, each is
+    // materialised on the device, cut and sent to the host before the next, so the device
+    // never holds the model; kept on the device, the shards are the whole model.
+    let sharding_peak = |config: ZeroConfig| {
+        let lazy = Stack::<Train>::new(&device);
+        let config = config
+            .with_stage(3)
+            .with_chunk_size(ChunkSize::PerParameter);
+        let (_, peak) = peak_device_memory::<Plain, _>(&device, EVERY, || {
+            launch::<Plain, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
+                let (model, _zero) = shard(lazy.clone(), &ctx, &config)?;
+                Plain::sync(ctx.device()).unwrap();
+                drop(model);
+                Ok(())
+            })
+            .unwrap()
+        });
+        peak.expect("a cubecl backend").in_use
+    };
+    let kept = sharding_peak(ZeroConfig::new());
+    let offloaded = sharding_peak(ZeroConfig::new().with_offload_param_frac(1.0));
+    println!(
+        "sharding a lazy model of {shards} B: peak in use {kept} B kept, {offloaded} B offloaded"
+    );
+    assert!(
+        kept >= shards,
+        "kept on the device the shards are the model: {kept} B"
+    );
+    assert!(
+        offloaded <= 2 * layer,
+        "offloaded, sharding held {offloaded} B at its peak, more than two of the {LAYERS} \
+         layers ({layer} B each)"
+    );
+
     let base = Stack::<Train>::new(&device);
     // Burn initialises parameters lazily, and a clone made before would draw its own values:
     // read them once, so that every run starts from the same model.
     let _ = param_values(&base);
-    let layer = (WIDTH * WIDTH * 4) as u64;
-    let shards = LAYERS as u64 * layer;
 
     // Every shard on the device, then every shard on the host.
     let on_device = train(&base, ZeroConfig::new()).unwrap();

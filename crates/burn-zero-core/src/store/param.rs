@@ -121,6 +121,22 @@ impl<B: Backend> ShardedParam<B> {
         param
     }
 
+    /// As [`Self::parameter`], for a block whose values `data` are already in host memory
+    /// (a shard staged there while its module is sharded).
+    pub(crate) fn parameter_on_host(
+        store: &Arc<ParamStore<B>>,
+        key: usize,
+        data: TensorData,
+        shape: Shape,
+        dtype: DType,
+    ) -> Self {
+        let param = Self::new_on_host(store, key, ShardRole::Parameter, data, shape, dtype);
+        if key != UNTRACKED_KEY {
+            store.track_block(key, &param.block, param.version);
+        }
+        param
+    }
+
     /// This rank's shard of parameter `key`'s reduced gradient, moved to host memory when an
     /// optimizer that steps there asked for it ([`ParamStore::keep_gradients_on_host`]).
     pub(crate) fn gradient(

@@ -133,7 +133,8 @@ impl<B: Backend> ParamStore<B> {
 
     /// Fixes the chunk layout (once: a second call is ignored).
     /// Moves the parameter shards of the chunks `offload_param_frac` places on the host there
-    /// (all of them for the auto placement's warm-up).
+    /// (all of them for the auto placement's warm-up), and shards staged on the host while
+    /// sharding ([`Self::stages_shards_on_host`]) whose chunks stay on the device back to it.
     pub(crate) fn set_chunks(&self, chunks: ChunkLayout) {
         let frac = match self.auto {
             Some(_) => 1.0,
@@ -148,6 +149,20 @@ impl<B: Backend> ParamStore<B> {
         for block in self.live_blocks(|key| self.is_on_host(key)) {
             block.move_to_host();
         }
+        for block in self.live_blocks(|key| !self.is_on_host(key)) {
+            block.move_to_device();
+        }
+    }
+
+    /// Whether sharding puts each new parameter shard in host memory at once, before the
+    /// chunk layout says where it lives: whenever parameters may be offloaded
+    /// (`offload_param_frac` above 0, or the auto placement, whose warm-up starts with every
+    /// shard on the host). The device then holds one parameter at a time while a module is
+    /// sharded, not the whole model, so that a model larger than the device can be sharded
+    /// from lazily initialised parameters; the chunks that stay on the device are uploaded
+    /// once the layout is known.
+    pub(crate) fn stages_shards_on_host(&self) -> bool {
+        self.auto.is_some() || self.config.offload_param_frac > 0.0
     }
 
     /// The current blocks of the parameters `wanted` picks.
@@ -192,8 +207,11 @@ impl<B: Backend> ParamStore<B> {
     }
 
     /// Whether parameter `key`'s shard lives in host memory (`offload_param_frac`, or the
-    /// auto placement).
+    /// auto placement); until the chunk layout is set, whether shards are staged there.
     pub fn is_on_host(&self, key: usize) -> bool {
+        if self.chunks.get().is_none() {
+            return self.stages_shards_on_host();
+        }
         read(&self.host_keys).contains(&key)
     }
 
@@ -465,6 +483,21 @@ impl<B: Backend> ParamStore<B> {
             parts.push(Tensor::zeros([padding], (&device, dtype)));
         }
         Tensor::cat(parts, 0)
+    }
+
+    /// As [`Self::own_block`], into host memory: the block's values are read off the device
+    /// and padded there, so no device copy of the block is ever made.
+    pub(crate) fn own_block_data(&self, flat: Tensor<B, 1>) -> TensorData {
+        let blocks = self.blocks(flat.dims()[0]);
+        let owned = blocks.owned(self.rank());
+        let padding = blocks.padding(self.rank());
+        let dtype = flat.dtype();
+        let mut bytes = Vec::with_capacity((owned.len() + padding) * dtype.size());
+        if !owned.is_empty() {
+            bytes.extend_from_slice(flat.slice(owned.clone()).into_data().as_bytes());
+        }
+        bytes.resize(bytes.len() + padding * dtype.size(), 0);
+        TensorData::from_bytes_vec(bytes, [owned.len() + padding], dtype)
     }
 
     /// All-gathers every rank's block of a padded flat tensor and returns the full tensor of
