@@ -115,6 +115,7 @@ where
             config.reduce_dtype,
         )
     };
+    let buckets = bucket::replicated_last(buckets);
     store.set_chunks(chunks);
     let thread = if let Some(ordered) = ordered.filter(|_| config.overlaps_reduction()) {
         let thread = CommThread::spawn(

@@ -74,6 +74,15 @@ impl Bucket {
         }
     }
 
+    /// Its members' full gradients, in bytes: what the device holds for it until it is
+    /// reduced.
+    pub fn gradient_bytes(&self) -> usize {
+        self.members
+            .iter()
+            .map(|m| m.shape.num_elements() * m.dtype.size())
+            .sum()
+    }
+
     /// The collectives reducing this bucket issues: its own, and with hybrid sharding
     /// (`across_groups`) the all-reduce across the shard groups.
     pub fn collectives(&self, across_groups: bool) -> Vec<CollectiveKind> {
@@ -168,9 +177,9 @@ pub(crate) fn layout(
     buckets
 }
 
-/// One bucket per trainable chunk, in the order backward completes them (descending first
-/// member: backward finishes parameters in roughly reverse visit order, and a chunk is
-/// complete once its first member's gradient is). A bucket's members are its chunk's, in the
+/// One bucket per trainable chunk, by descending first member (backward finishes parameters
+/// in roughly reverse visit order; the reducer puts them in the order a pass really completes
+/// them after the first). A bucket's members are its chunk's, in the
 /// chunk's order, so a reduce-scatter leaves each rank exactly its shard of the chunk's
 /// gradient, laid out as the chunk's shard.
 pub(crate) fn from_chunks(
@@ -203,6 +212,20 @@ pub(crate) fn from_chunks(
             pool: BufferPool::default(),
         })
         .collect()
+}
+
+/// `buckets` with the all-reduced ones (replicated parameters: small by definition) moved
+/// behind the reduce-scattered ones, each kind in its own order: the order the first backward
+/// pass reduces in, before the pass has shown in which order it completes them (see
+/// `GradientReducer`, which reorders after it). A parameter that enters the graph through a
+/// shallow op, as a LayerNorm's scale and shift do, gets its gradient only when backward ends;
+/// such parameters are small and replicated, so their buckets wait at the back, where holding
+/// them costs little, instead of holding back every sharded gradient behind them.
+pub(crate) fn replicated_last(buckets: Vec<Bucket>) -> Vec<Bucket> {
+    let (sharded, replicated): (Vec<Bucket>, Vec<Bucket>) = buckets
+        .into_iter()
+        .partition(|bucket| bucket.mode == Mode::ReduceScatter);
+    sharded.into_iter().chain(replicated).collect()
 }
 
 /// What reducing a bucket needs: the communicators and device of the thread that reduces, the

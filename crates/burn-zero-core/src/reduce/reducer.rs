@@ -2,10 +2,13 @@
 //! replaced, through autodiff's gradient slot, by this rank's shard of the result (or the
 //! whole mean, for all-reduced parameters).
 //!
-//! Gradients are reduced in buckets ([`crate::reduce::bucket`]) in one fixed order on every
-//! rank — descending parameter key — whatever order the hooks fire in and whichever parameters
-//! a rank used, with zeros standing in for the gradients this rank does not have. So ranks
-//! never issue different collectives. With `overlap_comm` (stages 0, 2, 3) a communication
+//! Gradients are reduced in buckets ([`crate::reduce::bucket`]) in one order on every rank,
+//! whatever order the hooks fire in and whichever parameters a rank used, with zeros standing
+//! in for the gradients this rank does not have. So ranks never issue different collectives.
+//! The first backward pass reduces the reduce-scattered buckets by descending parameter key
+//! and the all-reduced ones after them; from the second on, the buckets go in the order the
+//! first pass completed them, rank 0's order on every rank
+//! (`GradientReducer::end_backward`). With `overlap_comm` (stages 0, 2, 3) a communication
 //! thread ([`crate::reduce::thread`]) reduces each bucket as soon as it is complete, while
 //! backward goes on, in the position of the rank's order of collectives that the completing
 //! hook took (so the order is the program's, not the threads' timing); otherwise, and at
@@ -17,7 +20,7 @@
 //! and would have to gather, with the pass until backward ends. Its autodiff slot waits with
 //! the pass for the result.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -34,6 +37,7 @@ use crate::reduce::thread::CommThread;
 use crate::store::ParamStore;
 use crate::tensor::ZeroTensor;
 use burn_zero_comm::sync::lock;
+use burn_zero_comm::{CommError, agree};
 
 /// One rank's gradient reduction for a sharded module: the static bucket layout, the
 /// communication thread (if reduction overlaps backward) and the state of the backward pass
@@ -70,6 +74,10 @@ struct Pass<B: Backend> {
     /// Reduced gradients of parameters this rank did not use in the last backward (its
     /// autodiff graph has no slot for them), kept for the optimizer.
     orphans: BTreeMap<usize, ZeroTensor<B>>,
+    /// The parameter keys in the order their final gradients arrived in this pass.
+    arrivals: Vec<usize>,
+    /// Whether the buckets have been put in the order a backward pass completes them.
+    reordered: bool,
 }
 
 impl<B: Backend> Pass<B> {
@@ -79,6 +87,7 @@ impl<B: Backend> Pass<B> {
             self.slots.clear();
             self.held.clear();
             self.orphans.clear();
+            self.arrivals.clear();
         }
     }
 }
@@ -101,6 +110,8 @@ impl<B: Backend> GradientReducer<B> {
                 placeholder: None,
                 active: false,
                 orphans: BTreeMap::new(),
+                arrivals: Vec::new(),
+                reordered: false,
             }),
             last: Mutex::new(ReductionStats::default()),
         }
@@ -158,6 +169,7 @@ impl<B: Backend> GradientReducer<B> {
         let mut guard = self.lock_pass();
         let pass = &mut *guard;
         pass.start();
+        pass.arrivals.push(key);
         match (&mut pass.thread, grad) {
             (Some(thread), ZeroTensor::Local(grad)) => {
                 // The thread finishes the device's work once per bucket before reading it.
@@ -183,7 +195,8 @@ impl<B: Backend> GradientReducer<B> {
 
     /// Ends a backward pass: reduces every bucket not reduced yet, zero-filled where this rank
     /// has no gradient, writes the results into autodiff's slots, and drops the gathered
-    /// parameters the pass left in the cache.
+    /// parameters the pass left in the cache. After the first pass with a communication
+    /// thread, puts the buckets in the order that pass completed them.
     pub(crate) fn end_backward(&self) {
         let backward_ended = Instant::now();
         let store = &self.store;
@@ -237,6 +250,16 @@ impl<B: Backend> GradientReducer<B> {
                 orphans: &mut pass.orphans,
             };
             deliver(store, pass.queue.buckets(), reduced, to, &mut stats);
+            if !pass.reordered && pass.thread.is_some() {
+                pass.reordered = true;
+                if let Err(error) = self.reorder_buckets(pass) {
+                    panic!(
+                        "burn-zero: rank {} could not agree on its gradient buckets' order: \
+                         {error}",
+                        store.rank()
+                    );
+                }
+            }
             pass.active = false;
             tracing::debug!(rank = store.rank(), ?stats, "gradients reduced");
             *lock(&self.last) = stats;
@@ -244,6 +267,61 @@ impl<B: Backend> GradientReducer<B> {
         drop(guard);
         store.end_pass();
         store.clear_gather_cache();
+    }
+
+    /// Puts the buckets in the order the first backward pass completed them (PyTorch DDP
+    /// rebuilds its buckets after the first iteration for the same reason). The layout's
+    /// order, descending parameter key, is the reverse of the forward's order, which is not
+    /// the order backward produces gradients in: burn-autodiff runs backward level by level of
+    /// node depth, so a parameter that enters the graph through a shallow op (a LayerNorm's
+    /// scale and shift, broadcast by a reshape) gets its gradient only at the very end. With
+    /// buckets reduced strictly in order, one such bucket first in line held back every bucket
+    /// behind it, and the device kept every gradient of the pass until backward ended.
+    ///
+    /// Only the order changes: each bucket keeps its members, so each gradient is summed with
+    /// the same arithmetic and the results stay bitwise the same. Every rank takes rank 0's
+    /// order (ranks that used different parameters may have seen different orders): one
+    /// all-gather, once.
+    fn reorder_buckets(&self, pass: &mut Pass<B>) -> Result<(), CommError> {
+        let buckets = pass.queue.buckets();
+        let arrived: HashMap<usize, usize> = pass
+            .arrivals
+            .iter()
+            .enumerate()
+            .map(|(at, key)| (*key, at))
+            .collect();
+        // A bucket is complete when its last member arrives; one whose member never came goes
+        // last, in layout order.
+        let completed = |bucket: &Bucket| {
+            bucket
+                .members
+                .iter()
+                .map(|m| arrived.get(&m.key).copied().unwrap_or(usize::MAX))
+                .max()
+                .unwrap_or(usize::MAX)
+        };
+        let mut order: Vec<usize> = (0..buckets.len()).collect();
+        order.sort_by_key(|&index| completed(&buckets[index]));
+        let world = &self.store.groups().world;
+        if world.world_size() > 1 {
+            let mine: Vec<f32> = order.iter().map(|&index| index as f32).collect();
+            let all = agree::exchange(world.as_ref(), self.store.device(), &mine)?;
+            order = all[0].iter().map(|&index| index as usize).collect();
+        }
+        if order.iter().enumerate().all(|(at, &index)| at == index) {
+            return Ok(());
+        }
+        let reordered: Vec<Bucket> = order.iter().map(|&index| buckets[index].clone()).collect();
+        tracing::debug!(
+            rank = self.store.rank(),
+            ?order,
+            "gradient buckets reordered as backward completes them"
+        );
+        if let Some(thread) = &mut pass.thread {
+            thread.reorder(reordered.clone());
+        }
+        pass.queue = BucketQueue::new(reordered);
+        Ok(())
     }
 
     /// Reduces every bucket on this thread, in order.

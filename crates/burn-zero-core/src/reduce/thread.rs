@@ -14,12 +14,13 @@
 //! the training thread, so results are bitwise the same as without overlap.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
+use burn_zero_comm::sync::lock;
 use burn_zero_comm::{CommError, Communicator, RankCounters, Reservation};
 
 use crate::memory::MemoryTracker;
@@ -41,10 +42,14 @@ enum Job<B: Backend> {
     Reduce {
         reservation: Reservation<B>,
         replicas: Option<Reservation<B>>,
+        /// The bucket's full gradients, in bytes: taken off the backlog once it is reduced.
+        bytes: usize,
     },
     /// Backward is over (its last hook ran at `backward_ended`) and every bucket has had its
     /// `Reduce`: send everything back.
     Finish { backward_ended: Instant },
+    /// Between passes: reduce these buckets, in this order, from the next pass on.
+    Reorder(Vec<Bucket>),
 }
 
 /// What the thread sends back at the end of a backward pass.
@@ -66,6 +71,10 @@ pub(crate) struct CommThread<B: Backend> {
     order: OrderedGroups<B>,
     /// Each bucket's member keys, in reduction order.
     members: Vec<Vec<usize>>,
+    /// Each bucket's full gradients, in bytes.
+    bucket_bytes: Vec<usize>,
+    /// Gradients of buckets handed over for reduction and not reduced yet.
+    backlog: Arc<Backlog>,
     /// Keys handed over in this backward pass.
     handed: HashSet<usize>,
     /// The next bucket without a position.
@@ -95,6 +104,11 @@ impl<B: Backend> CommThread<B> {
             .iter()
             .map(|bucket| bucket.members.iter().map(|m| m.key).collect())
             .collect();
+        let bucket_bytes: Vec<usize> = buckets.iter().map(Bucket::gradient_bytes).collect();
+        let backlog = Arc::new(Backlog::new(
+            bucket_bytes.iter().copied().max().unwrap_or(0),
+        ));
+        let drained = backlog.clone();
         let work = Work {
             device: device.clone(),
             predivide,
@@ -104,13 +118,17 @@ impl<B: Backend> CommThread<B> {
         };
         let thread = std::thread::Builder::new()
             .name(format!("burn-zero-reduce-{rank}"))
-            .spawn(move || serve(&work, BucketQueue::new(buckets), &inbox, &outbox))?;
+            .spawn(move || {
+                serve(&work, BucketQueue::new(buckets), &inbox, &outbox, &drained);
+            })?;
         Ok(Self {
             jobs: Some(jobs),
             finished,
             thread: Some(thread),
             order,
             members,
+            bucket_bytes,
+            backlog,
             handed: HashSet::new(),
             next: 0,
             device,
@@ -137,6 +155,11 @@ impl<B: Backend> CommThread<B> {
         while complete(self) {
             self.reserve_next();
         }
+        self.backlog.wait_within_limit(|| {
+            self.thread
+                .as_ref()
+                .is_none_or(|thread| thread.is_finished())
+        });
     }
 
     /// Finishes the caller's pending work on the device before the thread reads what it was
@@ -161,9 +184,12 @@ impl<B: Backend> CommThread<B> {
                 .on_group(group)
                 .expect("the replica group is split from the rank's ordered communicator")
         });
+        let bytes = self.bucket_bytes[self.next];
+        self.backlog.add(bytes);
         self.send(Job::Reduce {
             reservation,
             replicas,
+            bytes,
         });
         self.next += 1;
     }
@@ -174,6 +200,17 @@ impl<B: Backend> CommThread<B> {
             // in a job that cannot be sent is dropped, which skips its position.
             let _ = jobs.send(job);
         }
+    }
+
+    /// Reduces `buckets` (the same buckets in another order) from the next pass on. Called
+    /// between passes.
+    pub fn reorder(&mut self, buckets: Vec<Bucket>) {
+        self.members = buckets
+            .iter()
+            .map(|bucket| bucket.members.iter().map(|m| m.key).collect())
+            .collect();
+        self.bucket_bytes = buckets.iter().map(Bucket::gradient_bytes).collect();
+        self.send(Job::Reorder(buckets));
     }
 
     /// Takes the positions of the buckets still open: the pass is over, so they are reduced
@@ -238,6 +275,7 @@ fn serve<B: Backend>(
     mut queue: BucketQueue<B>,
     inbox: &Receiver<Job<B>>,
     outbox: &Sender<Finished<B>>,
+    backlog: &Backlog,
 ) {
     let mut pass = Pass::default();
     for job in inbox {
@@ -246,10 +284,13 @@ fn serve<B: Backend>(
             Job::Reduce {
                 reservation,
                 replicas,
+                bytes,
             } => {
                 if pass.failure.is_none() && !queue.is_done() {
                     pass.reduce_next(work, &mut queue, reservation, replicas);
                 }
+                // Reduced (its full gradients freed), or skipped after a failure.
+                backlog.sub(bytes);
             }
             Job::Finish { backward_ended } => {
                 let early = pass
@@ -271,6 +312,7 @@ fn serve<B: Backend>(
                     return;
                 }
             }
+            Job::Reorder(buckets) => queue = BucketQueue::new(buckets),
         }
     }
 }
@@ -360,5 +402,55 @@ impl<B: Backend> Pass<B> {
         }
         drop(replicas);
         self.busy_seconds += started.elapsed().as_secs_f64();
+    }
+}
+
+/// The full gradients of the buckets the training thread has handed to the thread for
+/// reduction and that are not reduced yet, in bytes, with a limit: one bucket's worth (the
+/// largest). Without it, a training thread that runs ahead of the reductions (its backward only
+/// queues work on the device; the thread waits for each collective) hands over every gradient of
+/// the pass before the first bucket is reduced, and the device holds them all at once: the
+/// whole model's gradients at the peak, whatever the bucket size. With it, the hook that hands
+/// over a bucket waits while more than one bucket beyond the one being reduced is waiting, as
+/// DeepSpeed's double-buffered buckets do. Only reserved buckets count: the thread can reduce
+/// each of them without another gradient from the waiting hook, so the wait always ends.
+struct Backlog {
+    bytes: Mutex<usize>,
+    drained: Condvar,
+    limit: usize,
+}
+
+impl Backlog {
+    /// How often a waiting hook checks that the thread is still alive.
+    const RECHECK: Duration = Duration::from_millis(50);
+
+    fn new(limit: usize) -> Self {
+        Self {
+            bytes: Mutex::new(0),
+            drained: Condvar::new(),
+            limit,
+        }
+    }
+
+    fn add(&self, bytes: usize) {
+        *lock(&self.bytes) += bytes;
+    }
+
+    fn sub(&self, bytes: usize) {
+        let mut held = lock(&self.bytes);
+        *held = held.saturating_sub(bytes);
+        self.drained.notify_all();
+    }
+
+    /// Waits while the backlog is over its limit, unless `gone` says the thread has stopped
+    /// (its failure is reported at the end of the pass).
+    fn wait_within_limit(&self, gone: impl Fn() -> bool) {
+        let mut held = lock(&self.bytes);
+        while *held > self.limit && !gone() {
+            held = match self.drained.wait_timeout(held, Self::RECHECK) {
+                Ok((held, _)) => held,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
     }
 }
