@@ -24,8 +24,11 @@
 //!   (`gpu_margin_mem_ratio`), and step there.
 //!
 //! The models keep depth and width in one ratio (`k` blocks of width 64·k, `k` heads of 64,
-//! MLP 4× wide) and train on the same micro-batch (8 sequences of 64 characters), so the
-//! activations grow with the model alike on every side. "Fits" is judged by cubecl's own
+//! MLP 4× wide) and train on the same micro-batch (8 sequences of 64 characters, or
+//! `LARGEST_BATCH` sequences), so the activations grow with the model alike on every side. The
+//! sharded sides build their model with lazily initialised parameters, which `shard`
+//! materialises one at a time: where parameters are offloaded, the whole model is never on the
+//! device (plain Burn's model is, as it must be). "Fits" is judged by cubecl's own
 //! count of the device memory it has reserved (or, with `LARGEST_JUDGE=in_use`, of its bytes
 //! in use, the count the auto placement plans with), summed over every stream of the device
 //! (`burn_zero_kernels::device_memory`), sampled every 5 ms by a thread of its own while four
@@ -47,7 +50,8 @@
 //!
 //! Environment: `LARGEST_BUDGET_MIB` (default 128), `LARGEST_MIN_K` and `LARGEST_MAX_K` (where
 //! the doubling starts and the largest size tried; default 1 and 12),
-//! `LARGEST_SIDES` (the sides to run, by name, comma-separated; default all), `LARGEST_JUDGE`
+//! `LARGEST_SIDES` (the sides to run, by name, comma-separated; default all), `LARGEST_BATCH`
+//! (sequences per step; default 8), `LARGEST_JUDGE`
 //! (`reserved`, the default, or `in_use`).
 //! `cargo bench --bench largest_model --features wgpu`; without `--features wgpu` there is no
 //! device-memory count and the bench says so.
@@ -109,8 +113,12 @@ impl DeviceKind {
     }
 }
 
-/// Sequences per step and characters per sequence: the same for every model and side.
-const BATCH: usize = 8;
+/// Sequences per step (`LARGEST_BATCH`, default 8) and characters per sequence: the same for
+/// every model and side. The batch sets how much of the budget activations take: the fewer
+/// sequences, the more of it is model state, which is what placement moves off the device.
+fn batch() -> usize {
+    env_number("LARGEST_BATCH", 8).max(1)
+}
 const SEQ_LEN: usize = 64;
 /// Steps per trial, and the last of them that are timed (the auto placement's warm-up is the
 /// first two).
@@ -179,10 +187,20 @@ fn config(k: usize, vocab: usize) -> GptConfig {
     GptConfig::new(vocab, SEQ_LEN, width, k, k, 4 * width)
 }
 
-fn model<B: AutodiffBackend>(k: usize, corpus: &Corpus, device: &B::Device) -> Gpt<B> {
+/// The model of size `k` on `device`, its parameters initialised lazily: each is
+/// materialised on the device when first used (by `shard`, one at a time), unless
+/// `materialise` asks for all of them now.
+fn model<B: AutodiffBackend>(
+    k: usize,
+    corpus: &Corpus,
+    device: &B::Device,
+    materialise: bool,
+) -> Gpt<B> {
     B::seed(device, SEED);
     let model = config(k, corpus.vocab()).init(device);
-    model.visit(&mut Materialise);
+    if materialise {
+        model.visit(&mut Materialise);
+    }
     model
 }
 
@@ -201,7 +219,7 @@ fn train<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
             timing();
             started = Instant::now();
         }
-        let (inputs, targets) = corpus.batch::<B>(SEED, step, 0..BATCH, SEQ_LEN, device);
+        let (inputs, targets) = corpus.batch::<B>(SEED, step, 0..batch(), SEQ_LEN, device);
         let loss = model.loss(inputs, targets);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optimizer.step(LR, model, grads);
@@ -228,7 +246,7 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
                 // Not sharded: `Zero` forwards every op of an unsharded model to the backend
                 // (Burn's autodiff needs a backend with its distributed operations, which `Zero`
                 // is), so this is Burn's own training, holding its own memory.
-                let model = model::<Autodiff<Zero<B>>>(k, &corpus, &device);
+                let model = model::<Autodiff<Zero<B>>>(k, &corpus, &device, true);
                 let parameters = model.num_params();
                 let mut adam = AdamConfig::new().init();
                 let seconds = train(model, &mut adam, &corpus, &device, || {});
@@ -254,9 +272,16 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
                 };
                 let mut ranks =
                     launch::<B, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
-                        let base = model::<Autodiff<Zero<B>>>(k, &corpus, ctx.device());
-                        let parameters = base.num_params();
-                        let (model, zero) = shard(base, &ctx, &config)?;
+                        // Built lazily and sharded one parameter at a time: where parameters
+                        // are offloaded, the whole model is never on the device at once.
+                        let (sharded, shard_peak) =
+                            peak_device_memory::<B, _>(ctx.device(), SAMPLE_EVERY, || {
+                                let base =
+                                    model::<Autodiff<Zero<B>>>(k, &corpus, ctx.device(), false);
+                                shard(base, &ctx, &config)
+                            });
+                        let (model, zero) = sharded?;
+                        let parameters = model.num_params();
                         let adam = AdamConfig::new();
                         let mut timed_from = zero.counts();
                         let mut margin = None;
@@ -291,6 +316,8 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
                         let timed = zero.counts() - timed_from;
                         let report = zero.memory_report();
                         let placement = json!({
+                            // What the device held while the model was built and sharded.
+                            "shard_peak_in_use_bytes": shard_peak.map(|p| p.in_use),
                             "margin": margin.map(|m| json!({
                                 "budget_bytes": m.budget_bytes,
                                 "moved_chunks": m.moved_chunks,
@@ -309,7 +336,7 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
             }
         });
     let peak = peak.expect("a backend with a device-memory count");
-    let tokens = (TIMED * BATCH * SEQ_LEN) as f64;
+    let tokens = (TIMED * batch() * SEQ_LEN) as f64;
     let line = json!({
         "side": side.name(),
         "k": k,
@@ -579,10 +606,11 @@ type Row = (Side, Option<Value>, Option<Value>);
 fn render(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Value) {
     let mut md = format!(
         "Largest GPT under a device budget of {:.0} MiB ({}, all streams, sampled every 5 ms \
-         over {STEPS} steps), 1 rank, f32, {BATCH} × {SEQ_LEN} tokens a step, tokens/s over \
+         over {STEPS} steps), 1 rank, f32, {} × {SEQ_LEN} tokens a step, tokens/s over \
          the last {TIMED}, on {adapter}:\n\n",
         mib(budget),
-        judge.describe()
+        judge.describe(),
+        batch()
     );
     md += "| placement | largest k | parameters | peak reserved MiB | peak in use MiB | tokens/s | uploads per step | next size (k+1) judged peak MiB | × plain Burn's parameters |\n";
     md += "|---|---|---|---|---|---|---|---|---|\n";
@@ -627,7 +655,7 @@ fn render(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Va
         "budget_bytes": budget,
         "judged_by": judge.key(),
         "adapter": adapter,
-        "batch": BATCH,
+        "batch": batch(),
         "seq_len": SEQ_LEN,
         "steps": STEPS,
         "sides": entries,

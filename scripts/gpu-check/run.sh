@@ -17,9 +17,10 @@
 #
 # Environment: NCCL_LIB_DIR (a folder holding libnccl.so or libnccl.so.2), GPU_CHECK_ROUNDS
 # (step-time rounds, default 3), GPU_CHECK_SECTIONS (space-separated subset to run),
-# GPU_CHECK_LARGEST_SIDES, GPU_CHECK_LARGEST_MIN_K, GPU_CHECK_LARGEST_MAX_K and
-# GPU_CHECK_LARGEST_BUDGET_MIB (the largest-model search's sides, first and largest size, and
-# device budget; default the free memory), GPU_CHECK_SECTION_TIMEOUT (seconds a section may
+# GPU_CHECK_LARGEST_SIDES, GPU_CHECK_LARGEST_MIN_K, GPU_CHECK_LARGEST_MAX_K,
+# GPU_CHECK_LARGEST_BUDGET_MIB and GPU_CHECK_LARGEST_BATCH (the largest-model search's sides,
+# first and largest size, device budget, default the free memory, and sequences a step,
+# default 8), GPU_CHECK_SECTION_TIMEOUT (seconds a section may
 # run before it is stopped and recorded as timed out, exit 124; default none; a section named
 # as NAME:SECONDS in GPU_CHECK_SECTIONS gets its own), PYTHON (default python3).
 set -uo pipefail
@@ -201,7 +202,7 @@ largest() {
     LARGEST_MODEL_REPORT="$out/data/largest.json" \
         LARGEST_SIDES=${GPU_CHECK_LARGEST_SIDES:-plain-burn,stage3-parameters-on-host,stage3-auto-placement} \
         LARGEST_MIN_K=${GPU_CHECK_LARGEST_MIN_K:-1} LARGEST_MAX_K=${GPU_CHECK_LARGEST_MAX_K:-48} \
-        LARGEST_JUDGE=in_use \
+        LARGEST_BATCH=${GPU_CHECK_LARGEST_BATCH:-8} LARGEST_JUDGE=in_use \
         "$bin/largest-model" --bench --backend cuda
 }
 
