@@ -409,11 +409,15 @@ impl<B: Backend> Pass<B> {
 /// reduction and that are not reduced yet, in bytes, with a limit: one bucket's worth (the
 /// largest). Without it, a training thread that runs ahead of the reductions (its backward only
 /// queues work on the device; the thread waits for each collective) hands over every gradient of
-/// the pass before the first bucket is reduced, and the device holds them all at once: the
-/// whole model's gradients at the peak, whatever the bucket size. With it, the hook that hands
-/// over a bucket waits while more than one bucket beyond the one being reduced is waiting, as
-/// DeepSpeed's double-buffered buckets do. Only reserved buckets count: the thread can reduce
-/// each of them without another gradient from the waiting hook, so the wait always ends.
+/// the pass before the first bucket is reduced, and the device holds them all at once. With it,
+/// the hook that hands over a bucket waits while more than one bucket beyond the one being
+/// reduced is waiting, as DeepSpeed's double-buffered buckets do.
+///
+/// The wait is bounded ([`Backlog::LONGEST_WAIT`]): the hook runs under the rank's autodiff
+/// graph lock, and a rank whose backward is over takes every graph's lock to clean up before it
+/// reserves the positions of its buckets still open (those of parameters it did not use). A
+/// bucket of ours in such a position cannot be reduced until that rank gets our lock; past the
+/// bound the hook goes on, and the memory bound gives way rather than the job.
 struct Backlog {
     bytes: Mutex<usize>,
     drained: Condvar,
@@ -422,7 +426,9 @@ struct Backlog {
 
 impl Backlog {
     /// How often a waiting hook checks that the thread is still alive.
-    const RECHECK: Duration = Duration::from_millis(50);
+    const RECHECK: Duration = Duration::from_millis(10);
+    /// The longest a hook waits for the backlog to drain.
+    const LONGEST_WAIT: Duration = Duration::from_millis(200);
 
     fn new(limit: usize) -> Self {
         Self {
@@ -442,11 +448,12 @@ impl Backlog {
         self.drained.notify_all();
     }
 
-    /// Waits while the backlog is over its limit, unless `gone` says the thread has stopped
-    /// (its failure is reported at the end of the pass).
+    /// Waits while the backlog is over its limit, for at most [`Self::LONGEST_WAIT`], unless
+    /// `gone` says the thread has stopped (its failure is reported at the end of the pass).
     fn wait_within_limit(&self, gone: impl Fn() -> bool) {
+        let started = Instant::now();
         let mut held = lock(&self.bytes);
-        while *held > self.limit && !gone() {
+        while *held > self.limit && !gone() && started.elapsed() < Self::LONGEST_WAIT {
             held = match self.drained.wait_timeout(held, Self::RECHECK) {
                 Ok((held, _)) => held,
                 Err(poisoned) => poisoned.into_inner().0,

@@ -114,11 +114,7 @@ impl<B: Backend> ShardedParam<B> {
         shape: Shape,
         dtype: DType,
     ) -> Self {
-        let param = Self::new(store, key, ShardRole::Parameter, block, shape, dtype);
-        if key != UNTRACKED_KEY {
-            store.track_block(key, &param.block, param.version);
-        }
-        param
+        Self::new(store, key, ShardRole::Parameter, block, shape, dtype).tracked()
     }
 
     /// As [`Self::parameter`], for a block whose values `data` are already in host memory
@@ -130,11 +126,16 @@ impl<B: Backend> ShardedParam<B> {
         shape: Shape,
         dtype: DType,
     ) -> Self {
-        let param = Self::new_on_host(store, key, ShardRole::Parameter, data, shape, dtype);
-        if key != UNTRACKED_KEY {
-            store.track_block(key, &param.block, param.version);
+        Self::new_on_host(store, key, ShardRole::Parameter, data, shape, dtype).tracked()
+    }
+
+    /// Records the block in the store as its parameter's current one (a tensor sharded
+    /// outside any module is not recorded).
+    fn tracked(self) -> Self {
+        if self.key != UNTRACKED_KEY {
+            self.store.track_block(self.key, &self.block, self.version);
         }
-        param
+        self
     }
 
     /// This rank's shard of parameter `key`'s reduced gradient, moved to host memory when an
