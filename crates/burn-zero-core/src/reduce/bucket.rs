@@ -74,6 +74,11 @@ impl Bucket {
         }
     }
 
+    /// Its members' parameter keys, in bucket order.
+    pub fn keys(&self) -> Vec<usize> {
+        self.members.iter().map(|m| m.key).collect()
+    }
+
     /// Its members' full gradients, in bytes: what the device holds for it until it is
     /// reduced.
     pub fn gradient_bytes(&self) -> usize {

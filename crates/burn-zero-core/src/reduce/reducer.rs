@@ -137,7 +137,7 @@ impl<B: Backend> GradientReducer<B> {
             .queue
             .buckets()
             .iter()
-            .map(|b| b.members.iter().map(|m| m.key).collect())
+            .map(Bucket::keys)
             .collect()
     }
 

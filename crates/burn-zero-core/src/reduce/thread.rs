@@ -100,11 +100,7 @@ impl<B: Backend> CommThread<B> {
         let (jobs, inbox) = channel::<Job<B>>();
         let (outbox, finished) = channel::<Finished<B>>();
         let rank = order.shard.rank();
-        let members = buckets
-            .iter()
-            .map(|bucket| bucket.members.iter().map(|m| m.key).collect())
-            .collect();
-        let bucket_bytes: Vec<usize> = buckets.iter().map(Bucket::gradient_bytes).collect();
+        let (members, bucket_bytes) = index(&buckets);
         let backlog = Arc::new(Backlog::new(
             bucket_bytes.iter().copied().max().unwrap_or(0),
         ));
@@ -205,11 +201,7 @@ impl<B: Backend> CommThread<B> {
     /// Reduces `buckets` (the same buckets in another order) from the next pass on. Called
     /// between passes.
     pub fn reorder(&mut self, buckets: Vec<Bucket>) {
-        self.members = buckets
-            .iter()
-            .map(|bucket| bucket.members.iter().map(|m| m.key).collect())
-            .collect();
-        self.bucket_bytes = buckets.iter().map(Bucket::gradient_bytes).collect();
+        (self.members, self.bucket_bytes) = index(&buckets);
         self.send(Job::Reorder(buckets));
     }
 
@@ -256,6 +248,15 @@ impl<B: Backend> Drop for CommThread<B> {
             tracing::error!("the gradient communication thread panicked");
         }
     }
+}
+
+/// Each bucket's member keys and full gradient bytes, in reduction order: what the training
+/// thread needs to know of the buckets it hands over.
+fn index(buckets: &[Bucket]) -> (Vec<Vec<usize>>, Vec<usize>) {
+    (
+        buckets.iter().map(Bucket::keys).collect(),
+        buckets.iter().map(Bucket::gradient_bytes).collect(),
+    )
 }
 
 /// What the thread reduces with, besides the communicator.

@@ -469,20 +469,8 @@ impl<B: Backend> ParamStore<B> {
     /// Cuts this rank's block out of a full flat tensor, zero-padding past its end, into a
     /// fresh buffer (so that the full tensor is not kept alive by a view).
     pub fn own_block(&self, flat: Tensor<B, 1>) -> Tensor<B, 1> {
-        let blocks = self.blocks(flat.dims()[0]);
-        let owned = blocks.owned(self.rank());
-        let padding = blocks.padding(self.rank());
-        let device = flat.device();
-        let dtype = flat.dtype();
-        let mut parts = Vec::with_capacity(2);
-        if !owned.is_empty() {
-            let real = flat.slice(owned);
-            parts.push(Tensor::from_data(real.into_data(), (&device, dtype)));
-        }
-        if padding > 0 {
-            parts.push(Tensor::zeros([padding], (&device, dtype)));
-        }
-        Tensor::cat(parts, 0)
+        let (device, dtype) = (flat.device(), flat.dtype());
+        Tensor::from_data(self.own_block_data(flat), (&device, dtype))
     }
 
     /// As [`Self::own_block`], into host memory: the block's values are read off the device
