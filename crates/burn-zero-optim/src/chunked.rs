@@ -28,11 +28,64 @@ use crate::optimizer::{Taken, ZeroOptimizer, flat};
 use crate::placement::Placement;
 use crate::state_tree::{join_states, split_state};
 
-/// What a chunked step produced: each stepped parameter's new value.
-pub(crate) type Stepped<B> = HashMap<ParamId, ZeroTensor<B>>;
-
 /// New values by parameter key, while a step writes them.
 type ByKey<B> = HashMap<usize, ZeroTensor<B>>;
+
+/// The chunks of one step not yet stepped. The step walks the module and steps a chunk when
+/// it reaches the chunk's first member; the members' new values wait in `stepped` for the walk
+/// to reach them, and their old values leave `values`. So a chunk's old values are dropped
+/// (when nothing else holds the module) before the next chunk's new ones are written: the
+/// device holds one chunk twice at most, not every parameter twice, as stepping every chunk
+/// before the walk did.
+pub(crate) struct PendingChunks<B: Backend, H: Backend> {
+    /// Each chunk's gradient, by chunk id.
+    grads: HashMap<usize, ChunkGrad<H>>,
+    /// The chunk of each member with a gradient, by parameter.
+    chunk_of: HashMap<ParamId, usize>,
+    /// The current value of every collected parameter not yet stepped, by key.
+    values: HashMap<usize, ZeroTensor<B>>,
+    /// Every collected parameter's id, by key.
+    ids: HashMap<usize, ParamId>,
+    /// New values of stepped chunks' members the walk has not reached yet.
+    stepped: HashMap<ParamId, ZeroTensor<B>>,
+}
+
+impl<B: Backend, H: Backend> PendingChunks<B, H> {
+    /// The chunks of `grads` to step, their members' current `values` and ids by key.
+    pub(crate) fn new(
+        store: &ParamStore<B>,
+        grads: Vec<ChunkGrad<H>>,
+        values: HashMap<usize, ZeroTensor<B>>,
+        ids: HashMap<usize, ParamId>,
+    ) -> Self {
+        let chunks = store.chunks();
+        let mut chunk_of = HashMap::new();
+        for grad in &grads {
+            for member in &chunks.chunks()[grad.chunk].members {
+                if let Some(&id) = ids.get(&member.key) {
+                    chunk_of.insert(id, grad.chunk);
+                }
+            }
+        }
+        Self {
+            grads: grads.into_iter().map(|g| (g.chunk, g)).collect(),
+            chunk_of,
+            values,
+            ids,
+            stepped: HashMap::new(),
+        }
+    }
+
+    /// Drops parameter `key`'s old value, stepped outside chunks.
+    pub(crate) fn forget(&mut self, key: usize) {
+        self.values.remove(&key);
+    }
+
+    /// Whether every chunk was stepped and every new value written.
+    pub(crate) fn is_done(&self) -> bool {
+        self.grads.is_empty() && self.stepped.is_empty()
+    }
+}
 
 /// A trainable chunk's gradient on this rank: its members' parts end to end, in f32.
 pub(crate) struct ChunkGrad<H: Backend> {
@@ -100,40 +153,67 @@ where
         joined
     }
 
-    /// Steps every chunk of `grads` (their members' current values in `values`, by key);
-    /// returns each member's new value by parameter.
-    pub(crate) fn step_chunks(
+    /// The new value of parameter `id` when a chunk of `pending` holds it: stepped now, with
+    /// the rest of its chunk, if this is the first member the step reaches. `None` for a
+    /// parameter of no pending chunk.
+    pub(crate) fn take_stepped(
         &mut self,
         lr: f64,
         factor: f64,
-        grads: Vec<ChunkGrad<P::Host>>,
-        values: &HashMap<usize, ZeroTensor<B>>,
-        ids: &HashMap<usize, ParamId>,
-    ) -> Stepped<B> {
+        pending: &mut PendingChunks<B, P::Host>,
+        id: ParamId,
+    ) -> Option<ZeroTensor<B>> {
+        if let Some(chunk) = pending.chunk_of.remove(&id)
+            && let Some(grad) = pending.grads.remove(&chunk)
+        {
+            self.step_chunk(lr, factor, grad, pending);
+        }
+        pending.stepped.remove(&id)
+    }
+
+    /// Steps one chunk of `pending` and writes its members' new values into `pending.stepped`;
+    /// their old values leave `pending.values`.
+    fn step_chunk(
+        &mut self,
+        lr: f64,
+        factor: f64,
+        grad: ChunkGrad<P::Host>,
+        pending: &mut PendingChunks<B, P::Host>,
+    ) {
         let zero = self.zero.clone().expect("a stepping optimizer is bound");
         let store = zero.store().clone();
+        let chunk = &store.chunks().chunks()[grad.chunk];
+        let values = &pending.values;
+        self.chunk_master(&store, chunk, values);
+        let master = self.flat.get_mut(&chunk.id).expect("made above");
+        let updated = master.step(
+            &self.optim,
+            self.one_pass,
+            lr,
+            grad.grad,
+            factor,
+            chunk.dtype,
+        );
         let mut stepped = ByKey::new();
-        for ChunkGrad { chunk, grad, .. } in grads {
-            let chunk = &store.chunks().chunks()[chunk];
-            self.chunk_master(&store, chunk, values);
-            let master = self.flat.get_mut(&chunk.id).expect("made above");
-            let updated = master.step(&self.optim, self.one_pass, lr, grad, factor, chunk.dtype);
-            if let Some(views) = host_members(&store, chunk, values) {
-                // An offloaded chunk's shards go to host memory in one read, not one per member.
-                let data = P::into_host_data(cast_to(updated, chunk.dtype), store.counters());
-                write_back_host(chunk, &data, views, &mut stepped);
-                continue;
-            }
+        if let Some(views) = host_members(&store, chunk, values) {
+            // An offloaded chunk's shards go to host memory in one read, not one per member.
+            let data = P::into_host_data(cast_to(updated, chunk.dtype), store.counters());
+            write_back_host(chunk, &data, views, &mut stepped);
+        } else {
             let updated = cast_to(
                 P::to_model(updated, store.device(), store.counters()),
                 chunk.dtype,
             );
             self.write_back(&store, chunk, updated, values, &mut stepped);
         }
-        stepped
-            .into_iter()
-            .filter_map(|(key, value)| Some((*ids.get(&key)?, value)))
-            .collect()
+        for member in &chunk.members {
+            pending.values.remove(&member.key);
+        }
+        for (key, value) in stepped {
+            if let Some(&id) = pending.ids.get(&key) {
+                pending.stepped.insert(id, value);
+            }
+        }
     }
 
     /// Makes sure `chunk` has its flat master: kept from the last step, joined from its

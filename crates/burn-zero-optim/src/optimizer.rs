@@ -14,7 +14,7 @@ use burn::tensor::{DType, Device, Shape, Tensor, TensorMetadata, TensorPrimitive
 use burn_zero_comm::RankCounters;
 use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
 
-use crate::chunked::{ChunkGrad, Stepped};
+use crate::chunked::{ChunkGrad, PendingChunks};
 use crate::clip::{LocalStats, NormType, combine};
 use crate::fused::{FusedAdam, FusedAdamW, FusedConfigError};
 use crate::fused_sgd::FusedSgd;
@@ -523,15 +523,20 @@ where
             chunk_grads,
             ..
         } = prepared;
-        let stepped = self.step_chunks(lr, factor, chunk_grads, &values, &ids);
+        let store = bound(&self.zero).store().clone();
         let mut apply = Apply {
             optimizer: self,
             lr,
             factor,
             taken,
-            stepped,
+            chunks: PendingChunks::new(&store, chunk_grads, values, ids),
         };
-        module.map(&mut apply)
+        let module = module.map(&mut apply);
+        debug_assert!(
+            apply.chunks.is_done(),
+            "every chunk with a gradient has a member in the module it was collected from"
+        );
+        module
     }
 
     /// `module` with its values as they are and every parameter's gradient mark renewed, for
@@ -900,8 +905,8 @@ where
     lr: f64,
     factor: f64,
     taken: HashMap<ParamId, Taken<P::Host>>,
-    /// New values of the parameters a chunked step already stepped.
-    stepped: Stepped<B>,
+    /// The chunks to step, each when the walk reaches its first member.
+    chunks: PendingChunks<B, P::Host>,
 }
 
 impl<O, B: Backend, P: Placement<B>> Apply<'_, O, B, P>
@@ -980,7 +985,10 @@ where
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
 {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
-        if let Some(value) = self.stepped.remove(&param.id) {
+        let stepped = self
+            .optimizer
+            .take_stepped(self.lr, self.factor, &mut self.chunks, param.id);
+        if let Some(value) = stepped {
             let (id, tensor, mapper) = param.consume();
             let tensor = marked_parameter::<AB, B, D>(id, value, tensor.is_require_grad());
             return Param::from_mapped_value(id, tensor, mapper);
@@ -991,6 +999,7 @@ where
         let (id, tensor, mapper) = param.consume();
         let require_grad = tensor.is_require_grad();
         let value = tensor.inner().into_primitive().tensor();
+        self.chunks.forget(taken.key);
         let updated = self.update(taken, value);
         let tensor = marked_parameter::<AB, B, D>(id, updated, require_grad);
         Param::from_mapped_value(id, tensor, mapper)
