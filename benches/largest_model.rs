@@ -7,13 +7,16 @@
 //!   model state per f32 parameter; on `Autodiff<Zero<Wgpu>>`, whose ops go straight to the
 //!   backend for a model that is not sharded);
 //! - stage 3: `Autodiff<Zero<Wgpu>>` with `ZeroOptimizer::adam`, masters and moments on the
-//!   device (at one rank the same 16 bytes, plus the bucket and gather buffers);
+//!   device (at one rank the same 16 bytes, plus the bucket and gather buffers); like every
+//!   sharded side, with no gather cache (`max_live_gathered_bytes` 0): each op gathers the
+//!   parameter it uses and drops it after, where the default cache (512 MiB) would keep every
+//!   gathered parameter from forward to backward, a second copy of the parameters;
 //! - stage 3, optimizer on the host: `ZeroOptimizer::offloaded` with the fused Adam on Flex
 //!   (`Offload<Flex>`): the device holds parameters and gradients, the host the fp32 masters and
 //!   both moments;
 //! - stage 3, parameters on the host too: the same optimizer, and every parameter shard in host
-//!   memory (`offload_param_frac` 1) with no gather cache (`max_live_gathered_bytes` 0): the
-//!   device holds a parameter only while an op uses it, and the gradients;
+//!   memory (`offload_param_frac` 1): the device holds a parameter only while an op uses it,
+//!   and the gradients;
 //! - stage 3, optimizer on the host, auto placement: the same, with `auto_placement_capacity_mib`
 //!   set to the budget instead of every shard on the host: after two warm-up steps the shards
 //!   that fit move to the device, and the others' shards stay on the device between their
@@ -257,18 +260,18 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
             | Side::Stage3ParametersOnHost
             | Side::Stage3AutoPlacement
             | Side::Stage3AutoPlacementMargin => {
+                // No gather cache on any sharded side: the default one (512 MiB) would keep
+                // every gathered parameter from forward to backward, a second copy of the
+                // model's parameters on the device under a budget of a few hundred MiB.
+                let stage3 = ZeroConfig::new()
+                    .with_stage(3)
+                    .with_max_live_gathered_bytes(0);
                 let config = match side {
-                    Side::Stage3ParametersOnHost => ZeroConfig::new()
-                        .with_stage(3)
-                        .with_offload_param_frac(1.0)
-                        .with_max_live_gathered_bytes(0),
+                    Side::Stage3ParametersOnHost => stage3.with_offload_param_frac(1.0),
                     Side::Stage3AutoPlacement | Side::Stage3AutoPlacementMargin => {
-                        ZeroConfig::new()
-                            .with_stage(3)
-                            .with_auto_placement_capacity_mib(Some(mib(budget())))
-                            .with_max_live_gathered_bytes(0)
+                        stage3.with_auto_placement_capacity_mib(Some(mib(budget())))
                     }
-                    _ => ZeroConfig::new().with_stage(3),
+                    _ => stage3,
                 };
                 let mut ranks =
                     launch::<B, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
