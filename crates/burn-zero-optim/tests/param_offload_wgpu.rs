@@ -32,25 +32,22 @@
 
 use std::time::Duration;
 
-use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Flex;
+use burn::backend::wgpu::WgpuDevice;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::Backend;
 use burn_zero_comm::launch;
 use burn_zero_core::{
-    AutoPlacementReport, ChunkSize, KeptShardStats, Zero, ZeroConfig, ZeroError, shard,
+    AutoPlacementReport, ChunkSize, KeptShardStats, ZeroConfig, ZeroError, shard,
 };
 use burn_zero_kernels::{DeviceMemory, device_memory, peak_device_memory};
 use burn_zero_optim::{Offload, ZeroOptimizer};
-use burn_zero_testing::{param_values, params_bits_equal, skip};
+use burn_zero_testing::{param_values, params_bits_equal};
 
 #[path = "common/stack.rs"]
 mod stack;
 
-use stack::{LAYERS, Stack, WIDTH, input};
-
-type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
-type Train = Autodiff<Zero<Plain>>;
+use stack::{LAYERS, Plain, Stack, Train, WIDTH, can_measure, input};
 
 /// Two warm-up passes of the auto placement, and two steps placed.
 const STEPS: usize = 4;
@@ -117,17 +114,10 @@ fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
 fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_its_capacity() {
     let test =
         "parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_its_capacity";
-    if !skip::wgpu_adapter(test) {
+    if !can_measure(test) {
         return;
     }
     let device = WgpuDevice::default();
-    if device_memory::<Plain>(&device).is_none() {
-        skip::skip(
-            test,
-            "built without the wgpu kernels (--features wgpu), so there is no device-memory count",
-        );
-        return;
-    }
     let layer = (WIDTH * WIDTH * 4) as u64;
     let shards = LAYERS as u64 * layer;
 
@@ -165,10 +155,7 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
          layers ({layer} B each)"
     );
 
-    let base = Stack::<Train>::new(&device);
-    // Burn initialises parameters lazily, and a clone made before would draw its own values:
-    // read them once, so that every run starts from the same model.
-    let _ = param_values(&base);
+    let base = Stack::<Train>::drawn(&device);
 
     // Every shard on the device, then every shard on the host.
     let on_device = train(&base, ZeroConfig::new()).unwrap();

@@ -20,23 +20,20 @@
 
 use std::time::Duration;
 
-use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Flex;
+use burn::backend::wgpu::WgpuDevice;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::Backend;
 use burn_zero_comm::launch;
-use burn_zero_core::{AutoPlacementReport, ChunkSize, Zero, ZeroConfig, ZeroError, shard};
-use burn_zero_kernels::{DeviceMemory, device_memory, peak_device_memory};
+use burn_zero_core::{AutoPlacementReport, ChunkSize, ZeroConfig, ZeroError, shard};
+use burn_zero_kernels::{DeviceMemory, peak_device_memory};
 use burn_zero_optim::{FusedAdam, MarginReport, SplitZeroOptimizer};
-use burn_zero_testing::{param_values, params_bits_equal, skip};
+use burn_zero_testing::{param_values, params_bits_equal};
 
 #[path = "common/stack.rs"]
 mod stack;
 
-use stack::{LAYERS, Stack, WIDTH, input};
-
-type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
-type Train = Autodiff<Zero<Plain>>;
+use stack::{LAYERS, Plain, Stack, Train, WIDTH, can_measure, input};
 
 /// Two warm-up passes, the placement and the margin at the third, two more steps after.
 const STEPS: usize = 5;
@@ -93,19 +90,11 @@ fn train(base: &Stack<Train>, mib: f64, ratio: f64) -> Run {
 #[test]
 fn optimizer_chunks_fill_the_room_the_placement_leaves_and_stay_under_the_capacity() {
     let test = "optimizer_chunks_fill_the_room_the_placement_leaves_and_stay_under_the_capacity";
-    if !skip::wgpu_adapter(test) {
+    if !can_measure(test) {
         return;
     }
     let device = WgpuDevice::default();
-    if device_memory::<Plain>(&device).is_none() {
-        skip::skip(
-            test,
-            "built without the wgpu kernels (--features wgpu), so there is no device-memory count",
-        );
-        return;
-    }
-    let base = Stack::<Train>::new(&device);
-    let _ = param_values(&base);
+    let base = Stack::<Train>::drawn(&device);
     let params = (WIDTH * WIDTH) as u64;
     let layer_state = 12 * params;
 

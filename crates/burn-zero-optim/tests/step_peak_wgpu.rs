@@ -19,24 +19,21 @@
 
 use std::sync::{Arc, Mutex};
 
-use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Flex;
+use burn::backend::wgpu::WgpuDevice;
 use burn::optim::{Adam, AdamConfig, GradientsParams, LearningRate, SimpleOptimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Device, Tensor};
 use burn_zero_comm::launch;
-use burn_zero_core::{ChunkSize, Zero, ZeroConfig, ZeroError, shard};
+use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
 use burn_zero_kernels::device_memory;
 use burn_zero_optim::{Offload, ZeroOptimizer};
-use burn_zero_testing::{param_values, params_bits_equal, skip};
+use burn_zero_testing::{param_values, params_bits_equal};
 
 #[path = "common/stack.rs"]
 mod stack;
 
-use stack::{LAYERS, Stack, WIDTH, input};
-
-type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
-type Train = Autodiff<Zero<Plain>>;
+use stack::{LAYERS, Plain, Stack, Train, WIDTH, can_measure, input};
 
 /// Steps: the first makes the optimizer's state; the later ones are measured.
 const STEPS: usize = 3;
@@ -106,22 +103,12 @@ fn train(base: &Stack<Train>, chunk_size: ChunkSize) -> (Vec<Vec<u64>>, Vec<Vec<
 #[test]
 fn a_step_holds_one_parameter_twice_at_most() {
     let test = "a_step_holds_one_parameter_twice_at_most";
-    if !skip::wgpu_adapter(test) {
+    if !can_measure(test) {
         return;
     }
     let device = WgpuDevice::default();
-    if device_memory::<Plain>(&device).is_none() {
-        skip::skip(
-            test,
-            "built without the wgpu kernels (--features wgpu), so there is no device-memory count",
-        );
-        return;
-    }
     let layer = (WIDTH * WIDTH * 4) as u64;
-    let base = Stack::<Train>::new(&device);
-    // Burn initialises parameters lazily, and a clone made before would draw its own values:
-    // read them once, so that every run starts from the same model.
-    let _ = param_values(&base);
+    let base = Stack::<Train>::drawn(&device);
 
     let mut finals = Vec::new();
     for chunk_size in [ChunkSize::PerParameter, ChunkSize::Elements(WIDTH * WIDTH)] {
