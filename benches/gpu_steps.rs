@@ -133,6 +133,8 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
         "syncs": per_step(counts.syncs),
         "host_reads": per_step(counts.host_reads),
         "host_writes": per_step(counts.host_writes),
+        "host_read_bytes": per_step(counts.host_read_bytes),
+        "host_write_bytes": per_step(counts.host_write_bytes),
     });
     result["memory"] = serde_json::to_value(memory).map_err(|e| e.to_string())?;
     if let Some(launches) = launches {

@@ -329,6 +329,11 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
                             })),
                             "uploads_per_step": timed.host_writes as f64 / TIMED as f64,
                             "read_backs_per_step": timed.host_reads as f64 / TIMED as f64,
+                            // What crosses the bus on a GPU, each way.
+                            "upload_bytes_per_step":
+                                timed.host_write_bytes as f64 / TIMED as f64,
+                            "read_back_bytes_per_step":
+                                timed.host_read_bytes as f64 / TIMED as f64,
                             "auto_placement": report.auto_placement,
                             "kept_shards": report.kept_shards,
                         });
@@ -492,15 +497,22 @@ fn main() {
                     .as_f64()
                     .map_or_else(|| "-".to_string(), |n| n.to_string())
             };
+            let per_mib = |name: &str| {
+                result["placement"][name]
+                    .as_f64()
+                    .map_or_else(|| "-".to_string(), |n| format!("{:.1}", n / 1048576.0))
+            };
             eprintln!(
-                "  {} k={k}: {} parameters, peak {:.1} MiB, {:.1} tokens/s, uploads {} and \
-                 read-backs {} per step",
+                "  {} k={k}: {} parameters, peak {:.1} MiB, {:.1} tokens/s, uploads {} ({} MiB) \
+                 and read-backs {} ({} MiB) per step",
                 side.name(),
                 result["parameters"],
                 mib(peak),
                 result["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
                 per_step("uploads_per_step"),
+                per_mib("upload_bytes_per_step"),
                 per_step("read_backs_per_step"),
+                per_mib("read_back_bytes_per_step"),
             );
             Some((peak <= budget, result))
         };
@@ -615,7 +627,7 @@ fn render(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Va
         judge.describe(),
         batch()
     );
-    md += "| placement | largest k | parameters | peak reserved MiB | peak in use MiB | tokens/s | uploads per step | next size (k+1) judged peak MiB | × plain Burn's parameters |\n";
+    md += "| placement | largest k | parameters | peak reserved MiB | peak in use MiB | tokens/s | uploads per step (MiB) | next size (k+1) judged peak MiB | × plain Burn's parameters |\n";
     md += "|---|---|---|---|---|---|---|---|---|\n";
     let plain = rows
         .iter()
@@ -634,10 +646,16 @@ fn render(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Va
             v.and_then(|v| v.as_u64())
                 .map_or("—".into(), |b| format!("{:.1}", mib(b)))
         };
-        let uploads = fit
-            .as_ref()
-            .and_then(|v| v["placement"]["uploads_per_step"].as_f64())
-            .map_or("—".into(), |u| format!("{u:.0}"));
+        let uploads = fit.as_ref().map_or("—".into(), |v| {
+            let placement = &v["placement"];
+            match (
+                placement["uploads_per_step"].as_f64(),
+                placement["upload_bytes_per_step"].as_f64(),
+            ) {
+                (Some(n), Some(bytes)) => format!("{n:.0} ({:.1} MiB)", bytes / 1048576.0),
+                _ => "—".into(),
+            }
+        });
         md += &format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             side.describe(),

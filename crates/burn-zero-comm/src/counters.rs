@@ -35,6 +35,8 @@ pub struct RankCounters {
     syncs: AtomicU64,
     host_reads: AtomicU64,
     host_writes: AtomicU64,
+    host_read_bytes: AtomicU64,
+    host_write_bytes: AtomicU64,
 }
 
 impl RankCounters {
@@ -54,14 +56,18 @@ impl RankCounters {
         self.syncs.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts one read of device memory back to the host.
-    pub fn host_read(&self) {
+    /// Counts one read of `bytes` of device memory back to the host.
+    pub fn host_read(&self, bytes: usize) {
         self.host_reads.fetch_add(1, Ordering::Relaxed);
+        self.host_read_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
-    /// Counts one upload of host memory to the device.
-    pub fn host_write(&self) {
+    /// Counts one upload of `bytes` of host memory to the device.
+    pub fn host_write(&self, bytes: usize) {
         self.host_writes.fetch_add(1, Ordering::Relaxed);
+        self.host_write_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// The counts now; two snapshots subtract to the counts between them.
@@ -75,6 +81,8 @@ impl RankCounters {
             syncs: load(&self.syncs),
             host_reads: load(&self.host_reads),
             host_writes: load(&self.host_writes),
+            host_read_bytes: load(&self.host_read_bytes),
+            host_write_bytes: load(&self.host_write_bytes),
         }
     }
 }
@@ -97,6 +105,10 @@ pub struct Counts {
     /// Uploads of host memory to the device (offloaded parameter shards before their
     /// gathers, offloaded optimizers' updated shards).
     pub host_writes: u64,
+    /// Bytes of those reads: on a GPU, what crosses the bus from the device.
+    pub host_read_bytes: u64,
+    /// Bytes of those uploads: on a GPU, what crosses the bus to the device.
+    pub host_write_bytes: u64,
 }
 
 impl Counts {
@@ -118,6 +130,8 @@ impl Add for Counts {
             syncs: self.syncs + other.syncs,
             host_reads: self.host_reads + other.host_reads,
             host_writes: self.host_writes + other.host_writes,
+            host_read_bytes: self.host_read_bytes + other.host_read_bytes,
+            host_write_bytes: self.host_write_bytes + other.host_write_bytes,
         }
     }
 }
@@ -134,6 +148,8 @@ impl Sub for Counts {
             syncs: self.syncs - earlier.syncs,
             host_reads: self.host_reads - earlier.host_reads,
             host_writes: self.host_writes - earlier.host_writes,
+            host_read_bytes: self.host_read_bytes - earlier.host_read_bytes,
+            host_write_bytes: self.host_write_bytes - earlier.host_write_bytes,
         }
     }
 }

@@ -101,9 +101,9 @@ pub(crate) fn combine<C: Backend>(
         NormType::Inf => ReduceOp::Max,
     };
     let reduced = comm.all_reduce(local, op)?;
-    counters.host_read();
-    let global = reduced
-        .into_data()
+    let data = reduced.into_data();
+    counters.host_read(data.as_bytes().len());
+    let global = data
         .convert::<f32>()
         .to_vec::<f32>()
         .expect("data converted to f32 reads as f32");

@@ -75,8 +75,9 @@ impl<B: Backend> Placement<B> for OnDevice {
     }
 
     fn into_host_data(tensor: Tensor<B, 1>, counters: &RankCounters) -> TensorData {
-        counters.host_read();
-        tensor.into_data()
+        let data = tensor.into_data();
+        counters.host_read(data.as_bytes().len());
+        data
     }
 }
 
@@ -99,14 +100,16 @@ impl<B: Backend, H: Backend> Placement<B> for Offload<H> {
 
     fn to_host(tensor: Tensor<B, 1>, counters: &RankCounters) -> Tensor<H, 1> {
         let dtype = tensor.dtype();
-        counters.host_read();
-        Tensor::from_data(tensor.into_data(), (&Device::<H>::default(), dtype))
+        let data = tensor.into_data();
+        counters.host_read(data.as_bytes().len());
+        Tensor::from_data(data, (&Device::<H>::default(), dtype))
     }
 
     fn to_model(tensor: Tensor<H, 1>, device: &Device<B>, counters: &RankCounters) -> Tensor<B, 1> {
         let dtype = tensor.dtype();
-        counters.host_write();
-        Tensor::from_data(tensor.into_data(), (device, dtype))
+        let data = tensor.into_data();
+        counters.host_write(data.as_bytes().len());
+        Tensor::from_data(data, (device, dtype))
     }
 
     fn host_device(_device: &Device<B>) -> Device<H> {

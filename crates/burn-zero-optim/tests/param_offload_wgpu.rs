@@ -18,7 +18,10 @@
 //! device as its measured room holds (at least one), it keeps host layers' shards on the
 //! device between uses in the periods with room to spare (the rank's upload count over the
 //! placed steps is below the two uploads per host layer and pass that a placement without it
-//! makes, by as many as it reports kept uses), and it trains the same bits; a capacity
+//! makes, by as many as it reports kept uses), it sends fewer bytes to the device over those
+//! steps than the run with every shard on the host, with no more read-backs' bytes and no more
+//! synchronisations (the rank's counts: on a GPU, what crosses the bus), and it trains the
+//! same bits; a capacity
 //! below what the run needs with every shard on the host stops it with a named error, and so
 //! does asking to read the capacity from a wgpu device (only CUDA's driver reports one).
 //!
@@ -36,7 +39,7 @@ use burn::backend::Flex;
 use burn::backend::wgpu::WgpuDevice;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::Backend;
-use burn_zero_comm::launch;
+use burn_zero_comm::{Counts, launch};
 use burn_zero_core::{
     AutoPlacementReport, ChunkSize, KeptShardStats, ZeroConfig, ZeroError, shard,
 };
@@ -64,8 +67,9 @@ struct Run {
     params: Vec<Vec<f32>>,
     placed: Option<AutoPlacementReport>,
     kept: Option<KeptShardStats>,
-    /// Uploads of host memory to the device over the last `PLACED` steps.
-    placed_uploads: u64,
+    /// The rank's counts over the last `PLACED` steps (uploads of host memory to the device
+    /// and their bytes among them).
+    placed_counts: Counts,
 }
 
 /// Trains `base` at stage 3 with `config`'s placement; `Err` with the rank's failure.
@@ -82,19 +86,19 @@ fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
         let mut optimizer =
             ZeroOptimizer::<_, _, Offload<Flex>>::offloaded(&zero, AdamConfig::new().build());
-        let uploads = || zero.memory_report().counts.host_writes;
-        let mut placed_uploads = 0;
+        let mut placed_from = Counts::default();
+        let mut placed_counts = Counts::default();
         let (model, peak) = peak_device_memory::<Plain, _>(ctx.device(), EVERY, || {
             for step in 0..STEPS {
                 if step == STEPS - PLACED {
-                    placed_uploads = uploads();
+                    placed_from = zero.counts();
                 }
                 let input = input::<Train>(step, ctx.device());
                 let grads = GradientsParams::from_grads(model.loss(input).backward(), &model);
                 model = optimizer.step(1e-3, model, grads);
                 Plain::sync(ctx.device()).unwrap();
             }
-            placed_uploads = uploads() - placed_uploads;
+            placed_counts = zero.counts() - placed_from;
             model
         });
         Ok(Run {
@@ -103,7 +107,7 @@ fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
             params: param_values(&model),
             placed: zero.memory_report().auto_placement,
             kept: zero.memory_report().kept_shards,
-            placed_uploads,
+            placed_counts,
         })
     })
     .map_err(|error| error.to_string())?;
@@ -228,7 +232,7 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
     let unkept = (PLACED * (2 * host + device) + device) as u64;
     println!(
         "uploads over {PLACED} placed steps: {} (without keeping {unkept}); {kept:?}",
-        auto.placed_uploads
+        auto.placed_counts.host_writes
     );
     assert!(
         kept.kept_uses >= 1,
@@ -236,10 +240,33 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
     );
     assert_eq!(kept.off_schedule, 0, "{kept:?}");
     assert_eq!(
-        auto.placed_uploads,
+        auto.placed_counts.host_writes,
         unkept - kept.kept_uses,
         "each kept use saves one upload: {kept:?}"
     );
+    // What a GPU pays for, over the same steps: each upload carries one layer's shard, so the
+    // placement sends fewer bytes to the device than the run with every shard on the host,
+    // and it reads back no more and synchronises the device no more often.
+    let (auto_counts, host_counts) = (auto.placed_counts, on_host.placed_counts);
+    println!(
+        "over the placed steps, every shard on the host: {host_counts:?}; auto placement: \
+         {auto_counts:?}"
+    );
+    for counts in [auto_counts, host_counts] {
+        assert_eq!(
+            counts.host_write_bytes,
+            counts.host_writes * layer,
+            "{counts:?}"
+        );
+    }
+    assert!(
+        auto_counts.host_write_bytes < host_counts.host_write_bytes,
+        "the placement uploaded {} B, every shard on the host {} B",
+        auto_counts.host_write_bytes,
+        host_counts.host_write_bytes
+    );
+    assert!(auto_counts.host_read_bytes <= host_counts.host_read_bytes);
+    assert!(auto_counts.syncs <= host_counts.syncs);
 
     // Less than the run needs with every shard on the host: a named error, not an allocation
     // failure.

@@ -385,7 +385,7 @@ fn read_to_host<B: Backend>(
         .pop()
         .expect("one part asked for");
     let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(row)).into_data();
-    ctx.counters.host_read();
+    ctx.counters.host_read(data.as_bytes().len());
     let ranges = bucket.members.iter().map(|m| m.offset..m.offset + m.len);
     Ok(host_slices(&data, ranges))
 }

@@ -148,7 +148,7 @@ impl<B: Backend> Block<B> {
         let bytes = primitive_bytes(&values);
         let device = B::float_device(&values);
         let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(values)).into_data();
-        self.counters.host_read();
+        self.counters.host_read(data.as_bytes().len());
         self.memory.sub(self.kind, bytes);
         self.memory.add(host_kind(self.kind), bytes);
         *held = Some(Held::Host {
@@ -186,7 +186,7 @@ impl<B: Backend> Block<B> {
         device: &B::Device,
         counters: &RankCounters,
     ) -> B::FloatTensorPrimitive {
-        counters.host_write();
+        counters.host_write(data.as_bytes().len());
         B::float_from_data(data, device)
     }
 
@@ -284,7 +284,7 @@ mod tests {
     }
 
     /// Moving a block where it already is keeps its values and counts nothing; each real move
-    /// shifts its bytes between the device and host kinds and counts one transfer.
+    /// shifts its bytes between the device and host kinds and counts one transfer of them.
     #[test]
     fn moves_keep_the_values_and_repeated_moves_do_nothing() {
         let (block, memory, counters) = block(&[1.0, 2.0, 3.0]);
@@ -305,5 +305,7 @@ mod tests {
         // One read to move it to the host; one upload for the read while there, one to move
         // it back.
         assert_eq!((counts.host_reads, counts.host_writes), (1, 2));
+        // Each of them carries the block's 12 bytes.
+        assert_eq!((counts.host_read_bytes, counts.host_write_bytes), (12, 24));
     }
 }
