@@ -176,7 +176,12 @@ pub struct AutoPlacementReport {
     pub capacity_bytes: u64,
     /// The most bytes the device had in use during the warm-up (every shard on the host).
     pub warmup_peak_bytes: u64,
-    /// `0.9 × capacity − warmup_peak`: the bytes the shards were allowed on the device.
+    /// The largest sharded chunk's shard: an optimizer step holds one device chunk's old and
+    /// new values at once (it replaces each chunk's values as it reaches them), which the
+    /// warm-up, with every shard on the host, never held. Kept out of the room.
+    pub step_bytes: u64,
+    /// `0.9 × capacity − warmup_peak − step_bytes`: the bytes the shards were allowed on the
+    /// device.
     pub room_bytes: u64,
     /// Sharded chunks whose shards moved to the device.
     pub device_chunks: usize,

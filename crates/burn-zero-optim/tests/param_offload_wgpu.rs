@@ -185,10 +185,10 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
     );
     assert!(params_bits_equal(&on_host.params, &on_device.params));
 
-    // A capacity that leaves room for one or two of the four layers' shards next to what the
-    // run needs with every shard on the host, and that the run with every shard on the device
-    // goes over.
-    let capacity = (on_host.peak.in_use + layer + layer / 2) as f64 / 0.9;
+    // A capacity that leaves room for one of the four layers' shards next to what the run
+    // needs with every shard on the host and one layer more for the step (which holds one
+    // chunk's old and new values), and that the run with every shard on the device goes over.
+    let capacity = (on_host.peak.in_use + 2 * layer + layer / 5) as f64 / 0.9;
     assert!(
         capacity < on_device.peak.in_use as f64,
         "the capacity {capacity} must be below the all-on-device peak {:?} for the test to mean \
@@ -213,7 +213,14 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
         "the auto placement went over its capacity {capacity:.0} B: {:?} ({placed:?})",
         auto.peak
     );
-    // The decision against its own measurement: as many whole layers as its room holds.
+    // The decision against its own measurement: one layer kept out of the room for the step,
+    // and as many whole layers as the rest holds.
+    assert_eq!(placed.step_bytes, layer, "{placed:?}");
+    assert_eq!(
+        placed.room_bytes,
+        (0.9 * placed.capacity_bytes as f64) as u64 - placed.warmup_peak_bytes - layer,
+        "{placed:?}"
+    );
     let fitting = ((placed.room_bytes / layer) as usize).min(LAYERS);
     assert_eq!(
         (placed.device_chunks, placed.host_chunks),

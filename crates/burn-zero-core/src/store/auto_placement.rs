@@ -261,11 +261,12 @@ impl AutoPlacement {
     }
 
     /// Records the decision: `device` chunks (`device_bytes` of shards) moved, `host` stayed,
-    /// in `room` bytes; a pass of `periods` periods, the roomiest leaving `most_room` bytes
-    /// for host shards kept between uses.
+    /// in `room` bytes, `step` bytes kept out of it for the optimizer step; a pass of
+    /// `periods` periods, the roomiest leaving `most_room` bytes for host shards kept between
+    /// uses.
     pub(crate) fn decide(
         &mut self,
-        room: u64,
+        (room, step): (u64, u64),
         (device, device_bytes): (usize, u64),
         host: usize,
         (periods, most_room): (usize, u64),
@@ -273,6 +274,7 @@ impl AutoPlacement {
         let report = AutoPlacementReport {
             capacity_bytes: self.capacity,
             warmup_peak_bytes: self.peak,
+            step_bytes: step,
             room_bytes: room,
             device_chunks: device,
             host_chunks: host,
@@ -306,7 +308,7 @@ mod tests {
         assert_eq!(auto.room(), None, "one pass is not the warm-up");
         auto.end_pass();
         assert_eq!(auto.room(), Some(capacity * 9 / 10 - 50 * 1048576));
-        auto.decide(1, (2, 0), 3, (0, 0));
+        auto.decide((1, 0), (2, 0), 3, (0, 0));
         assert_eq!(auto.room(), None, "decided once");
         assert!(!auto.warming_up());
     }

@@ -310,9 +310,19 @@ impl<B: Backend> ParamStore<B> {
     }
 
     /// The auto placement's decision once its warm-up is over: the chunks whose shards fit in
-    /// `room` move to the device for good, and the others' shards are kept between uses by
-    /// the recorded periods.
+    /// `room`, less the largest chunk's shard for the step (see
+    /// [`AutoPlacementReport::step_bytes`]), move to the device for good, and the others'
+    /// shards are kept between uses by the recorded periods.
     fn decide_placement(&self, auto: &mut AutoPlacement, room: u64) {
+        let step = self
+            .chunks()
+            .chunks()
+            .iter()
+            .filter(|chunk| chunk.kind == ChunkKind::Sharded)
+            .map(|chunk| shard_bytes(chunk) as u64)
+            .max()
+            .unwrap_or(0);
+        let room = room.saturating_sub(step);
         let ids = device_chunks(self.chunks(), room as usize);
         let keys = member_keys(self.chunks(), &ids);
         write(&self.host_keys).retain(|key| !keys.contains(key));
@@ -327,11 +337,14 @@ impl<B: Backend> ParamStore<B> {
         let residency = auto
             .recorded()
             .filter(|pass| !pass.order.is_empty() && host > 0)
-            .map(|pass| Residency::new(pass.order.clone(), &pass.needs, auto.planned(), bytes));
+            .map(|pass| {
+                let planned = auto.planned().saturating_sub(step);
+                Residency::new(pass.order.clone(), &pass.needs, planned, bytes)
+            });
         let periods = residency
             .as_ref()
             .map_or((0, 0), |r| (r.periods(), r.most_room()));
-        let report = auto.decide(room, (ids.len(), bytes), host, periods);
+        let report = auto.decide((room, step), (ids.len(), bytes), host, periods);
         *lock(&self.residency) = residency;
         tracing::info!(rank = self.rank(), ?report, "parameter shards placed");
     }
