@@ -104,7 +104,8 @@ pub struct ZeroConfig {
     /// warm-up: the optimizer makes its state at the end of the first) run with every shard in
     /// host memory while the device's bytes in use are read at each gather and at the end of
     /// each pass (cubecl's own count, every stream summed); then the shards of chunks in layout
-    /// order move to the device while they fit in 0.9 × capacity less the warm-up's peak, and
+    /// order move to the device while they fit in 0.9 × capacity less the warm-up's peak and
+    /// one chunk's shard (a step holds one device chunk's old and new values at once), and
     /// stay there. A warm-up reading above the capacity stops training with an error that says
     /// what was needed and what was available. Needs a backend whose memory cubecl reports
     /// (wgpu, CUDA, with burn-zero's `wgpu`/`cuda` features); replaces `offload_param_frac`.
