@@ -523,13 +523,13 @@ where
             chunk_grads,
             ..
         } = prepared;
-        let store = bound(&self.zero).store().clone();
+        let chunks = PendingChunks::new(bound(&self.zero).store(), chunk_grads, values, ids);
         let mut apply = Apply {
             optimizer: self,
             lr,
             factor,
             taken,
-            chunks: PendingChunks::new(&store, chunk_grads, values, ids),
+            chunks,
         };
         let module = module.map(&mut apply);
         debug_assert!(

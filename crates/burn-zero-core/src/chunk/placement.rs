@@ -40,6 +40,12 @@ pub fn device_chunks(layout: &ChunkLayout, room: usize) -> Vec<usize> {
     first_within(layout, room)
 }
 
+/// Bytes of the largest shard of a sharded chunk of `layout` (0 without one): what an optimizer
+/// step holds twice at most while it replaces a device chunk's values.
+pub fn largest_shard_bytes(layout: &ChunkLayout) -> usize {
+    sharded(layout).map(shard_bytes).max().unwrap_or(0)
+}
+
 /// The keys of every member of the chunks `ids` of `layout`.
 pub fn member_keys(layout: &ChunkLayout, ids: &[usize]) -> HashSet<usize> {
     ids.iter()

@@ -74,7 +74,8 @@ struct Pass<B: Backend> {
     /// Reduced gradients of parameters this rank did not use in the last backward (its
     /// autodiff graph has no slot for them), kept for the optimizer.
     orphans: BTreeMap<usize, ZeroTensor<B>>,
-    /// The parameter keys in the order their final gradients arrived in this pass.
+    /// The parameter keys in the order their final gradients arrived in this pass, until the
+    /// buckets are reordered.
     arrivals: Vec<usize>,
     /// Whether the buckets have been put in the order a backward pass completes them.
     reordered: bool,
@@ -169,7 +170,10 @@ impl<B: Backend> GradientReducer<B> {
         let mut guard = self.lock_pass();
         let pass = &mut *guard;
         pass.start();
-        pass.arrivals.push(key);
+        // Only the first pass with a communication thread decides the buckets' order.
+        if !pass.reordered && pass.thread.is_some() {
+            pass.arrivals.push(key);
+        }
         match (&mut pass.thread, grad) {
             (Some(thread), ZeroTensor::Local(grad)) => {
                 // The thread finishes the device's work once per bucket before reading it.

@@ -13,7 +13,9 @@ use burn_zero_comm::sync::{lock, read, write};
 use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
 use burn_zero_kernels::{DeviceMemorySampler, device_memory};
 
-use crate::chunk::placement::{device_chunks, host_chunks, member_keys, shard_bytes};
+use crate::chunk::placement::{
+    device_chunks, host_chunks, largest_shard_bytes, member_keys, shard_bytes,
+};
 use crate::chunk::{BlockLayout, Chunk, ChunkKind, ChunkLayout};
 use crate::config::ZeroConfig;
 use crate::memory::{
@@ -314,14 +316,7 @@ impl<B: Backend> ParamStore<B> {
     /// [`AutoPlacementReport::step_bytes`]), move to the device for good, and the others'
     /// shards are kept between uses by the recorded periods.
     fn decide_placement(&self, auto: &mut AutoPlacement, room: u64) {
-        let step = self
-            .chunks()
-            .chunks()
-            .iter()
-            .filter(|chunk| chunk.kind == ChunkKind::Sharded)
-            .map(|chunk| shard_bytes(chunk) as u64)
-            .max()
-            .unwrap_or(0);
+        let step = largest_shard_bytes(self.chunks()) as u64;
         let room = room.saturating_sub(step);
         let ids = device_chunks(self.chunks(), room as usize);
         let keys = member_keys(self.chunks(), &ids);
