@@ -22,7 +22,10 @@ pub struct ZeroConfig {
     pub stage: u8,
     /// Size of a gradient bucket in MiB (all ranks' rows together). Gradients are packed into
     /// buckets and each bucket is reduced by one collective; a gradient larger than a bucket
-    /// is reduced on its own. 0 or less: one collective per parameter.
+    /// is reduced on its own. 0 or less: one collective per parameter. Reduce-scattered and
+    /// all-reduced gradients fill buckets of their own; with `overlap_comm` the buckets are
+    /// rebuilt after the first backward pass from the order it produced gradients in (as
+    /// PyTorch DDP does), so that each bucket's gradients arrive together.
     #[config(default = 25.0)]
     pub bucket_size_mb: f64,
     /// Element type gradients are reduced in; `None` keeps each parameter's own. `Some(F32)`
@@ -86,7 +89,8 @@ pub struct ZeroConfig {
     /// chunks, FSDP2's parameter groups). Parameters are packed in module visit order; frozen
     /// and trainable parameters, sharded and replicated ones, and different dtypes never share
     /// a chunk. With chunks, gradients are reduced one chunk at a time and `bucket_size_mb` is
-    /// not used. [`ChunkSize::PerParameter`] keeps one parameter per chunk and gradient buckets
+    /// not used (replicated chunks' buckets are rebuilt like buckets of `bucket_size_mb`, within
+    /// the chunk capacity). [`ChunkSize::PerParameter`] keeps one parameter per chunk and gradient buckets
     /// of `bucket_size_mb`. The default, [`ChunkSize::Auto`], is the searched size on device
     /// backends and one parameter per chunk on Flex and NdArray.
     #[config(default = "ChunkSize::Auto")]

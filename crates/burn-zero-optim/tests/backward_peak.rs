@@ -7,62 +7,27 @@
 //! backward level by level of node depth, so a LayerNorm's scale and shift, which enter the
 //! graph through a shallow broadcast, get their gradients only when backward ends. Reduced
 //! strictly in the layout's order, a bucket holding them would hold back every bucket behind
-//! it, and the pass would keep every weight's full gradient until its end. With buckets in the
-//! order backward completes them and at most one bucket waiting behind the one being reduced,
-//! the pass holds a few weights' gradients at a time, where the same training without overlap
+//! it, and the pass would keep every weight's full gradient until its end. With buckets rebuilt
+//! for the order backward produces gradients in and at most one bucket waiting behind the one
+//! being reduced, the pass holds a few weights' gradients at a time, where the same training
+//! without overlap
 //! (which reduces when backward ends) holds them all; and both end bitwise the same.
 
 use burn::backend::Flex;
 use burn::module::Module;
-use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams};
-use burn::tensor::Tensor;
-use burn::tensor::backend::Backend;
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
 use burn_zero_optim::ZeroOptimizer;
 use burn_zero_testing::alloc::CountingAllocator;
 use burn_zero_testing::{Materialise, Train, param_values};
 
+#[path = "common/normed.rs"]
+mod normed;
+use normed::{LAYERS, NormedStack as Stack, WEIGHT_BYTES, WIDTH, input};
+
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator::new();
-
-const WIDTH: usize = 256;
-const LAYERS: usize = 16;
-/// Bytes of one weight's full f32 gradient.
-const WEIGHT_BYTES: usize = WIDTH * WIDTH * 4;
-
-#[derive(Module, Debug)]
-struct Layer<B: Backend> {
-    linear: Linear<B>,
-    norm: LayerNorm<B>,
-}
-
-/// `LAYERS` × (linear `WIDTH`², LayerNorm).
-#[derive(Module, Debug)]
-struct Stack<B: Backend> {
-    layers: Vec<Layer<B>>,
-}
-
-impl<B: Backend> Stack<B> {
-    fn new(device: &B::Device) -> Self {
-        Self {
-            layers: (0..LAYERS)
-                .map(|_| Layer {
-                    linear: LinearConfig::new(WIDTH, WIDTH).init(device),
-                    norm: LayerNormConfig::new(WIDTH).init(device),
-                })
-                .collect(),
-        }
-    }
-
-    fn forward(&self, mut x: Tensor<B, 2>) -> Tensor<B, 2> {
-        for layer in &self.layers {
-            x = layer.norm.forward(layer.linear.forward(x));
-        }
-        x
-    }
-}
 
 /// Each step's backward peak above the bytes live when it began, and the final parameters.
 fn train(base: &Stack<Train>, config: &ZeroConfig, steps: usize) -> (Vec<usize>, Vec<Vec<f32>>) {
@@ -71,16 +36,7 @@ fn train(base: &Stack<Train>, config: &ZeroConfig, steps: usize) -> (Vec<usize>,
         let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
         let mut peaks = Vec::new();
         for step in 0..steps {
-            let x = Tensor::<Train, 2>::from_data(
-                burn::tensor::TensorData::new(
-                    (0..4 * WIDTH)
-                        .map(|i| ((i * 7 + step * 13) % 17) as f32 / 17.0 - 0.5)
-                        .collect::<Vec<f32>>(),
-                    [4, WIDTH],
-                ),
-                ctx.device(),
-            );
-            let loss = model.forward(x).powf_scalar(2.0).mean();
+            let loss = model.loss(input(step, 0, ctx.device()));
             let before = ALLOCATOR.live();
             ALLOCATOR.reset_peak();
             let grads = loss.backward();

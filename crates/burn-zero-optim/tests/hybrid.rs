@@ -20,6 +20,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn_zero_comm::{CommError, Communicator, RankContext, ReduceOp, launch};
+use burn_zero_core::chunk::{Chunk, ChunkKind};
 use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
 use burn_zero_optim::ZeroOptimizer;
 use burn_zero_testing::{
@@ -348,17 +349,42 @@ fn bytes_and_model_state(chunk_size: ChunkSize) {
         );
         assert_eq!(*counted, 2 * 2 * buckets.len() as u64, "rank {rank}");
         if chunk_size != ChunkSize::PerParameter {
-            // With chunks a bucket is a chunk (every parameter trains here): two collectives
-            // per chunk and step, fewer than one parameter per chunk needs.
-            let members: Vec<Vec<usize>> = chunks
+            // With chunks a sharded chunk is a bucket (every parameter trains here), and the
+            // replicated chunks' members are regrouped (within the chunk capacity) for the
+            // order backward produced them in: two collectives per bucket and step, fewer than
+            // one parameter per chunk needs.
+            let keys = |c: &Chunk| c.members.iter().map(|m| m.key).collect::<Vec<_>>();
+            let sharded: Vec<Vec<usize>> = chunks
                 .chunks()
                 .iter()
-                .map(|c| c.members.iter().map(|m| m.key).collect())
+                .filter(|c| c.kind == ChunkKind::Sharded)
+                .map(keys)
                 .collect();
-            assert_eq!(buckets.len(), members.len(), "rank {rank}: {buckets:?}");
-            for bucket in buckets {
-                assert!(members.contains(bucket), "rank {rank}: {bucket:?}");
+            let replicated: Vec<usize> = chunks
+                .chunks()
+                .iter()
+                .filter(|c| c.kind == ChunkKind::Replicated)
+                .flat_map(keys)
+                .collect();
+            for chunk in &sharded {
+                assert!(
+                    buckets.contains(chunk),
+                    "rank {rank}: {chunk:?} in {buckets:?}"
+                );
             }
+            for bucket in buckets.iter().filter(|b| !sharded.contains(b)) {
+                assert!(
+                    bucket.iter().all(|key| replicated.contains(key)),
+                    "rank {rank}: {bucket:?}"
+                );
+            }
+            let mut bucketed: Vec<usize> = buckets.iter().flatten().copied().collect();
+            bucketed.sort_unstable();
+            assert_eq!(
+                bucketed,
+                (0..infos.len()).collect::<Vec<_>>(),
+                "rank {rank}"
+            );
             assert!(buckets.len() < infos.len(), "rank {rank}: {buckets:?}");
         }
         // Predicted from the parameter list (f32, 4 bytes an element): a sharded parameter is

@@ -91,6 +91,9 @@ pub struct ChunkLayout {
     places: Vec<(usize, usize)>,
     /// Whether every chunk holds one parameter (the layout of `ChunkSize::PerParameter`).
     per_parameter: bool,
+    /// The capacity it was packed with: elements a chunk gathers at most, unless one member
+    /// alone is larger.
+    capacity: Option<usize>,
 }
 
 /// What decides a parameter's group: chunks only take parameters of one group.
@@ -172,6 +175,7 @@ impl ChunkLayout {
             chunks,
             places,
             per_parameter: capacity.is_none(),
+            capacity,
         }
     }
 
@@ -189,6 +193,12 @@ impl ChunkLayout {
     /// Whether the layout is one parameter per chunk.
     pub fn is_per_parameter(&self) -> bool {
         self.per_parameter
+    }
+
+    /// The elements a chunk gathers at most (a member larger than this has a chunk of its
+    /// own); `None` with one parameter per chunk.
+    pub fn capacity(&self) -> Option<usize> {
+        self.capacity
     }
 
     /// Number of chunks of `kind`.

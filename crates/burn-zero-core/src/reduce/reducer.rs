@@ -6,9 +6,9 @@
 //! whatever order the hooks fire in and whichever parameters a rank used, with zeros standing
 //! in for the gradients this rank does not have. So ranks never issue different collectives.
 //! The first backward pass reduces the reduce-scattered buckets by descending parameter key
-//! and the all-reduced ones after them; from the second on, the buckets go in the order the
-//! first pass completed them, rank 0's order on every rank
-//! (`GradientReducer::end_backward`). With `overlap_comm` (stages 0, 2, 3) a communication
+//! and the all-reduced ones after them; from the second on, the buckets are rebuilt for the
+//! order the first pass produced gradients in and go in the order it completed them, rank 0's
+//! on every rank (`GradientReducer::end_backward`). With `overlap_comm` (stages 0, 2, 3) a communication
 //! thread ([`crate::reduce::thread`]) reduces each bucket as soon as it is complete, while
 //! backward goes on, in the position of the rank's order of collectives that the completing
 //! hook took (so the order is the program's, not the threads' timing); otherwise, and at
@@ -28,7 +28,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorMetadata};
 
 use crate::memory::MemoryKind;
-use crate::reduce::bucket::{Bucket, ReduceError, Reduction};
+use crate::reduce::bucket::{self, Bucket, ReduceError, Reduction};
 use crate::reduce::deliver::{Destinations, deliver};
 use crate::reduce::queue::{BucketQueue, Reduced};
 use crate::reduce::slot::GradSlot;
@@ -75,10 +75,10 @@ struct Pass<B: Backend> {
     /// autodiff graph has no slot for them), kept for the optimizer.
     orphans: BTreeMap<usize, ZeroTensor<B>>,
     /// The parameter keys in the order their final gradients arrived in this pass, until the
-    /// buckets are reordered.
+    /// buckets are rebuilt.
     arrivals: Vec<usize>,
-    /// Whether the buckets have been put in the order a backward pass completes them.
-    reordered: bool,
+    /// Whether the buckets have been rebuilt for the order a backward pass produces gradients.
+    rebuilt: bool,
 }
 
 impl<B: Backend> Pass<B> {
@@ -112,7 +112,7 @@ impl<B: Backend> GradientReducer<B> {
                 active: false,
                 orphans: BTreeMap::new(),
                 arrivals: Vec::new(),
-                reordered: false,
+                rebuilt: false,
             }),
             last: Mutex::new(ReductionStats::default()),
         }
@@ -171,7 +171,7 @@ impl<B: Backend> GradientReducer<B> {
         let pass = &mut *guard;
         pass.start();
         // Only the first pass with a communication thread decides the buckets' order.
-        if !pass.reordered && pass.thread.is_some() {
+        if !pass.rebuilt && pass.thread.is_some() {
             pass.arrivals.push(key);
         }
         match (&mut pass.thread, grad) {
@@ -222,7 +222,11 @@ impl<B: Backend> GradientReducer<B> {
                     match store.comm().barrier() {
                         Ok(()) => {
                             let finished = thread.finish(backward_ended);
-                            let overlap = (finished.busy_seconds, finished.early);
+                            let overlap = (
+                                finished.busy_seconds,
+                                finished.early,
+                                finished.peak_incomplete_bytes,
+                            );
                             (finished.reduced, Some(overlap))
                         }
                         Err(error) => (Err(ReduceError::Comm(error)), None),
@@ -242,11 +246,13 @@ impl<B: Backend> GradientReducer<B> {
                 )
             });
             let exposed_seconds = started.elapsed().as_secs_f64();
-            let (seconds, overlapped) = overlap.unwrap_or((exposed_seconds, 0));
+            let (seconds, overlapped, peak_incomplete_bytes) =
+                overlap.unwrap_or((exposed_seconds, 0, 0));
             let mut stats = ReductionStats {
                 exposed_seconds,
                 seconds,
                 overlapped,
+                peak_incomplete_bytes,
                 ..ReductionStats::default()
             };
             let to = Destinations {
@@ -254,9 +260,9 @@ impl<B: Backend> GradientReducer<B> {
                 orphans: &mut pass.orphans,
             };
             deliver(store, pass.queue.buckets(), reduced, to, &mut stats);
-            if !pass.reordered && pass.thread.is_some() {
-                pass.reordered = true;
-                if let Err(error) = self.reorder_buckets(pass) {
+            if !pass.rebuilt && pass.thread.is_some() {
+                pass.rebuilt = true;
+                if let Err(error) = self.regroup_buckets(pass) {
                     panic!(
                         "burn-zero: rank {} could not agree on its gradient buckets' order: \
                          {error}",
@@ -273,58 +279,60 @@ impl<B: Backend> GradientReducer<B> {
         store.clear_gather_cache();
     }
 
-    /// Puts the buckets in the order the first backward pass completed them (PyTorch DDP
-    /// rebuilds its buckets after the first iteration for the same reason). The layout's
-    /// order, descending parameter key, is the reverse of the forward's order, which is not
-    /// the order backward produces gradients in: burn-autodiff runs backward level by level of
-    /// node depth, so a parameter that enters the graph through a shallow op (a LayerNorm's
-    /// scale and shift, broadcast by a reshape) gets its gradient only at the very end. With
-    /// buckets reduced strictly in order, one such bucket first in line held back every bucket
-    /// behind it, and the device kept every gradient of the pass until backward ended.
+    /// Rebuilds the buckets for the order the first backward pass produced gradients in
+    /// ([`bucket::regroup`]: members regrouped where a bucket's members may move, every bucket
+    /// then in the order the pass completes it; PyTorch DDP rebuilds its buckets after the
+    /// first iteration for the same reason). The layout's order, descending parameter key, is
+    /// the reverse of the forward's order, which is not the order backward produces gradients
+    /// in: burn-autodiff runs backward level by level of node depth, so a parameter that enters
+    /// the graph through a shallow op (a LayerNorm's scale and shift, broadcast by a reshape)
+    /// gets its gradient only at the very end. With buckets reduced strictly in order, one
+    /// such bucket first in line held back every bucket behind it, and the device kept every
+    /// gradient of the pass until backward ended.
     ///
-    /// Only the order changes: each bucket keeps its members, so each gradient is summed with
-    /// the same arithmetic and the results stay bitwise the same. Every rank takes rank 0's
-    /// order (ranks that used different parameters may have seen different orders): one
-    /// all-gather, once.
-    fn reorder_buckets(&self, pass: &mut Pass<B>) -> Result<(), CommError> {
+    /// Every rank takes rank 0's order (ranks that used different parameters may have seen
+    /// different orders): one all-gather, once.
+    fn regroup_buckets(&self, pass: &mut Pass<B>) -> Result<(), CommError> {
         let buckets = pass.queue.buckets();
+        let keys: Vec<usize> = buckets.iter().flat_map(Bucket::keys).collect();
         let arrived: HashMap<usize, usize> = pass
             .arrivals
             .iter()
             .enumerate()
             .map(|(at, key)| (*key, at))
             .collect();
-        // A bucket is complete when its last member arrives; one whose member never came goes
-        // last, in layout order.
-        let completed = |bucket: &Bucket| {
-            bucket
-                .members
-                .iter()
-                .map(|m| arrived.get(&m.key).copied().unwrap_or(usize::MAX))
-                .max()
-                .unwrap_or(usize::MAX)
-        };
-        let mut order: Vec<usize> = (0..buckets.len()).collect();
-        order.sort_by_key(|&index| completed(&buckets[index]));
+        // Each member's place in the order, in layout order; `keys.len()`: it never came.
+        let never = keys.len();
+        let mut places: Vec<usize> = keys
+            .iter()
+            .map(|key| arrived.get(key).copied().unwrap_or(never))
+            .collect();
         let world = &self.store.groups().world;
         if world.world_size() > 1 {
-            let mine: Vec<f32> = order.iter().map(|&index| index as f32).collect();
+            // Places below 2²⁴ are exact as f32.
+            let mine: Vec<f32> = places.iter().map(|&place| place as f32).collect();
             let all = agree::exchange(world.as_ref(), self.store.device(), &mine)?;
-            order = all[0].iter().map(|&index| index as usize).collect();
+            places = all[0].iter().map(|&place| place as usize).collect();
         }
-        if order.iter().enumerate().all(|(at, &index)| at == index) {
+        let position: HashMap<usize, usize> = keys
+            .iter()
+            .zip(places)
+            .map(|(&key, place)| (key, if place == never { usize::MAX } else { place }))
+            .collect();
+        let rebuilt = bucket::regroup(buckets, |key| position[&key]);
+        let layout = |buckets: &[Bucket]| buckets.iter().map(Bucket::keys).collect::<Vec<_>>();
+        if layout(&rebuilt) == layout(buckets) {
             return Ok(());
         }
-        let reordered: Vec<Bucket> = order.iter().map(|&index| buckets[index].clone()).collect();
         tracing::debug!(
             rank = self.store.rank(),
-            ?order,
-            "gradient buckets reordered as backward completes them"
+            buckets = ?layout(&rebuilt),
+            "gradient buckets rebuilt in the order backward produces gradients"
         );
         if let Some(thread) = &mut pass.thread {
-            thread.reorder(reordered.clone());
+            thread.rebuild(rebuilt.clone());
         }
-        pass.queue = BucketQueue::new(reordered);
+        pass.queue = BucketQueue::new(rebuilt);
         Ok(())
     }
 

@@ -16,4 +16,12 @@ pub struct ReductionStats {
     pub exposed_seconds: f64,
     /// Buckets whose reduction was done while backward was still running.
     pub overlapped: usize,
+    /// The most full-gradient bytes that waited at once, during backward, for the rest of
+    /// their bucket to arrive: what the bucket layout, not the reductions' speed, makes a pass
+    /// hold. A bucket whose members arrive far apart (a weight next to a LayerNorm parameter,
+    /// whose gradient comes when backward ends) keeps the early ones waiting; with the buckets
+    /// rebuilt for the order backward produces gradients in, about one bucket's worth. Counted
+    /// from the order of autodiff's hooks, so the same in every run (0 without a
+    /// communication thread, where every gradient waits for the end of backward).
+    pub peak_incomplete_bytes: usize,
 }

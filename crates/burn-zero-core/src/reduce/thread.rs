@@ -14,6 +14,7 @@
 //! the training thread, so results are bitwise the same as without overlap.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -49,7 +50,7 @@ enum Job<B: Backend> {
     /// `Reduce`: send everything back.
     Finish { backward_ended: Instant },
     /// Between passes: reduce these buckets, in this order, from the next pass on.
-    Reorder(Vec<Bucket>),
+    Rebuild(Vec<Bucket>),
 }
 
 /// What the thread sends back at the end of a backward pass.
@@ -59,6 +60,9 @@ pub(crate) struct Finished<B: Backend> {
     pub busy_seconds: f64,
     /// Buckets whose reduction was done before backward's last hook ran.
     pub early: usize,
+    /// The most full-gradient bytes handed over that waited at once for the rest of their
+    /// bucket (see [`crate::ReductionStats::peak_incomplete_bytes`]).
+    pub peak_incomplete_bytes: usize,
 }
 
 /// Handle on a rank's communication thread, kept by the training thread.
@@ -79,6 +83,10 @@ pub(crate) struct CommThread<B: Backend> {
     handed: HashSet<usize>,
     /// The next bucket without a position.
     next: usize,
+    /// Bytes of this pass's gradients handed over whose bucket is not complete yet, and the
+    /// most of them at once.
+    incomplete_bytes: usize,
+    peak_incomplete_bytes: usize,
     /// The device the gradients are on, and the rank's counts.
     device: B::Device,
     counters: Arc<RankCounters>,
@@ -127,6 +135,8 @@ impl<B: Backend> CommThread<B> {
             backlog,
             handed: HashSet::new(),
             next: 0,
+            incomplete_bytes: 0,
+            peak_incomplete_bytes: 0,
             device,
             counters,
         })
@@ -140,6 +150,7 @@ impl<B: Backend> CommThread<B> {
     pub fn submit(&mut self, key: usize, grad: B::FloatTensorPrimitive, bytes: usize) {
         self.send(Job::Gradient { key, grad, bytes });
         self.handed.insert(key);
+        self.incomplete_bytes += bytes;
         let complete = |this: &Self| {
             this.members
                 .get(this.next)
@@ -149,8 +160,12 @@ impl<B: Backend> CommThread<B> {
             self.settle();
         }
         while complete(self) {
+            self.incomplete_bytes = self
+                .incomplete_bytes
+                .saturating_sub(self.bucket_bytes[self.next]);
             self.reserve_next();
         }
+        self.peak_incomplete_bytes = self.peak_incomplete_bytes.max(self.incomplete_bytes);
         self.backlog.wait_within_limit(|| {
             self.thread
                 .as_ref()
@@ -198,11 +213,13 @@ impl<B: Backend> CommThread<B> {
         }
     }
 
-    /// Reduces `buckets` (the same buckets in another order) from the next pass on. Called
-    /// between passes.
-    pub fn reorder(&mut self, buckets: Vec<Bucket>) {
+    /// Reduces `buckets` (the same gradients, regrouped or in another order) from the next
+    /// pass on. Called between passes.
+    pub fn rebuild(&mut self, buckets: Vec<Bucket>) {
         (self.members, self.bucket_bytes) = index(&buckets);
-        self.send(Job::Reorder(buckets));
+        self.backlog
+            .set_limit(self.bucket_bytes.iter().copied().max().unwrap_or(0));
+        self.send(Job::Rebuild(buckets));
     }
 
     /// Takes the positions of the buckets still open: the pass is over, so they are reduced
@@ -222,18 +239,25 @@ impl<B: Backend> CommThread<B> {
         self.reserve_rest();
         self.next = 0;
         self.handed.clear();
+        self.incomplete_bytes = 0;
+        let peak_incomplete_bytes = std::mem::take(&mut self.peak_incomplete_bytes);
         let gone = || Finished {
             reduced: Err(ReduceError::Comm(CommError::InvalidGroup(
                 "the gradient communication thread has stopped".into(),
             ))),
             busy_seconds: 0.0,
             early: 0,
+            peak_incomplete_bytes: 0,
         };
-        match &self.jobs {
+        let finished = match &self.jobs {
             Some(jobs) if jobs.send(Job::Finish { backward_ended }).is_ok() => {
                 self.finished.recv().unwrap_or_else(|_| gone())
             }
             _ => gone(),
+        };
+        Finished {
+            peak_incomplete_bytes,
+            ..finished
         }
     }
 }
@@ -308,12 +332,13 @@ fn serve<B: Backend>(
                     },
                     busy_seconds: done.busy_seconds,
                     early,
+                    peak_incomplete_bytes: 0,
                 });
                 if sent.is_err() {
                     return;
                 }
             }
-            Job::Reorder(buckets) => queue = BucketQueue::new(buckets),
+            Job::Rebuild(buckets) => queue = BucketQueue::new(buckets),
         }
     }
 }
@@ -422,7 +447,7 @@ impl<B: Backend> Pass<B> {
 struct Backlog {
     bytes: Mutex<usize>,
     drained: Condvar,
-    limit: usize,
+    limit: AtomicUsize,
 }
 
 impl Backlog {
@@ -435,8 +460,13 @@ impl Backlog {
         Self {
             bytes: Mutex::new(0),
             drained: Condvar::new(),
-            limit,
+            limit: AtomicUsize::new(limit),
         }
+    }
+
+    /// Sets the limit (the buckets were rebuilt).
+    fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Relaxed);
     }
 
     fn add(&self, bytes: usize) {
@@ -453,8 +483,9 @@ impl Backlog {
     /// `gone` says the thread has stopped (its failure is reported at the end of the pass).
     fn wait_within_limit(&self, gone: impl Fn() -> bool) {
         let started = Instant::now();
+        let limit = self.limit.load(Ordering::Relaxed);
         let mut held = lock(&self.bytes);
-        while *held > self.limit && !gone() && started.elapsed() < Self::LONGEST_WAIT {
+        while *held > limit && !gone() && started.elapsed() < Self::LONGEST_WAIT {
             held = match self.drained.wait_timeout(held, Self::RECHECK) {
                 Ok((held, _)) => held,
                 Err(poisoned) => poisoned.into_inner().0,
