@@ -148,10 +148,16 @@ impl<B: Backend> ParamStore<B> {
             return;
         }
         *write(&self.host_keys) = host_keys;
-        for block in self.live_blocks(|key| self.is_on_host(key)) {
+        // One walk; the host-bound shards move first, so that the device frees their memory
+        // before it takes the others.
+        let (to_host, to_device): (Vec<_>, Vec<_>) = self
+            .live_blocks(|_| true)
+            .into_iter()
+            .partition(|(key, _)| self.is_on_host(*key));
+        for (_, block) in to_host {
             block.move_to_host();
         }
-        for block in self.live_blocks(|key| !self.is_on_host(key)) {
+        for (_, block) in to_device {
             block.move_to_device();
         }
     }
@@ -167,13 +173,13 @@ impl<B: Backend> ParamStore<B> {
         self.auto.is_some() || self.config.offload_param_frac > 0.0
     }
 
-    /// The current blocks of the parameters `wanted` picks.
-    fn live_blocks(&self, wanted: impl Fn(usize) -> bool) -> Vec<Arc<Block<B>>> {
+    /// The current blocks of the parameters `wanted` picks, with their keys.
+    fn live_blocks(&self, wanted: impl Fn(usize) -> bool) -> Vec<(usize, Arc<Block<B>>)> {
         let live = lock(&self.live);
         live.blocks
             .iter()
             .filter(|(key, _)| wanted(**key))
-            .filter_map(|(_, (block, _))| block.upgrade())
+            .filter_map(|(&key, (block, _))| Some((key, block.upgrade()?)))
             .collect()
     }
 
@@ -321,7 +327,7 @@ impl<B: Backend> ParamStore<B> {
         let ids = device_chunks(self.chunks(), room as usize);
         let keys = member_keys(self.chunks(), &ids);
         write(&self.host_keys).retain(|key| !keys.contains(key));
-        for block in self.live_blocks(|key| keys.contains(&key)) {
+        for (_, block) in self.live_blocks(|key| keys.contains(&key)) {
             block.move_to_device();
         }
         let host = self.chunks().count(ChunkKind::Sharded) - ids.len();
@@ -487,6 +493,10 @@ impl<B: Backend> ParamStore<B> {
         let blocks = self.blocks(flat.dims()[0]);
         let owned = blocks.owned(self.rank());
         let padding = blocks.padding(self.rank());
+        if padding == 0 && !owned.is_empty() {
+            // The block as it is read back: no second copy on the host.
+            return flat.slice(owned).into_data();
+        }
         let dtype = flat.dtype();
         let mut bytes = Vec::with_capacity((owned.len() + padding) * dtype.size());
         if !owned.is_empty() {
