@@ -310,7 +310,7 @@ pub(crate) fn from_chunks(
 /// `buckets` with the all-reduced ones (replicated parameters: small by definition) moved
 /// behind the reduce-scattered ones, each kind in its own order: the order the first backward
 /// pass reduces in, before the pass has shown in which order it completes them (see
-/// `GradientReducer`, which reorders after it). A parameter that enters the graph through a
+/// `GradientReducer`, which rebuilds them after it). A parameter that enters the graph through a
 /// shallow op, as a LayerNorm's scale and shift do, gets its gradient only when backward ends;
 /// such parameters are small and replicated, so their buckets wait at the back, where holding
 /// them costs little, instead of holding back every sharded gradient behind them.
