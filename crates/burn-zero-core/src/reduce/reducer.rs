@@ -8,12 +8,12 @@
 //! The first backward pass reduces the reduce-scattered buckets by descending parameter key
 //! and the all-reduced ones after them; from the second on, the buckets are rebuilt for the
 //! order the first pass produced gradients in and go in the order it completed them, rank 0's
-//! on every rank (`GradientReducer::end_backward`). With `overlap_comm` (stages 0, 2, 3) a communication
-//! thread ([`crate::reduce::thread`]) reduces each bucket as soon as it is complete, while
-//! backward goes on, in the position of the rank's order of collectives that the completing
-//! hook took (so the order is the program's, not the threads' timing); otherwise, and at
-//! stage 1, every bucket is reduced when backward ends, on the training thread. Either way the
-//! hook itself never blocks (see [`GradientReducer::gradient_ready`]).
+//! on every rank (`GradientReducer::end_backward`). With `overlap_comm` (stages 0, 2, 3) a
+//! communication thread ([`crate::reduce::thread`]) reduces each bucket as soon as it is
+//! complete, while backward goes on, in the position of the rank's order of collectives that
+//! the completing hook took (so the order is the program's, not the threads' timing);
+//! otherwise, and at stage 1, every bucket is reduced when backward ends, on the training
+//! thread. Either way the hook itself never blocks (see [`GradientReducer::gradient_ready`]).
 //!
 //! A gradient waits in one of two places until its bucket is reduced: the bucket queue (of
 //! the communication thread, or of this thread without one) or, when it is itself sharded
