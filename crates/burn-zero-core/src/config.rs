@@ -89,10 +89,10 @@ pub struct ZeroConfig {
     /// chunks, FSDP2's parameter groups). Parameters are packed in module visit order; frozen
     /// and trainable parameters, sharded and replicated ones, and different dtypes never share
     /// a chunk. With chunks, gradients are reduced one chunk at a time and `bucket_size_mb` is
-    /// not used (replicated chunks' buckets are rebuilt like buckets of `bucket_size_mb`, within
-    /// the chunk capacity). [`ChunkSize::PerParameter`] keeps one parameter per chunk and gradient buckets
-    /// of `bucket_size_mb`. The default, [`ChunkSize::Auto`], is the searched size on device
-    /// backends and one parameter per chunk on Flex and NdArray.
+    /// not used (replicated chunks' buckets are rebuilt like buckets of `bucket_size_mb`,
+    /// within the chunk capacity). [`ChunkSize::PerParameter`] keeps one parameter per chunk
+    /// and gradient buckets of `bucket_size_mb`. The default, [`ChunkSize::Auto`], is the
+    /// searched size on device backends and one parameter per chunk on Flex and NdArray.
     #[config(default = "ChunkSize::Auto")]
     pub chunk_size: ChunkSize,
     /// Stage 3: the fraction (0 to 1) of the sharded chunks' bytes whose parameter shards live

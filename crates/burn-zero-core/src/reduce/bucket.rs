@@ -247,10 +247,7 @@ pub(crate) fn regroup(buckets: &[Bucket], position: impl Fn(usize) -> usize) -> 
     loose.sort_by_key(|&(position, at, _)| (position, at));
     let mut rebuilt = pack(loose.into_iter().map(|(_, _, item)| item));
     let fixed = buckets.iter().filter(|bucket| bucket.regroup.is_none());
-    rebuilt.extend(fixed.map(|bucket| Bucket {
-        pool: BufferPool::default(),
-        ..bucket.clone()
-    }));
+    rebuilt.extend(fixed.cloned());
     let completed = |bucket: &Bucket| {
         bucket
             .members

@@ -109,9 +109,7 @@ impl<B: Backend> CommThread<B> {
         let (outbox, finished) = channel::<Finished<B>>();
         let rank = order.shard.rank();
         let (members, bucket_bytes) = index(&buckets);
-        let backlog = Arc::new(Backlog::new(
-            bucket_bytes.iter().copied().max().unwrap_or(0),
-        ));
+        let backlog = Arc::new(Backlog::new(&bucket_bytes));
         let drained = backlog.clone();
         let work = Work {
             device: device.clone(),
@@ -217,8 +215,7 @@ impl<B: Backend> CommThread<B> {
     /// pass on. Called between passes.
     pub fn rebuild(&mut self, buckets: Vec<Bucket>) {
         (self.members, self.bucket_bytes) = index(&buckets);
-        self.backlog
-            .set_limit(self.bucket_bytes.iter().copied().max().unwrap_or(0));
+        self.backlog.set_limit(&self.bucket_bytes);
         self.send(Job::Rebuild(buckets));
     }
 
@@ -456,17 +453,24 @@ impl Backlog {
     /// The longest a hook waits for the backlog to drain.
     const LONGEST_WAIT: Duration = Duration::from_millis(200);
 
-    fn new(limit: usize) -> Self {
+    /// A backlog for buckets of `bucket_bytes` each.
+    fn new(bucket_bytes: &[usize]) -> Self {
         Self {
             bytes: Mutex::new(0),
             drained: Condvar::new(),
-            limit: AtomicUsize::new(limit),
+            limit: AtomicUsize::new(Self::largest(bucket_bytes)),
         }
     }
 
-    /// Sets the limit (the buckets were rebuilt).
-    fn set_limit(&self, limit: usize) {
-        self.limit.store(limit, Ordering::Relaxed);
+    /// Sets the limit for buckets of `bucket_bytes` each (the buckets were rebuilt).
+    fn set_limit(&self, bucket_bytes: &[usize]) {
+        self.limit
+            .store(Self::largest(bucket_bytes), Ordering::Relaxed);
+    }
+
+    /// The limit: one bucket's worth, the largest.
+    fn largest(bucket_bytes: &[usize]) -> usize {
+        bucket_bytes.iter().copied().max().unwrap_or(0)
     }
 
     fn add(&self, bytes: usize) {
