@@ -1,7 +1,8 @@
 //! TCP rendezvous: rank 0 hands one opaque blob (the NCCL unique id) to every other rank.
 //!
 //! Rank 0 listens on `MASTER_PORT`; every other rank connects to `MASTER_ADDR:MASTER_PORT`,
-//! retrying until the master is up or the timeout passes, and says who it is. Once every rank
+//! retrying until the master is up or the timeout passes (also past a peer on that port that is
+//! not the master), and says who it is. Once every rank
 //! has joined, rank 0 answers each with the blob. A rank with another world size, a rank that
 //! joins twice and a rank out of range fail the rendezvous on every rank that is connected,
 //! with the reason; ranks that never join become a [`RendezvousError::Timeout`] naming them.
@@ -28,6 +29,8 @@ const REJECTED: u8 = 1;
 const MAX_MESSAGE: usize = 1 << 20;
 /// The longest a rank waits between two connection attempts.
 const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a rank waits before connecting again after meeting a peer that is not the master.
+const STRANGER_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 /// How long the master waits for a connected client to say who it is.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -339,6 +342,12 @@ impl Rendezvous {
     }
 
     /// The side of every rank but 0: joins rank 0 and returns its blob.
+    ///
+    /// Something other than the master may hold the port for a moment before rank 0 binds it
+    /// (a program that just released it, another job's socket drawn from the same range). A
+    /// peer that closes the connection without answering, or answers in another protocol, is
+    /// not the master: the rank connects again until its timeout, as it does while nobody
+    /// listens. Only the master's own answer, or its silence past the timeout, ends the wait.
     pub fn fetch(&self) -> Result<Vec<u8>, RendezvousError> {
         self.check_rank()?;
         if self.rank == 0 {
@@ -346,7 +355,32 @@ impl Rendezvous {
         }
         let started = Instant::now();
         let deadline = started + self.timeout;
-        let mut stream = self.connect(started, deadline)?;
+        loop {
+            let mut stream = self.connect(started, deadline)?;
+            let stranger = match self.join(&mut stream, started, deadline) {
+                Joined::Answer(result) => return result,
+                Joined::NotTheMaster(stranger) => stranger,
+            };
+            tracing::debug!(rank = self.rank, %stranger, "rendezvous: not the master, trying again");
+            thread::sleep(
+                STRANGER_RETRY_INTERVAL.min(deadline.saturating_duration_since(Instant::now())),
+            );
+            // A last attempt needs time for an answer: with less than one interval left, an
+            // attempt could only end in a timeout that blames the wrong peer.
+            if deadline.saturating_duration_since(Instant::now()) < STRANGER_RETRY_INTERVAL {
+                return Err(RendezvousError::Connection {
+                    peer: format!("rank 0 at {}", self.endpoint()),
+                    reason: format!(
+                        "{stranger}, and no rendezvous master answered there within {:?}",
+                        self.timeout
+                    ),
+                });
+            }
+        }
+    }
+
+    /// Says who this rank is on `stream` and reads the answer.
+    fn join(&self, stream: &mut TcpStream, started: Instant, deadline: Instant) -> Joined {
         let connection = |error: io::Error| RendezvousError::Connection {
             peer: format!("rank 0 at {}", self.endpoint()),
             reason: error.to_string(),
@@ -355,9 +389,15 @@ impl Rendezvous {
         hello.extend_from_slice(&MAGIC);
         hello.extend_from_slice(&(self.rank as u32).to_be_bytes());
         hello.extend_from_slice(&(self.world_size as u32).to_be_bytes());
-        stream.write_all(&hello).map_err(connection)?;
-
-        match read_reply(&mut stream, deadline) {
+        if let Err(error) = stream.write_all(&hello) {
+            return match went_away(&error) {
+                true => {
+                    Joined::NotTheMaster(format!("the peer went away before the hello ({error})"))
+                }
+                false => Joined::Answer(Err(connection(error))),
+            };
+        }
+        Joined::Answer(match read_reply(stream, deadline) {
             Ok((ACCEPTED, blob)) => {
                 tracing::debug!(rank = self.rank, elapsed = ?started.elapsed(), "rendezvous: received the blob");
                 Ok(blob)
@@ -378,8 +418,16 @@ impl Rendezvous {
                     waited: started.elapsed(),
                 })
             }
+            Err(error) if error.kind() == io::ErrorKind::InvalidData => {
+                return Joined::NotTheMaster(format!("the peer answered: {error}"));
+            }
+            Err(error) if went_away(&error) => {
+                return Joined::NotTheMaster(format!(
+                    "the peer closed the connection without answering ({error})"
+                ));
+            }
             Err(error) => Err(connection(error)),
-        }
+        })
     }
 
     fn check_rank(&self) -> Result<(), RendezvousError> {
@@ -488,6 +536,26 @@ fn connect_until(host: &str, port: u16, deadline: Instant) -> io::Result<TcpStre
             }
         }
     }
+}
+
+/// What a joining rank learned from the peer it connected to.
+enum Joined {
+    /// The master's answer: the blob, or why the rendezvous failed.
+    Answer(Result<Vec<u8>, RendezvousError>),
+    /// The peer is not a rendezvous master (it closed without answering, or spoke another
+    /// protocol); the text says what it did.
+    NotTheMaster(String),
+}
+
+/// Whether `error` means the peer closed or dropped the connection.
+fn went_away(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    )
 }
 
 /// Whether `stream` is connected to itself. While nobody listens on a loopback port in the
@@ -743,6 +811,58 @@ mod tests {
         }
         assert!(error.to_string().contains("could not reach the master"));
         assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(3));
+    }
+
+    /// A listener that takes a rank's connection on the master's port before rank 0 binds it,
+    /// then closes it silently or answers in another protocol, does not end the rank's wait:
+    /// it connects again and gets the blob from the master that comes up on the port.
+    #[test]
+    fn a_peer_that_is_not_the_master_is_passed_over() {
+        for answer in [&b""[..], b"HTTP/1.1 400 Bad Request\r\n\r\n"] {
+            let stray = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = stray.local_addr().unwrap().port();
+            let blob = b"unique id".to_vec();
+            let (master, peer) = thread::scope(|scope| {
+                let peer = scope.spawn(move || rendezvous(port, 1, 2, 10_000).fetch());
+                let (mut stream, _) = stray.accept().unwrap();
+                let mut hello = [0u8; 12];
+                stream.read_exact(&mut hello).unwrap();
+                stream.write_all(answer).unwrap();
+                drop(stream);
+                drop(stray);
+                let master = rendezvous(port, 0, 2, 10_000).serve(&blob);
+                (master, peer.join().unwrap())
+            });
+            master.unwrap();
+            assert_eq!(peer.unwrap(), blob, "after a stray answer of {answer:?}");
+        }
+    }
+
+    /// With only a stranger on the port, the rank gives up at its timeout and says what it met.
+    #[test]
+    fn only_a_stranger_on_the_port_times_out_naming_it() {
+        let stray = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = stray.local_addr().unwrap().port();
+        stray.set_nonblocking(true).unwrap();
+        let started = Instant::now();
+        let error = thread::scope(|scope| {
+            let peer = scope.spawn(move || rendezvous(port, 1, 2, 400).fetch());
+            while !peer.is_finished() {
+                match stray.accept() {
+                    Ok((stream, _)) => drop(stream),
+                    Err(_) => thread::sleep(Duration::from_millis(2)),
+                }
+            }
+            peer.join().unwrap().unwrap_err()
+        });
+        match &error {
+            RendezvousError::Connection { reason, .. } => {
+                assert!(reason.contains("without answering"), "{reason}");
+                assert!(reason.contains("no rendezvous master answered"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[test]

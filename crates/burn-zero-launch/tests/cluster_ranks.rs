@@ -116,9 +116,10 @@ fn srun_tasks_meet_and_finish() {
 #[test]
 fn a_failing_srun_task_stops_the_other() {
     let (_, [first, second]) = run_srun_step(&["job", "20000", "1"]);
-    assert_eq!(second.status.code(), Some(1), "{:?}", texts(&second));
+    let both = format!("{:?}\n{:?}", texts(&first), texts(&second));
+    assert_eq!(second.status.code(), Some(1), "{both}");
     assert_line(&second, "joined");
-    assert_eq!(first.status.code(), Some(4), "{:?}", texts(&first));
+    assert_eq!(first.status.code(), Some(4), "{both}");
     assert_line(&first, "stopped: rank 1 failed: rank 1 fails on purpose");
 }
 
@@ -144,8 +145,9 @@ fn a_failing_mpirun_rank_stops_the_other() {
     let (_, [first, second]) = with_port(|port| {
         run_ranks([0, 1].map(|rank| probe(&mpirun_rank(rank, port), &["job", "20000", "0"])))
     });
-    assert_eq!(first.status.code(), Some(1), "{:?}", texts(&first));
-    assert_eq!(second.status.code(), Some(4), "{:?}", texts(&second));
+    let both = format!("{:?}\n{:?}", texts(&first), texts(&second));
+    assert_eq!(first.status.code(), Some(1), "{both}");
+    assert_eq!(second.status.code(), Some(4), "{both}");
     assert_line(&second, "stopped: rank 0 failed: rank 0 fails on purpose");
 }
 
