@@ -360,9 +360,10 @@ pub(crate) enum ReduceError {
 /// bucket whose members share a dtype is read back to host memory in one transfer, here, on
 /// the thread that reduces (during backward with overlap).
 ///
-/// Packing and unpacking go through `burn-zero-kernels`: one cubecl kernel launch per member
-/// on cubecl backends built in, one loop over host memory per member on CPU backends, Burn ops
-/// elsewhere, with the same arithmetic either way.
+/// Packing and unpacking go through `burn-zero-kernels`: cubecl kernels on cubecl backends
+/// built in (one pack launch per batch of up to 16 contiguous members, one unpack launch per
+/// member), one loop over host memory per member on CPU backends, Burn ops elsewhere, with the
+/// same arithmetic either way.
 pub(crate) fn reduce<B: Backend>(
     ctx: &Reduction<'_, B>,
     bucket: &Bucket,

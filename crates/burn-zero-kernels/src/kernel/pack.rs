@@ -1,4 +1,12 @@
-//! Pack kernels: one launch per member writes all of its `rows * len` bucket elements.
+//! Pack kernels: one launch writes every bucket element of a batch of members (their
+//! `rows * len` elements each), or of one member.
+//!
+//! Why batches: a member's pack moves a few MiB, which a GPU copies in microseconds, about what
+//! the host spends issuing one launch. One launch per member makes a bucket's pack cost its
+//! member count in launches, whatever the device's bandwidth; the batch kernel takes up to
+//! [`MAX_BATCH`] contiguous gradients of one dtype and vector width in one launch, each a
+//! binding of its own (a kernel cannot index an array of buffers), so the launches per bucket
+//! fall by that factor. Strided gradients and members without a gradient keep a launch each.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, TensorMetadata};
@@ -48,6 +56,50 @@ fn pack_member<I: Float, O: Float, N: Size>(
     bucket[row * row_len + offset + column] = value;
 }
 
+/// [`pack_member`] for a batch of members, one gradient each: unit `pos` (in vectors) belongs to
+/// member `i` when `starts[i] <= pos < ends[i]`, and is unit `pos - starts[i]` of that member.
+/// The members' ranges tile `0..units`; every unit tests each member's range (the batch is
+/// small, and the kernel is bound by memory, not by these comparisons).
+#[cube(launch, address_type = "dynamic")]
+fn pack_members<I: Float, O: Float, N: Size>(
+    grads: &Sequence<LinearView<Vector<I, N>>>,
+    bucket: &mut LinearView<Vector<O, N>, ReadWrite>,
+    divisor: InputScalar,
+    starts: Sequence<usize>,
+    ends: Sequence<usize>,
+    numels: Sequence<usize>,
+    lens: Sequence<usize>,
+    offsets: Sequence<usize>,
+    row_len: usize,
+    units: usize,
+    #[comptime] divide: bool,
+    #[define(I, O)] _dtypes: [StorageType; 2],
+) {
+    if ABSOLUTE_POS >= units {
+        terminate!();
+    }
+    let count = comptime![grads.len()];
+    #[unroll]
+    for i in 0..count {
+        let start = starts[i];
+        if ABSOLUTE_POS >= start && ABSOLUTE_POS < ends[i] {
+            let local = ABSOLUTE_POS - start;
+            let len = lens[i];
+            let offset = offsets[i];
+            let row = local / len;
+            let column = local % len;
+            let mut value = Vector::<O, N>::from_int(0);
+            if local < numels[i] {
+                value = Vector::cast_from(grads[i][local]);
+                if divide {
+                    value /= Vector::new(divisor.get::<O>());
+                }
+            }
+            bucket[row * row_len + offset + column] = value;
+        }
+    }
+}
+
 /// Zero-fills a member's columns of every row (a member without a gradient).
 #[cube(launch, address_type = "dynamic")]
 fn zero_member<O: Float, N: Size>(
@@ -66,11 +118,25 @@ fn zero_member<O: Float, N: Size>(
     bucket[row * row_len + offset + column] = Vector::from_int(0);
 }
 
-/// A bucket allocated once on a cubecl device, filled member by member.
+/// The most members one batch launch packs (the kernel unrolls a range test per member).
+const MAX_BATCH: usize = 16;
+
+/// Contiguous gradients waiting for one batch launch: same dtype, same vector width.
+struct Batch<R: CubeRuntime> {
+    input: StorageType,
+    vector: usize,
+    members: Vec<(MemberSpec, CubeTensor<R>)>,
+}
+
+/// A bucket allocated once on a cubecl device, filled by batches of members.
 pub(crate) struct CubePacker<R: CubeRuntime> {
     spec: BucketSpec,
     out: StorageType,
     bucket: CubeTensor<R>,
+    /// Members per batch launch on this device: [`MAX_BATCH`], fewer where the device binds
+    /// fewer buffers to a kernel (the bucket and the scalars take one binding each).
+    batch_limit: usize,
+    batch: Option<Batch<R>>,
 }
 
 impl<R: CubeRuntime> CubePacker<R> {
@@ -84,6 +150,7 @@ impl<R: CubeRuntime> CubePacker<R> {
             same_type_ref(device).expect("the kernel path is only taken when B's device is R's");
         let client = R::client(device);
         let out = storage_type(&client, spec.dtype)?;
+        let bindings = client.properties().hardware.max_bindings as usize;
         let bucket = empty_device_dtype(
             client,
             device.clone(),
@@ -94,6 +161,8 @@ impl<R: CubeRuntime> CubePacker<R> {
             spec: *spec,
             out,
             bucket,
+            batch_limit: bindings.saturating_sub(2).clamp(1, MAX_BATCH),
+            batch: None,
         })
     }
 
@@ -119,29 +188,56 @@ impl<R: CubeRuntime> CubePacker<R> {
         );
     }
 
-    fn launch_pack(&self, member: &MemberSpec, grad: CubeTensor<R>) -> Result<(), KernelError> {
+    /// Packs `grad` into `member`'s columns: a contiguous gradient joins the batch (which is
+    /// launched first when the gradient cannot join it, and once full), any other layout is
+    /// launched at once, read element by element through the view's strided indexing.
+    fn pack(&mut self, member: &MemberSpec, grad: CubeTensor<R>) -> Result<(), KernelError> {
+        let client = self.bucket.client.clone();
+        let input = storage_type(&client, grad.dtype)?;
+        if !grad.is_contiguous() {
+            self.launch_batch();
+            self.launch_one(member, grad, input, 1);
+            return Ok(());
+        }
+        let flat = CubeTensor::new_contiguous(
+            grad.client.clone(),
+            grad.device.clone(),
+            Shape::new([member.numel]),
+            grad.handle.clone(),
+            grad.dtype,
+        );
+        let elem = grad.dtype.size().max(self.spec.dtype.size());
+        let widths = [member.numel, member.len, member.offset, self.spec.row_len];
+        let vector = vector_size(&client, elem, &widths);
+        let joins = self
+            .batch
+            .as_ref()
+            .is_some_and(|batch| batch.input == input && batch.vector == vector);
+        if !joins {
+            self.launch_batch();
+        }
+        let batch = self.batch.get_or_insert_with(|| Batch {
+            input,
+            vector,
+            members: Vec::with_capacity(self.batch_limit),
+        });
+        batch.members.push((*member, flat));
+        if batch.members.len() >= self.batch_limit {
+            self.launch_batch();
+        }
+        Ok(())
+    }
+
+    /// One member's launch, `vector` elements a unit.
+    fn launch_one(
+        &self,
+        member: &MemberSpec,
+        grad: CubeTensor<R>,
+        input: StorageType,
+        vector: usize,
+    ) {
         let client = &self.bucket.client;
         let spec = &self.spec;
-        let input = storage_type(client, grad.dtype)?;
-        // A contiguous gradient is read as flat vectors; any other layout one element at a
-        // time, through the view's strided indexing.
-        let (grad, widths) = if grad.is_contiguous() {
-            let flat = CubeTensor::new_contiguous(
-                grad.client.clone(),
-                grad.device.clone(),
-                Shape::new([member.numel]),
-                grad.handle.clone(),
-                grad.dtype,
-            );
-            (
-                flat,
-                vec![member.numel, member.len, member.offset, spec.row_len],
-            )
-        } else {
-            (grad, vec![1])
-        };
-        let elem = grad.dtype.size().max(spec.dtype.size());
-        let vector = vector_size(client, elem, &widths);
         let units = spec.rows * member.len / vector;
         let cube_dim = CubeDim::new(client, units);
         let address = address_type(&[&grad, &self.bucket]);
@@ -162,7 +258,62 @@ impl<R: CubeRuntime> CubePacker<R> {
             spec.predivide != 1.0,
             [input, self.out],
         );
-        Ok(())
+    }
+
+    /// Launches the waiting batch, if any: one member as [`pack_member`], more in one
+    /// [`pack_members`] launch.
+    fn launch_batch(&mut self) {
+        let Some(Batch {
+            input,
+            vector,
+            mut members,
+        }) = self.batch.take()
+        else {
+            return;
+        };
+        if members.len() == 1 {
+            let (member, grad) = members.remove(0);
+            self.launch_one(&member, grad, input, vector);
+            return;
+        }
+        let client = &self.bucket.client;
+        let spec = &self.spec;
+        let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(_, grad)| grad).collect();
+        tensors.push(&self.bucket);
+        let address = address_type(&tensors);
+        let mut grads = SequenceArg::new();
+        let [mut starts, mut ends, mut numels, mut lens, mut offsets] =
+            std::array::from_fn(|_| SequenceArg::<R, usize>::new());
+        let mut units = 0;
+        for (member, grad) in members {
+            starts.push(units);
+            units += spec.rows * member.len / vector;
+            ends.push(units);
+            numels.push(member.numel / vector);
+            lens.push(member.len / vector);
+            offsets.push(member.offset / vector);
+            grads.push(grad.into_linear_view());
+        }
+        let cube_dim = CubeDim::new(client, units);
+        pack_members::launch::<R>(
+            client,
+            calculate_cube_count_elemwise(client, units, cube_dim),
+            cube_dim,
+            address,
+            vector,
+            grads,
+            self.bucket.clone().into_linear_view(),
+            InputScalar::new(spec.predivide, spec.dtype),
+            starts,
+            ends,
+            numels,
+            lens,
+            offsets,
+            spec.row_len / vector,
+            units,
+            spec.predivide != 1.0,
+            [input, self.out],
+        );
     }
 }
 
@@ -188,12 +339,13 @@ impl<B: Backend, R: CubeRuntime> KernelPacker<B> for CubePacker<R> {
                 } else {
                     grad
                 };
-                self.launch_pack(member, into_cube_reading::<B, R>(grad))
+                self.pack(member, into_cube_reading::<B, R>(grad))
             }
         }
     }
 
-    fn finish(self: Box<Self>) -> B::FloatTensorPrimitive {
+    fn finish(mut self: Box<Self>) -> B::FloatTensorPrimitive {
+        self.launch_batch();
         from_cube::<B, R>(self.bucket)
     }
 }

@@ -1,0 +1,185 @@
+//! Kernel launches per bucket pack on wgpu, counted at the backend boundary by [`LaunchLog`]
+//! (cubecl's execution log, turned on before any wgpu client exists).
+//!
+//! Target: contiguous gradients of one dtype and vector width are packed in batches, so a
+//! bucket of M such members takes ⌈M / batch⌉ launches, not M; the batch is 16 members, fewer
+//! where the device binds fewer buffers to a kernel (the bucket and the scalars take two).
+//! Strided gradients and members without a gradient take a launch each. Every bucket is
+//! compared bit for bit with the Burn-ops fallback's.
+//!
+//! Without a wgpu adapter every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1`
+//! (CI) makes that a failure.
+
+use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor, TensorData};
+use burn_zero_kernels::{BucketSpec, LaunchLog, MemberSpec, PackPath, Packer};
+use burn_zero_testing::skip;
+use cubecl::Runtime;
+
+type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
+type Primitive = <Plain as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+
+/// Whether `test` can run (a wgpu adapter), with the launch log turned on first.
+fn runs(test: &str) -> bool {
+    LaunchLog::install();
+    skip::wgpu_adapter(test)
+}
+
+/// Members of `numels` elements, one after another in rows of `rows` (lengths padded to a
+/// multiple of 4, so every member is read and written in vectors of the same width).
+fn layout(rows: usize, numels: &[usize]) -> (BucketSpec, Vec<MemberSpec>) {
+    let mut offset = 0;
+    let members = numels
+        .iter()
+        .map(|&numel| {
+            let len = numel.div_ceil(rows).next_multiple_of(4);
+            let member = MemberSpec { numel, len, offset };
+            offset += len;
+            member
+        })
+        .collect();
+    let spec = BucketSpec {
+        rows,
+        row_len: offset,
+        dtype: DType::F32,
+        predivide: 2.0,
+    };
+    (spec, members)
+}
+
+fn values(numel: usize, seed: usize) -> Vec<f32> {
+    (0..numel)
+        .map(|i| (((i * 31 + seed * 17) % 97) as f32 - 48.0) / 25.0)
+        .collect()
+}
+
+fn flat(numel: usize, seed: usize, device: &WgpuDevice) -> Primitive {
+    Tensor::<Plain, 1>::from_data(TensorData::new(values(numel, seed), [numel]), device)
+        .into_primitive()
+        .tensor()
+}
+
+/// A `[a, b]` gradient stored transposed: the same logical values, swapped strides.
+fn strided(a: usize, b: usize, seed: usize, device: &WgpuDevice) -> Primitive {
+    let stored =
+        Tensor::<Plain, 1>::from_data(TensorData::new(values(a * b, seed), [a * b]), device)
+            .reshape([b, a]);
+    stored.swap_dims(0, 1).into_primitive().tensor()
+}
+
+/// Packs on `path` and returns the bucket's bytes and the kernels launched meanwhile.
+fn pack(
+    spec: BucketSpec,
+    members: &[(MemberSpec, Option<Primitive>)],
+    path: PackPath,
+    device: &WgpuDevice,
+) -> (Vec<u8>, Vec<String>) {
+    let (bucket, launched) = LaunchLog::install()
+        .launches::<WgpuRuntime, _>(device, || {
+            let mut packer = Packer::<Plain>::new(spec, device, path).unwrap();
+            for (member, grad) in members {
+                packer.push(member, grad.clone()).unwrap();
+            }
+            let bucket = packer.finish().unwrap();
+            Plain::sync(device).unwrap();
+            bucket
+        })
+        .expect("the launches are counted");
+    let bytes = Tensor::<Plain, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(bucket))
+        .into_data()
+        .bytes
+        .to_vec();
+    (bytes, launched)
+}
+
+/// How many of `launched` are the kernel named `name` (cubecl logs the kernel's type name).
+fn count(launched: &[String], name: &str) -> usize {
+    launched
+        .iter()
+        .filter(|line| {
+            line.split(|c: char| !c.is_alphanumeric() && c != '_')
+                .any(|word| word == name)
+        })
+        .count()
+}
+
+/// The members one batch launch takes on `device`, from the binding limit the device reports.
+fn batch(device: &WgpuDevice) -> usize {
+    let bindings = WgpuRuntime::client(device)
+        .properties()
+        .hardware
+        .max_bindings as usize;
+    bindings.saturating_sub(2).clamp(1, 16)
+}
+
+#[test]
+fn contiguous_gradients_are_packed_in_batches() {
+    if !runs("contiguous_gradients_are_packed_in_batches") {
+        return;
+    }
+    let device = WgpuDevice::default();
+    let batch = batch(&device);
+    for rows in [1, 4] {
+        // 7 members: the benchmark bucket's count; 20: more than one batch on any device.
+        for members in [7usize, 20] {
+            let numels: Vec<usize> = (0..members)
+                .map(|i| if i + 1 == members { 1024 } else { 4096 })
+                .collect();
+            let (spec, specs) = layout(rows, &numels);
+            let grads: Vec<_> = specs
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (*m, Some(flat(m.numel, i, &device))))
+                .collect();
+            let (kernel, launched) = pack(spec, &grads, PackPath::Kernel, &device);
+            let what = format!("{members} members over {rows} rows, batch {batch}");
+            let expected = members.div_ceil(batch);
+            let batched = count(&launched, "PackMembers") + count(&launched, "PackMember");
+            assert_eq!(batched, expected, "{what}: {launched:#?}");
+            assert_eq!(
+                launched.len(),
+                expected,
+                "{what}: only pack launches: {launched:#?}"
+            );
+            let (fallback, _) = pack(spec, &grads, PackPath::Fallback, &device);
+            assert!(
+                kernel == fallback,
+                "{what}: the bucket differs from the fallback's"
+            );
+            println!("{what}: {expected} launch(es): {launched:?}");
+        }
+    }
+}
+
+#[test]
+fn strided_and_missing_gradients_take_a_launch_each() {
+    if !runs("strided_and_missing_gradients_take_a_launch_each") {
+        return;
+    }
+    let device = WgpuDevice::default();
+    if batch(&device) < 2 {
+        println!(
+            "SKIPPED: strided_and_missing_gradients_take_a_launch_each: the device binds too few buffers to batch"
+        );
+        return;
+    }
+    let (spec, specs) = layout(2, &[4096, 1024, 64 * 48, 512, 2048, 256]);
+    let grads = vec![
+        (specs[0], Some(flat(4096, 0, &device))),
+        (specs[1], Some(flat(1024, 1, &device))),
+        (specs[2], Some(strided(64, 48, 2, &device))),
+        (specs[3], Some(flat(512, 3, &device))),
+        (specs[4], None),
+        (specs[5], Some(flat(256, 5, &device))),
+    ];
+    let (kernel, launched) = pack(spec, &grads, PackPath::Kernel, &device);
+    // Members 0 and 1 go as one batch when the strided member 2 arrives; member 2 alone;
+    // member 4's zeros alone; members 3 and 5 as the last batch.
+    assert_eq!(count(&launched, "PackMembers"), 2, "{launched:#?}");
+    assert_eq!(count(&launched, "PackMember"), 1, "{launched:#?}");
+    assert_eq!(count(&launched, "ZeroMember"), 1, "{launched:#?}");
+    assert_eq!(launched.len(), 4, "{launched:#?}");
+    let (fallback, _) = pack(spec, &grads, PackPath::Fallback, &device);
+    assert!(kernel == fallback, "the bucket differs from the fallback's");
+}
