@@ -77,9 +77,11 @@ pub struct RowPart {
 ///
 /// On the host path, when no part changes dtype, the row is divided once (in place when
 /// nothing else holds it, else into a buffer of `pool` when one is given) and the parts are
-/// slices of it: one pass and at most one
-/// allocation per row instead of one of each per part. The parts then share the row's buffer
-/// until the last of them is dropped. Elsewhere each part is unpacked on its own.
+/// slices of it: one pass and at most one allocation per row instead of one of each per part.
+/// The parts then share the row's buffer until the last of them is dropped. On the kernel
+/// path, the parts that need a divisor or a cast are unpacked by batched launches (up to 16
+/// parts of one dtype and vector width each), each into a tensor of its own, and the others
+/// are slices of the row. Elsewhere each part is unpacked on its own.
 pub fn unpack_row<B: Backend>(
     reduced: B::FloatTensorPrimitive,
     parts: &[RowPart],
@@ -118,6 +120,30 @@ pub fn unpack_row<B: Backend>(
     } else {
         reduced
     };
+    if matches!(path, PackPath::Auto | PackPath::Kernel) {
+        match kernel_unpack_parts::<B>(&reduced, parts, postdivide) {
+            Some(Ok(unpacked)) => {
+                // A part without arithmetic is the row's slice, as `unpack` answers it.
+                return parts
+                    .iter()
+                    .zip(unpacked)
+                    .map(|(part, done)| match done {
+                        Some(part) => Ok(part),
+                        None => unpack::<B>(
+                            &reduced,
+                            part.offset,
+                            part.len,
+                            postdivide,
+                            part.dtype,
+                            path,
+                        ),
+                    })
+                    .collect();
+            }
+            Some(Err(error)) if path == PackPath::Kernel => return Err(error),
+            _ => {}
+        }
+    }
     parts
         .iter()
         .map(|part| {
@@ -184,6 +210,26 @@ fn kernel_unpack<B: Backend>(
         )));
     }
     crate::kernel::unpack::<B>(reduced, offset, len, postdivide, dtype)
+}
+
+/// The kernel results of [`unpack_row`]'s parts that need arithmetic: `None` when `B` has no
+/// kernels in this build.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn kernel_unpack_parts<B: Backend>(
+    reduced: &B::FloatTensorPrimitive,
+    parts: &[RowPart],
+    postdivide: f64,
+) -> Option<Result<Vec<Option<B::FloatTensorPrimitive>>, KernelError>> {
+    crate::kernel::unpack_parts::<B>(reduced, parts, postdivide)
+}
+
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+fn kernel_unpack_parts<B: Backend>(
+    _reduced: &B::FloatTensorPrimitive,
+    _parts: &[RowPart],
+    _postdivide: f64,
+) -> Option<Result<Vec<Option<B::FloatTensorPrimitive>>, KernelError>> {
+    None
 }
 
 #[cfg(not(any(feature = "wgpu", feature = "cuda")))]

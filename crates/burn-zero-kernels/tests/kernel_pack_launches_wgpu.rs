@@ -1,29 +1,40 @@
-//! Kernel launches per bucket pack on wgpu, counted at the backend boundary by [`LaunchLog`]
-//! (cubecl's execution log, turned on before any wgpu client exists).
+//! Kernel launches per bucket pack and per reduced row's unpack on wgpu, counted at the backend
+//! boundary by [`LaunchLog`] (cubecl's execution log, turned on before any wgpu client exists).
 //!
-//! Target: contiguous gradients of one dtype and vector width are packed in batches, so a
+//! Targets: contiguous gradients of one dtype and vector width are packed in batches, so a
 //! bucket of M such members takes ⌈M / batch⌉ launches, not M; the batch is 16 members, fewer
 //! where the device binds fewer buffers to a kernel (the bucket and the scalars take two).
-//! Strided gradients and members without a gradient take a launch each. Every bucket is
-//! compared bit for bit with the Burn-ops fallback's.
+//! Strided gradients and members without a gradient take a launch each. A reduced row whose
+//! parts keep its dtype is divided in one launch (none without a divisor), not one per part.
+//! Every bucket and part is compared bit for bit with the Burn-ops fallback's.
 //!
 //! Without a wgpu adapter every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1`
 //! (CI) makes that a failure.
 
+use std::sync::{Mutex, MutexGuard};
+
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
-use burn_zero_kernels::{BucketSpec, LaunchLog, MemberSpec, PackPath, Packer};
+use burn_zero_kernels::{
+    BucketSpec, LaunchLog, MemberSpec, PackPath, Packer, RowPart, unpack, unpack_row,
+};
 use burn_zero_testing::skip;
 use cubecl::Runtime;
 
 type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
 type Primitive = <Plain as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
 
-/// Whether `test` can run (a wgpu adapter), with the launch log turned on first.
-fn runs(test: &str) -> bool {
+/// The log counts every launch on the device in a window, so the tests take turns: one
+/// test's work outside its windows must not fall into another's.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Whether `test` can run (a wgpu adapter), with the launch log turned on first, and the turn
+/// to hold while it runs.
+fn runs(test: &str) -> Option<MutexGuard<'static, ()>> {
     LaunchLog::install();
-    skip::wgpu_adapter(test)
+    let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    skip::wgpu_adapter(test).then_some(turn)
 }
 
 /// Members of `numels` elements, one after another in rows of `rows` (lengths padded to a
@@ -115,9 +126,9 @@ fn batch(device: &WgpuDevice) -> usize {
 
 #[test]
 fn contiguous_gradients_are_packed_in_batches() {
-    if !runs("contiguous_gradients_are_packed_in_batches") {
+    let Some(_turn) = runs("contiguous_gradients_are_packed_in_batches") else {
         return;
-    }
+    };
     let device = WgpuDevice::default();
     let batch = batch(&device);
     for rows in [1, 4] {
@@ -154,9 +165,9 @@ fn contiguous_gradients_are_packed_in_batches() {
 
 #[test]
 fn strided_and_missing_gradients_take_a_launch_each() {
-    if !runs("strided_and_missing_gradients_take_a_launch_each") {
+    let Some(_turn) = runs("strided_and_missing_gradients_take_a_launch_each") else {
         return;
-    }
+    };
     let device = WgpuDevice::default();
     if batch(&device) < 2 {
         println!(
@@ -174,12 +185,112 @@ fn strided_and_missing_gradients_take_a_launch_each() {
         (specs[5], Some(flat(256, 5, &device))),
     ];
     let (kernel, launched) = pack(spec, &grads, PackPath::Kernel, &device);
-    // Members 0 and 1 go as one batch when the strided member 2 arrives; member 2 alone;
-    // member 4's zeros alone; members 3 and 5 as the last batch.
-    assert_eq!(count(&launched, "PackMembers"), 2, "{launched:#?}");
+    // Member 2 (strided) and member 4's zeros at once, a launch each; members 0, 1, 3 and 5
+    // (contiguous, one dtype, one width) in one batch at the finish.
+    assert_eq!(count(&launched, "PackMembers"), 1, "{launched:#?}");
     assert_eq!(count(&launched, "PackMember"), 1, "{launched:#?}");
     assert_eq!(count(&launched, "ZeroMember"), 1, "{launched:#?}");
-    assert_eq!(launched.len(), 4, "{launched:#?}");
+    assert_eq!(launched.len(), 3, "{launched:#?}");
     let (fallback, _) = pack(spec, &grads, PackPath::Fallback, &device);
     assert!(kernel == fallback, "the bucket differs from the fallback's");
+}
+
+fn bytes(tensor: Primitive) -> Vec<u8> {
+    Tensor::<Plain, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(tensor))
+        .into_data()
+        .bytes
+        .to_vec()
+}
+
+/// Parts of a reduced row (f32, like the row) at odd offsets and of odd lengths.
+fn row_parts(lens: &[usize], dtype: DType) -> Vec<RowPart> {
+    let mut offset = 0;
+    lens.iter()
+        .map(|&len| {
+            let part = RowPart { offset, len, dtype };
+            offset += len;
+            part
+        })
+        .collect()
+}
+
+/// Unpacks `parts` of `row` on the kernel path and returns them with the unpack launches,
+/// after checking each part bit for bit against its own unpack on the fallback and kernel
+/// paths.
+fn unpack_counted(
+    row: &Primitive,
+    parts: &[RowPart],
+    postdivide: f64,
+    device: &WgpuDevice,
+    what: &str,
+) -> usize {
+    let (unpacked, launched) = LaunchLog::install()
+        .launches::<WgpuRuntime, _>(device, || {
+            let parts = unpack_row::<Plain>(row.clone(), parts, postdivide, PackPath::Kernel, None)
+                .unwrap();
+            Plain::sync(device).unwrap();
+            parts
+        })
+        .expect("the launches are counted");
+    for (i, (part, got)) in parts.iter().zip(unpacked).enumerate() {
+        let one = |path| {
+            let part = unpack::<Plain>(row, part.offset, part.len, postdivide, part.dtype, path);
+            bytes(part.unwrap())
+        };
+        let got = bytes(got);
+        assert!(
+            got == one(PackPath::Fallback),
+            "{what}: part {i} differs from the fallback's"
+        );
+        assert!(
+            got == one(PackPath::Kernel),
+            "{what}: part {i} differs from its own launch's"
+        );
+    }
+    count(&launched, "UnpackMembers") + count(&launched, "UnpackMember")
+}
+
+#[test]
+fn a_rows_parts_are_unpacked_in_batches() {
+    let Some(_turn) = runs("a_rows_parts_are_unpacked_in_batches") else {
+        return;
+    };
+    let device = WgpuDevice::default();
+    let batch = batch(&device);
+    for count_parts in [5usize, 20] {
+        for postdivide in [2.0, 3.0, 1.0] {
+            // Lengths and offsets that are multiples of 4: one width, so ⌈parts / batch⌉
+            // launches; without a divisor every part is the row's slice, no unpack launch.
+            let lens: Vec<usize> = (0..count_parts).map(|i| 1024 + 8 * i).collect();
+            let parts = row_parts(&lens, DType::F32);
+            let row = flat(lens.iter().sum(), 9, &device);
+            let what = format!("{count_parts} parts, postdivide {postdivide}, batch {batch}");
+            let expected = if postdivide == 1.0 {
+                0
+            } else {
+                count_parts.div_ceil(batch)
+            };
+            assert_eq!(
+                unpack_counted(&row, &parts, postdivide, &device, &what),
+                expected,
+                "{what}"
+            );
+
+            // Odd lengths: parts of up to three widths (1, 2, 4 elements), a batch of each.
+            let lens: Vec<usize> = (0..count_parts).map(|i| 1024 + 7 * i).collect();
+            let parts = row_parts(&lens, DType::F32);
+            let row = flat(lens.iter().sum(), 11, &device);
+            let what = format!("odd {what}");
+            let launches = unpack_counted(&row, &parts, postdivide, &device, &what);
+            let most = if postdivide == 1.0 {
+                0
+            } else {
+                3 * count_parts.div_ceil(batch)
+            };
+            assert!(
+                launches <= most,
+                "{what}: {launches} launches, at most {most}"
+            );
+        }
+    }
 }

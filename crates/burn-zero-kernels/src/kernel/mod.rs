@@ -130,6 +130,30 @@ pub(crate) fn unpack<B: Backend>(
     None
 }
 
+/// Every part of a reduced row that needs a divisor or a cast, unpacked by batched kernel
+/// launches (`None` in the place of a part that needs neither): `None` when `B` has no
+/// kernels in this build, an error when they cannot handle one of the dtypes.
+pub(crate) fn unpack_parts<B: Backend>(
+    reduced: &B::FloatTensorPrimitive,
+    parts: &[crate::RowPart],
+    postdivide: f64,
+) -> Option<Result<Vec<Option<B::FloatTensorPrimitive>>, KernelError>> {
+    #[cfg(feature = "wgpu")]
+    if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
+        return Some(unpack::unpack_parts::<B, cubecl::wgpu::WgpuRuntime>(
+            reduced, parts, postdivide,
+        ));
+    }
+    #[cfg(feature = "cuda")]
+    if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
+        return Some(unpack::unpack_parts::<B, cubecl::cuda::CudaRuntime>(
+            reduced, parts, postdivide,
+        ));
+    }
+    let _ = (reduced, parts, postdivide);
+    None
+}
+
 /// One Adam/AdamW step with a kernel: `None` when `B` has no kernels in this build.
 pub(crate) fn adam_step<B: Backend>(
     step: &crate::host::AdamStep,
@@ -292,6 +316,18 @@ fn vector_size<R: CubeRuntime>(
         .io_optimized_vector_sizes(elem_bytes)
         .find(|&size| lengths.iter().all(|len| len % size == 0))
         .unwrap_or(1)
+}
+
+/// The most members one batch launch of the pack and unpack kernels takes (each kernel
+/// unrolls a range test per member).
+const MAX_BATCH: usize = 16;
+
+/// Members per batch launch on `client`'s device: [`MAX_BATCH`], fewer where the device binds
+/// fewer buffers to a kernel; `fixed` bindings are taken by the kernel's other buffers (the
+/// bucket or the reduced row, and the scalars).
+fn batch_limit<R: CubeRuntime>(client: &ComputeClient<R>, fixed: usize) -> usize {
+    let bindings = client.properties().hardware.max_bindings as usize;
+    bindings.saturating_sub(fixed).clamp(1, MAX_BATCH)
 }
 
 /// The narrowest address type that indexes every tensor in `tensors`.

@@ -3,8 +3,8 @@
 //!
 //! Why batches: a member's pack moves a few MiB, which a GPU copies in microseconds, about what
 //! the host spends issuing one launch. One launch per member makes a bucket's pack cost its
-//! member count in launches, whatever the device's bandwidth; the batch kernel takes up to
-//! [`MAX_BATCH`] contiguous gradients of one dtype and vector width in one launch, each a
+//! member count in launches, whatever the device's bandwidth; the batch kernel takes up to 16
+//! contiguous gradients of one dtype and vector width in one launch, each a
 //! binding of its own (a kernel cannot index an array of buffers), so the launches per bucket
 //! fall by that factor. Strided gradients and members without a gradient keep a launch each.
 
@@ -18,8 +18,8 @@ use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use super::{
-    KernelPacker, address_type, from_cube, into_cube_reading, same_type_ref, storage_type,
-    vector_size,
+    KernelPacker, address_type, batch_limit, from_cube, into_cube_reading, same_type_ref,
+    storage_type, vector_size,
 };
 use crate::KernelError;
 use crate::spec::{BucketSpec, MemberSpec};
@@ -118,9 +118,6 @@ fn zero_member<O: Float, N: Size>(
     bucket[row * row_len + offset + column] = Vector::from_int(0);
 }
 
-/// The most members one batch launch packs (the kernel unrolls a range test per member).
-const MAX_BATCH: usize = 16;
-
 /// Contiguous gradients waiting for one batch launch: same dtype, same vector width.
 struct Batch<R: CubeRuntime> {
     input: StorageType,
@@ -133,10 +130,11 @@ pub(crate) struct CubePacker<R: CubeRuntime> {
     spec: BucketSpec,
     out: StorageType,
     bucket: CubeTensor<R>,
-    /// Members per batch launch on this device: [`MAX_BATCH`], fewer where the device binds
-    /// fewer buffers to a kernel (the bucket and the scalars take one binding each).
+    /// Members per batch launch on this device (the bucket and the scalars take a binding
+    /// each).
     batch_limit: usize,
-    batch: Option<Batch<R>>,
+    /// The open batches, one per gradient dtype and vector width.
+    batches: Vec<Batch<R>>,
 }
 
 impl<R: CubeRuntime> CubePacker<R> {
@@ -150,7 +148,7 @@ impl<R: CubeRuntime> CubePacker<R> {
             same_type_ref(device).expect("the kernel path is only taken when B's device is R's");
         let client = R::client(device);
         let out = storage_type(&client, spec.dtype)?;
-        let bindings = client.properties().hardware.max_bindings as usize;
+        let batch_limit = batch_limit(&client, 2);
         let bucket = empty_device_dtype(
             client,
             device.clone(),
@@ -161,8 +159,8 @@ impl<R: CubeRuntime> CubePacker<R> {
             spec: *spec,
             out,
             bucket,
-            batch_limit: bindings.saturating_sub(2).clamp(1, MAX_BATCH),
-            batch: None,
+            batch_limit,
+            batches: Vec::new(),
         })
     }
 
@@ -188,14 +186,13 @@ impl<R: CubeRuntime> CubePacker<R> {
         );
     }
 
-    /// Packs `grad` into `member`'s columns: a contiguous gradient joins the batch (which is
-    /// launched first when the gradient cannot join it, and once full), any other layout is
+    /// Packs `grad` into `member`'s columns: a contiguous gradient joins the open batch of its
+    /// dtype and vector width (launched once full, or at the finish), any other layout is
     /// launched at once, read element by element through the view's strided indexing.
     fn pack(&mut self, member: &MemberSpec, grad: CubeTensor<R>) -> Result<(), KernelError> {
         let client = self.bucket.client.clone();
         let input = storage_type(&client, grad.dtype)?;
         if !grad.is_contiguous() {
-            self.launch_batch();
             self.launch_one(member, grad, input, 1);
             return Ok(());
         }
@@ -209,21 +206,27 @@ impl<R: CubeRuntime> CubePacker<R> {
         let elem = grad.dtype.size().max(self.spec.dtype.size());
         let widths = [member.numel, member.len, member.offset, self.spec.row_len];
         let vector = vector_size(&client, elem, &widths);
-        let joins = self
-            .batch
-            .as_ref()
-            .is_some_and(|batch| batch.input == input && batch.vector == vector);
-        if !joins {
-            self.launch_batch();
-        }
-        let batch = self.batch.get_or_insert_with(|| Batch {
-            input,
-            vector,
-            members: Vec::with_capacity(self.batch_limit),
-        });
-        batch.members.push((*member, flat));
-        if batch.members.len() >= self.batch_limit {
-            self.launch_batch();
+        // Members write disjoint columns, so batches need not follow the push order: one open
+        // batch per dtype and width.
+        let at = match self
+            .batches
+            .iter()
+            .position(|batch| batch.input == input && batch.vector == vector)
+        {
+            Some(at) => at,
+            None => {
+                self.batches.push(Batch {
+                    input,
+                    vector,
+                    members: Vec::with_capacity(self.batch_limit),
+                });
+                self.batches.len() - 1
+            }
+        };
+        self.batches[at].members.push((*member, flat));
+        if self.batches[at].members.len() >= self.batch_limit {
+            let full = self.batches.swap_remove(at);
+            self.launch_batch(full);
         }
         Ok(())
     }
@@ -260,17 +263,13 @@ impl<R: CubeRuntime> CubePacker<R> {
         );
     }
 
-    /// Launches the waiting batch, if any: one member as [`pack_member`], more in one
-    /// [`pack_members`] launch.
-    fn launch_batch(&mut self) {
-        let Some(Batch {
+    /// Launches `batch`: one member as [`pack_member`], more in one [`pack_members`] launch.
+    fn launch_batch(&self, batch: Batch<R>) {
+        let Batch {
             input,
             vector,
             mut members,
-        }) = self.batch.take()
-        else {
-            return;
-        };
+        } = batch;
         if members.len() == 1 {
             let (member, grad) = members.remove(0);
             self.launch_one(&member, grad, input, vector);
@@ -345,7 +344,9 @@ impl<B: Backend, R: CubeRuntime> KernelPacker<B> for CubePacker<R> {
     }
 
     fn finish(mut self: Box<Self>) -> B::FloatTensorPrimitive {
-        self.launch_batch();
+        for batch in std::mem::take(&mut self.batches) {
+            self.launch_batch(batch);
+        }
         from_cube::<B, R>(self.bucket)
     }
 }

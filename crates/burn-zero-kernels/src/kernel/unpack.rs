@@ -1,4 +1,6 @@
-//! Unpack kernel: one launch reads a member's columns of a reduced row.
+//! Unpack kernels: one launch reads the columns of a batch of members (or of one member) out of
+//! a reduced row, each into a tensor of its own. Batches for the reason the pack kernels have
+//! them: a member's unpack moves too few bytes on a GPU to pay for a launch of its own.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape};
@@ -10,8 +12,9 @@ use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use crate::KernelError;
+use crate::unpack::RowPart;
 
-use super::{address_type, from_cube, into_cube, storage_type, vector_size};
+use super::{address_type, batch_limit, from_cube, into_cube, storage_type, vector_size};
 
 /// `output[i] = cast(reduced[offset + i] / divisor)`: divides in `I`, then casts to `O`.
 #[cube(launch, address_type = "dynamic")]
@@ -31,6 +34,40 @@ fn unpack_member<I: Float, O: Float, N: Size>(
         value /= Vector::new(divisor.get::<I>());
     }
     output[ABSOLUTE_POS] = Vector::cast_from(value);
+}
+
+/// [`unpack_member`] for a batch of members: unit `pos` (in vectors) belongs to member `i` when
+/// `starts[i] <= pos < ends[i]`, and is element `pos - starts[i]` of its output.
+#[cube(launch, address_type = "dynamic")]
+fn unpack_members<I: Float, O: Float, N: Size>(
+    reduced: &LinearView<Vector<I, N>>,
+    outputs: &mut Sequence<LinearView<Vector<O, N>, ReadWrite>>,
+    divisor: InputScalar,
+    starts: Sequence<usize>,
+    ends: Sequence<usize>,
+    offsets: Sequence<usize>,
+    units: usize,
+    #[comptime] divide: bool,
+    #[define(I, O)] _dtypes: [StorageType; 2],
+) {
+    if ABSOLUTE_POS >= units {
+        terminate!();
+    }
+    let count = comptime![outputs.len()];
+    #[unroll]
+    for i in 0..count {
+        let start = starts[i];
+        if ABSOLUTE_POS >= start && ABSOLUTE_POS < ends[i] {
+            let local = ABSOLUTE_POS - start;
+            let offset = offsets[i];
+            let mut value = reduced[offset + local];
+            if divide {
+                value /= Vector::new(divisor.get::<I>());
+            }
+            let output = outputs.index_mut(i);
+            output[local] = Vector::cast_from(value);
+        }
+    }
 }
 
 /// Unpacks on runtime `R`; fails when it cannot handle one of the dtypes.
@@ -74,4 +111,142 @@ pub(super) fn unpack<B: Backend, R: CubeRuntime>(
         [input, out],
     );
     Ok(from_cube::<B, R>(output))
+}
+
+/// Parts waiting for one batch launch: same output dtype, same vector width.
+struct Batch<R: CubeRuntime> {
+    out: StorageType,
+    vector: usize,
+    /// Each part's index in the row's parts, where it lies, and its output.
+    parts: Vec<(usize, RowPart, CubeTensor<R>)>,
+}
+
+/// Every part of `reduced` that needs arithmetic (a divisor or a cast), on runtime `R`, in
+/// batched launches; `None` in the place of a part that needs none (the caller slices it).
+/// Fails when the device cannot handle one of the dtypes.
+pub(super) fn unpack_parts<B: Backend, R: CubeRuntime>(
+    reduced: &B::FloatTensorPrimitive,
+    parts: &[RowPart],
+    postdivide: f64,
+) -> Result<Vec<Option<B::FloatTensorPrimitive>>, KernelError> {
+    let reduced: CubeTensor<R> = into_cube::<B, R>(reduced.clone());
+    let client = &reduced.client;
+    let input = storage_type(client, reduced.dtype)?;
+    let limit = batch_limit(client, 2);
+    let row_len = reduced.meta.shape()[0];
+    let mut unpacked: Vec<Option<CubeTensor<R>>> = parts.iter().map(|_| None).collect();
+    // Outputs are tensors of their own, so batches need not follow the parts' order: one open
+    // batch per output dtype and width.
+    let mut batches: Vec<Batch<R>> = Vec::new();
+    for (index, part) in parts.iter().enumerate() {
+        if part.len == 0 || (postdivide == 1.0 && part.dtype == reduced.dtype) {
+            continue;
+        }
+        let out = storage_type(client, part.dtype)?;
+        let widths: &[usize] = if reduced.is_contiguous() {
+            &[part.offset, part.len, row_len]
+        } else {
+            &[1]
+        };
+        let vector = vector_size(client, reduced.dtype.size().max(part.dtype.size()), widths);
+        let output = empty_device_dtype(
+            client.clone(),
+            reduced.device.clone(),
+            Shape::new([part.len]),
+            part.dtype,
+        );
+        let at = match batches
+            .iter()
+            .position(|batch| batch.out == out && batch.vector == vector)
+        {
+            Some(at) => at,
+            None => {
+                batches.push(Batch {
+                    out,
+                    vector,
+                    parts: Vec::with_capacity(limit),
+                });
+                batches.len() - 1
+            }
+        };
+        batches[at].parts.push((index, *part, output));
+        if batches[at].parts.len() >= limit {
+            let full = batches.swap_remove(at);
+            launch_batch(&reduced, input, postdivide, full, &mut unpacked);
+        }
+    }
+    for batch in batches {
+        launch_batch(&reduced, input, postdivide, batch, &mut unpacked);
+    }
+    Ok(unpacked
+        .into_iter()
+        .map(|output| output.map(from_cube::<B, R>))
+        .collect())
+}
+
+/// Launches `batch` (one part as [`unpack_member`], more in one [`unpack_members`] launch)
+/// and puts each output in its part's place of `unpacked`.
+fn launch_batch<R: CubeRuntime>(
+    reduced: &CubeTensor<R>,
+    input: StorageType,
+    postdivide: f64,
+    batch: Batch<R>,
+    unpacked: &mut [Option<CubeTensor<R>>],
+) {
+    let Batch { out, vector, parts } = batch;
+    let client = &reduced.client;
+    let mut tensors: Vec<&CubeTensor<R>> = parts.iter().map(|(.., output)| output).collect();
+    tensors.push(reduced);
+    let address = address_type(&tensors);
+    let divisor = InputScalar::new(postdivide, reduced.dtype);
+    if let [(index, part, output)] = &parts[..] {
+        let units = part.len / vector;
+        let cube_dim = CubeDim::new(client, units);
+        unpack_member::launch::<R>(
+            client,
+            calculate_cube_count_elemwise(client, units, cube_dim),
+            cube_dim,
+            address,
+            vector,
+            reduced.clone().into_linear_view(),
+            output.clone().into_linear_view(),
+            divisor,
+            part.offset / vector,
+            postdivide != 1.0,
+            [input, out],
+        );
+        unpacked[*index] = Some(output.clone());
+        return;
+    }
+    let mut outputs = SequenceArg::new();
+    let [mut starts, mut ends, mut offsets] =
+        std::array::from_fn(|_| SequenceArg::<R, usize>::new());
+    let mut units = 0;
+    for (_, part, output) in &parts {
+        starts.push(units);
+        units += part.len / vector;
+        ends.push(units);
+        offsets.push(part.offset / vector);
+        outputs.push(output.clone().into_linear_view());
+    }
+    let cube_dim = CubeDim::new(client, units);
+    unpack_members::launch::<R>(
+        client,
+        calculate_cube_count_elemwise(client, units, cube_dim),
+        cube_dim,
+        address,
+        vector,
+        reduced.clone().into_linear_view(),
+        outputs,
+        divisor,
+        starts,
+        ends,
+        offsets,
+        units,
+        postdivide != 1.0,
+        [input, out],
+    );
+    for (index, _, output) in parts {
+        unpacked[index] = Some(output);
+    }
 }
