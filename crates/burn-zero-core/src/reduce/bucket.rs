@@ -361,9 +361,9 @@ pub(crate) enum ReduceError {
 /// the thread that reduces (during backward with overlap).
 ///
 /// Packing and unpacking go through `burn-zero-kernels`: cubecl kernels on cubecl backends
-/// built in (one pack launch per batch of up to 16 contiguous members, one unpack launch per
-/// member), one loop over host memory per member on CPU backends, Burn ops elsewhere, with the
-/// same arithmetic either way.
+/// built in (a launch per batch of up to 16 members of one dtype and vector width, each way),
+/// one loop over host memory per member on CPU backends, Burn ops elsewhere, with the same
+/// arithmetic either way.
 pub(crate) fn reduce<B: Backend>(
     ctx: &Reduction<'_, B>,
     bucket: &Bucket,
