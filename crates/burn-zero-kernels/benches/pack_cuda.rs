@@ -8,6 +8,10 @@
 //! written (1 GB = 1e9 bytes): every path reads and writes the bucket once, so the ratio to the
 //! copy is the fraction of copy bandwidth reached (the goal is at least 0.8).
 //!
+//! The pack is one `Packer` filled member by member, the unpack one `unpack_row` over the row's
+//! members, as the gradient buckets run them: the kernels take up to 16 members in a launch,
+//! so each is one launch here.
+//!
 //! A GPU runs the 25 MiB in tens of microseconds, so each sample times a batch of calls with
 //! one device synchronisation at the end. Prints a table; `PACK_CUDA_REPORT=path` also writes
 //! JSON there. Without a CUDA device it says it was skipped (and writes `{"skipped": ...}`).
@@ -19,7 +23,7 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_cubecl::CubeBackend;
-use burn_zero_kernels::{BucketSpec, MemberSpec, PackPath, Packer, unpack};
+use burn_zero_kernels::{BucketSpec, MemberSpec, PackPath, Packer, RowPart, unpack_row};
 use criterion::Criterion;
 use cubecl::cuda::{CudaDevice, CudaRuntime};
 
@@ -121,18 +125,19 @@ fn run(c: &mut Criterion, device: &CudaDevice) {
             if rows == 1 {
                 let row = tensor(spec.row_len, 99, device).into_primitive().tensor();
                 let label = format!("unpack rows={rows} postdivide={predivide}");
+                let parts: Vec<RowPart> = members
+                    .iter()
+                    .map(|m| RowPart {
+                        offset: m.offset,
+                        len: m.len,
+                        dtype: DType::F32,
+                    })
+                    .collect();
+                // What the gradient buckets run: every member of the row in one call.
                 bench(c, &label, moved, device, || {
-                    for m in &members {
-                        let part = unpack::<B>(
-                            &row,
-                            m.offset,
-                            m.len,
-                            predivide,
-                            DType::F32,
-                            PackPath::Kernel,
-                        );
-                        black_box(part.unwrap());
-                    }
+                    let unpacked =
+                        unpack_row::<B>(row.clone(), &parts, predivide, PackPath::Kernel, None);
+                    black_box(unpacked.unwrap());
                 });
             }
         }
