@@ -120,41 +120,32 @@ pub fn unpack_row<B: Backend>(
     } else {
         reduced
     };
-    if matches!(path, PackPath::Auto | PackPath::Kernel) {
-        match kernel_unpack_parts::<B>(&reduced, parts, postdivide) {
-            Some(Ok(unpacked)) => {
-                // A part without arithmetic is the row's slice, as `unpack` answers it.
-                return parts
-                    .iter()
-                    .zip(unpacked)
-                    .map(|(part, done)| match done {
-                        Some(part) => Ok(part),
-                        None => unpack::<B>(
-                            &reduced,
-                            part.offset,
-                            part.len,
-                            postdivide,
-                            part.dtype,
-                            path,
-                        ),
-                    })
-                    .collect();
+    // On a kernel backend the parts that need arithmetic come from batched launches.
+    let batched = match path {
+        PackPath::Auto | PackPath::Kernel => {
+            match kernel_unpack_parts::<B>(&reduced, parts, postdivide) {
+                Some(Ok(unpacked)) => unpacked,
+                Some(Err(error)) if path == PackPath::Kernel => return Err(error),
+                _ => Vec::new(),
             }
-            Some(Err(error)) if path == PackPath::Kernel => return Err(error),
-            _ => {}
         }
-    }
+        PackPath::Fallback | PackPath::Host => Vec::new(),
+    };
+    let mut batched = batched.into_iter();
     parts
         .iter()
-        .map(|part| {
-            unpack::<B>(
+        .map(|part| match batched.next().flatten() {
+            Some(unpacked) => Ok(unpacked),
+            // Not batched: as `unpack` answers it (a part without arithmetic is the row's
+            // slice).
+            None => unpack::<B>(
                 &reduced,
                 part.offset,
                 part.len,
                 postdivide,
                 part.dtype,
                 path,
-            )
+            ),
         })
         .collect()
 }

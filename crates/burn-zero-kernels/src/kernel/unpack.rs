@@ -78,39 +78,17 @@ pub(super) fn unpack<B: Backend, R: CubeRuntime>(
     postdivide: f64,
     dtype: DType,
 ) -> Result<B::FloatTensorPrimitive, KernelError> {
-    let reduced: CubeTensor<R> = into_cube::<B, R>(reduced.clone());
-    let reduced = &reduced;
-    let client = &reduced.client;
-    let input = storage_type(client, reduced.dtype)?;
-    let out = storage_type(client, dtype)?;
-    let output = empty_device_dtype(
-        client.clone(),
-        reduced.device.clone(),
-        Shape::new([len]),
-        dtype,
-    );
-    let widths: &[usize] = if reduced.is_contiguous() {
-        &[offset, len, reduced.meta.shape()[0]]
-    } else {
-        &[1]
-    };
-    let vector = vector_size(client, reduced.dtype.size().max(dtype.size()), widths);
-    let units = len / vector;
-    let cube_dim = CubeDim::new(client, units);
-    unpack_member::launch::<R>(
-        client,
-        calculate_cube_count_elemwise(client, units, cube_dim),
-        cube_dim,
-        address_type(&[reduced, &output]),
-        vector,
-        reduced.clone().into_linear_view(),
-        output.clone().into_linear_view(),
-        InputScalar::new(postdivide, reduced.dtype),
-        offset / vector,
-        postdivide != 1.0,
-        [input, out],
-    );
-    Ok(from_cube::<B, R>(output))
+    let part = RowPart { offset, len, dtype };
+    match unpack_parts::<B, R>(reduced, &[part], postdivide)?
+        .pop()
+        .flatten()
+    {
+        Some(unpacked) => Ok(unpacked),
+        // Neither a divisor nor a cast: the row's slice.
+        None => Ok(crate::fallback::unpack::<B>(
+            reduced, offset, len, postdivide, dtype,
+        )),
+    }
 }
 
 /// Parts waiting for one batch launch: same output dtype, same vector width.
