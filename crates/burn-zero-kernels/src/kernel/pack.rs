@@ -1,5 +1,5 @@
 //! Pack kernels: one launch writes every bucket element of a batch of members (their
-//! `rows * len` elements each), or of one member.
+//! `rows * len` elements each).
 //!
 //! Why batches: a member's pack moves a few MiB, which a GPU copies in microseconds, about what
 //! the host spends issuing one launch. One launch per member makes a bucket's pack cost its
@@ -24,40 +24,12 @@ use super::{
 use crate::KernelError;
 use crate::spec::{BucketSpec, MemberSpec};
 
-/// Copies a member's gradient into its columns of every row.
+/// Copies a batch of members' gradients into their columns of every row, one gradient each.
 ///
-/// Unit `pos` (in vectors) is element `pos` of the zero-padded flat gradient: row
-/// `pos / len`, column `offset + pos % len`. It casts to `O`, then divides in `O`.
-#[cube(launch, address_type = "dynamic")]
-fn pack_member<I: Float, O: Float, N: Size>(
-    grad: &LinearView<Vector<I, N>>,
-    bucket: &mut LinearView<Vector<O, N>, ReadWrite>,
-    divisor: InputScalar,
-    numel: usize,
-    len: usize,
-    row_len: usize,
-    offset: usize,
-    units: usize,
-    #[comptime] divide: bool,
-    #[define(I, O)] _dtypes: [StorageType; 2],
-) {
-    if ABSOLUTE_POS >= units {
-        terminate!();
-    }
-    let row = ABSOLUTE_POS / len;
-    let column = ABSOLUTE_POS % len;
-    let mut value = Vector::<O, N>::from_int(0);
-    if ABSOLUTE_POS < numel {
-        value = Vector::cast_from(grad[ABSOLUTE_POS]);
-        if divide {
-            value /= Vector::new(divisor.get::<O>());
-        }
-    }
-    bucket[row * row_len + offset + column] = value;
-}
-
-/// [`pack_member`] for a batch of members, one gradient each: unit `pos` (in vectors) belongs to
-/// member `i` when `starts[i] <= pos < ends[i]`, and is unit `pos - starts[i]` of that member.
+/// Unit `pos` (in vectors) belongs to member `i` when `starts[i] <= pos < ends[i]`, and is
+/// element `pos - starts[i]` of that member's zero-padded flat gradient: row `/ len`, column
+/// `offset + % len`. It casts to `O`, then divides in `O`. A gradient's view reads a strided
+/// layout through its own indexing.
 /// The members' ranges tile `0..units`; every unit tests each member's range (the batch is
 /// small, and the kernel is bound by memory, not by these comparisons).
 #[cube(launch, address_type = "dynamic")]
@@ -239,42 +211,20 @@ impl<R: CubeRuntime> CubePacker<R> {
         input: StorageType,
         vector: usize,
     ) {
-        let client = &self.bucket.client;
-        let spec = &self.spec;
-        let units = spec.rows * member.len / vector;
-        let cube_dim = CubeDim::new(client, units);
-        let address = address_type(&[&grad, &self.bucket]);
-        pack_member::launch::<R>(
-            client,
-            calculate_cube_count_elemwise(client, units, cube_dim),
-            cube_dim,
-            address,
+        self.launch_batch(Batch {
+            input,
             vector,
-            grad.into_linear_view(),
-            self.bucket.clone().into_linear_view(),
-            InputScalar::new(spec.predivide, spec.dtype),
-            member.numel / vector,
-            member.len / vector,
-            spec.row_len / vector,
-            member.offset / vector,
-            units,
-            spec.predivide != 1.0,
-            [input, self.out],
-        );
+            members: vec![(*member, grad)],
+        });
     }
 
-    /// Launches `batch`: one member as [`pack_member`], more in one [`pack_members`] launch.
+    /// Launches `batch` in one [`pack_members`] launch.
     fn launch_batch(&self, batch: Batch<R>) {
         let Batch {
             input,
             vector,
-            mut members,
+            members,
         } = batch;
-        if members.len() == 1 {
-            let (member, grad) = members.remove(0);
-            self.launch_one(&member, grad, input, vector);
-            return;
-        }
         let client = &self.bucket.client;
         let spec = &self.spec;
         let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(_, grad)| grad).collect();

@@ -1,5 +1,5 @@
-//! Unpack kernels: one launch reads the columns of a batch of members (or of one member) out of
-//! a reduced row, each into a tensor of its own. Batches for the reason the pack kernels have
+//! Unpack kernel: one launch reads the columns of a batch of members out of a reduced row, each
+//! into a tensor of its own. Batches for the reason the pack kernels have
 //! them: a member's unpack moves too few bytes on a GPU to pay for a launch of its own.
 
 use burn::tensor::backend::Backend;
@@ -16,28 +16,9 @@ use crate::unpack::RowPart;
 
 use super::{address_type, batch_limit, from_cube, into_cube, storage_type, vector_size};
 
-/// `output[i] = cast(reduced[offset + i] / divisor)`: divides in `I`, then casts to `O`.
-#[cube(launch, address_type = "dynamic")]
-fn unpack_member<I: Float, O: Float, N: Size>(
-    reduced: &LinearView<Vector<I, N>>,
-    output: &mut LinearView<Vector<O, N>, ReadWrite>,
-    divisor: InputScalar,
-    offset: usize,
-    #[comptime] divide: bool,
-    #[define(I, O)] _dtypes: [StorageType; 2],
-) {
-    if !output.is_in_bounds(ABSOLUTE_POS) {
-        terminate!();
-    }
-    let mut value = reduced[offset + ABSOLUTE_POS];
-    if divide {
-        value /= Vector::new(divisor.get::<I>());
-    }
-    output[ABSOLUTE_POS] = Vector::cast_from(value);
-}
-
-/// [`unpack_member`] for a batch of members: unit `pos` (in vectors) belongs to member `i` when
-/// `starts[i] <= pos < ends[i]`, and is element `pos - starts[i]` of its output.
+/// `output[k] = cast(reduced[offset + k] / divisor)` for a batch of members, each into an output
+/// of its own: divides in `I`, then casts to `O`. Unit `pos` (in vectors) belongs to member `i`
+/// when `starts[i] <= pos < ends[i]`, and is element `pos - starts[i]` of its output.
 #[cube(launch, address_type = "dynamic")]
 fn unpack_members<I: Float, O: Float, N: Size>(
     reduced: &LinearView<Vector<I, N>>,
@@ -162,8 +143,8 @@ pub(super) fn unpack_parts<B: Backend, R: CubeRuntime>(
         .collect())
 }
 
-/// Launches `batch` (one part as [`unpack_member`], more in one [`unpack_members`] launch)
-/// and puts each output in its part's place of `unpacked`.
+/// Launches `batch` in one [`unpack_members`] launch and puts each output in its part's place
+/// of `unpacked`.
 fn launch_batch<R: CubeRuntime>(
     reduced: &CubeTensor<R>,
     input: StorageType,
@@ -177,25 +158,6 @@ fn launch_batch<R: CubeRuntime>(
     tensors.push(reduced);
     let address = address_type(&tensors);
     let divisor = InputScalar::new(postdivide, reduced.dtype);
-    if let [(index, part, output)] = &parts[..] {
-        let units = part.len / vector;
-        let cube_dim = CubeDim::new(client, units);
-        unpack_member::launch::<R>(
-            client,
-            calculate_cube_count_elemwise(client, units, cube_dim),
-            cube_dim,
-            address,
-            vector,
-            reduced.clone().into_linear_view(),
-            output.clone().into_linear_view(),
-            divisor,
-            part.offset / vector,
-            postdivide != 1.0,
-            [input, out],
-        );
-        unpacked[*index] = Some(output.clone());
-        return;
-    }
     let mut outputs = SequenceArg::new();
     let [mut starts, mut ends, mut offsets] =
         std::array::from_fn(|_| SequenceArg::<R, usize>::new());
