@@ -38,8 +38,8 @@ pub use kernel::fused;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use kernel::launches::{LaunchCountError, LaunchLog};
 pub use pack::Packer;
-pub use spec::{BucketSpec, MemberSpec, PackPath};
-pub use unpack::{RowPart, unpack, unpack_row};
+pub use spec::{BucketSpec, MemberSpec, PackPath, RowPart};
+pub use unpack::{unpack, unpack_row};
 
 /// One Adam or AdamW step of a flat f32 shard in one kernel launch, on a `CubeBackend` (wgpu
 /// or CUDA, plain or fused): per element, [`host::adam_step`]'s arithmetic (Burn's operations

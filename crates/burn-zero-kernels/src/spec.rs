@@ -1,4 +1,5 @@
-//! The static layout of a bucket and of its members, and which implementation to use.
+//! The static layout of a bucket, of its members and of a reduced row's parts, and which
+//! implementation to use.
 
 use burn::tensor::DType;
 
@@ -113,4 +114,21 @@ pub(crate) fn check_range(offset: usize, len: usize, row_len: usize) -> Result<(
             row_len,
         }),
     }
+}
+
+/// One member's part of a reduced row: where it lies and the dtype it goes back to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowPart {
+    /// First element of the part in the row.
+    pub offset: usize,
+    /// Elements of the part.
+    pub len: usize,
+    /// The dtype the part is cast back to.
+    pub dtype: DType,
+}
+
+/// Whether a part of `len` elements, read from a row of dtype `from` into `to`, is the row's
+/// plain slice: no divisor, no cast (or nothing to read).
+pub(crate) fn is_slice(len: usize, postdivide: f64, from: DType, to: DType) -> bool {
+    len == 0 || (postdivide == 1.0 && from == to)
 }

@@ -4,7 +4,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorMetadata};
 
 use crate::host::{self, HostBackend, HostTensor};
-use crate::spec::{PackPath, check_divisor, check_range, is_float};
+use crate::spec::{PackPath, RowPart, check_divisor, check_range, is_float, is_slice};
 use crate::{BufferPool, KernelError};
 
 /// From `reduced` (1-D, one row), elements `[offset, offset + len)` divided by `postdivide`
@@ -43,7 +43,7 @@ pub fn unpack<B: Backend>(
     let kernel = match path {
         PackPath::Fallback | PackPath::Host => None,
         PackPath::Auto | PackPath::Kernel => {
-            let trivial = len == 0 || (postdivide == 1.0 && reduced.dtype() == dtype);
+            let trivial = is_slice(len, postdivide, reduced.dtype(), dtype);
             match kernel_unpack::<B>(reduced, offset, len, postdivide, dtype, trivial) {
                 Some(Ok(part)) => return Ok(part),
                 kernel => kernel,
@@ -59,17 +59,6 @@ pub fn unpack<B: Backend>(
             reduced, offset, len, postdivide, dtype,
         )),
     }
-}
-
-/// One member's part of a reduced row: where it lies and the dtype it goes back to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RowPart {
-    /// First element of the part in the row.
-    pub offset: usize,
-    /// Elements of the part.
-    pub len: usize,
-    /// The dtype the part is cast back to.
-    pub dtype: DType,
 }
 
 /// Every part of `reduced`, as [`unpack`] returns each of them, with the same values bit for
@@ -171,7 +160,7 @@ fn host_unpack<B: Backend>(
             path: "host",
         });
     }
-    if len == 0 || (postdivide == 1.0 && reduced.dtype() == dtype) {
+    if is_slice(len, postdivide, reduced.dtype(), dtype) {
         return Ok(crate::fallback::unpack::<B>(
             reduced, offset, len, postdivide, dtype,
         ));

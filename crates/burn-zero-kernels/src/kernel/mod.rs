@@ -9,6 +9,7 @@
 //! `CubeTensor` and results registered back ([`fused`]).
 
 mod adam;
+mod batch;
 pub mod fused;
 pub mod launches;
 mod memory;
@@ -316,18 +317,6 @@ fn vector_size<R: CubeRuntime>(
         .io_optimized_vector_sizes(elem_bytes)
         .find(|&size| lengths.iter().all(|len| len % size == 0))
         .unwrap_or(1)
-}
-
-/// The most members one batch launch of the pack and unpack kernels takes (each kernel
-/// unrolls a range test per member).
-const MAX_BATCH: usize = 16;
-
-/// Members per batch launch on `client`'s device: [`MAX_BATCH`], fewer where the device binds
-/// fewer buffers to a kernel; `fixed` bindings are taken by the kernel's other buffers (the
-/// bucket or the reduced row, and the scalars).
-fn batch_limit<R: CubeRuntime>(client: &ComputeClient<R>, fixed: usize) -> usize {
-    let bindings = client.properties().hardware.max_bindings as usize;
-    bindings.saturating_sub(fixed).clamp(1, MAX_BATCH)
 }
 
 /// The narrowest address type that indexes every tensor in `tensors`.

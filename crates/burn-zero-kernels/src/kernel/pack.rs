@@ -1,12 +1,7 @@
 //! Pack kernels: one launch writes every bucket element of a batch of members (their
-//! `rows * len` elements each).
-//!
-//! Why batches: a member's pack moves a few MiB, which a GPU copies in microseconds, about what
-//! the host spends issuing one launch. One launch per member makes a bucket's pack cost its
-//! member count in launches, whatever the device's bandwidth; the batch kernel takes up to 16
-//! contiguous gradients of one dtype and vector width in one launch, each a
-//! binding of its own (a kernel cannot index an array of buffers), so the launches per bucket
-//! fall by that factor. Strided gradients and members without a gradient keep a launch each.
+//! `rows * len` elements each), up to 16 contiguous gradients of one dtype and vector width
+//! ([`Batches`] says why). A strided gradient and a member without a gradient take a launch
+//! each.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, TensorMetadata};
@@ -17,9 +12,10 @@ use cubecl::prelude::*;
 use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
+use super::batch::Batches;
 use super::{
-    KernelPacker, address_type, batch_limit, from_cube, into_cube_reading, same_type_ref,
-    storage_type, vector_size,
+    KernelPacker, address_type, from_cube, into_cube_reading, same_type_ref, storage_type,
+    vector_size,
 };
 use crate::KernelError;
 use crate::spec::{BucketSpec, MemberSpec};
@@ -90,23 +86,16 @@ fn zero_member<O: Float, N: Size>(
     bucket[row * row_len + offset + column] = Vector::from_int(0);
 }
 
-/// Contiguous gradients waiting for one batch launch: same dtype, same vector width.
-struct Batch<R: CubeRuntime> {
-    input: StorageType,
-    vector: usize,
-    members: Vec<(MemberSpec, CubeTensor<R>)>,
-}
+/// What the members of one pack launch share: the gradients' dtype and the vector width.
+type Key = (StorageType, usize);
 
 /// A bucket allocated once on a cubecl device, filled by batches of members.
 pub(crate) struct CubePacker<R: CubeRuntime> {
     spec: BucketSpec,
     out: StorageType,
     bucket: CubeTensor<R>,
-    /// Members per batch launch on this device (the bucket and the scalars take a binding
-    /// each).
-    batch_limit: usize,
-    /// The open batches, one per gradient dtype and vector width.
-    batches: Vec<Batch<R>>,
+    /// Contiguous gradients waiting for their launch.
+    batches: Batches<Key, (MemberSpec, CubeTensor<R>)>,
 }
 
 impl<R: CubeRuntime> CubePacker<R> {
@@ -120,7 +109,8 @@ impl<R: CubeRuntime> CubePacker<R> {
             same_type_ref(device).expect("the kernel path is only taken when B's device is R's");
         let client = R::client(device);
         let out = storage_type(&client, spec.dtype)?;
-        let batch_limit = batch_limit(&client, 2);
+        // The bucket and the scalars take a binding each.
+        let batches = Batches::new(&client, 2);
         let bucket = empty_device_dtype(
             client,
             device.clone(),
@@ -131,8 +121,7 @@ impl<R: CubeRuntime> CubePacker<R> {
             spec: *spec,
             out,
             bucket,
-            batch_limit,
-            batches: Vec::new(),
+            batches,
         })
     }
 
@@ -158,14 +147,14 @@ impl<R: CubeRuntime> CubePacker<R> {
         );
     }
 
-    /// Packs `grad` into `member`'s columns: a contiguous gradient joins the open batch of its
-    /// dtype and vector width (launched once full, or at the finish), any other layout is
-    /// launched at once, read element by element through the view's strided indexing.
+    /// Packs `grad` into `member`'s columns: a contiguous gradient joins the batch of its dtype
+    /// and vector width (launched once full, or at the finish), any other layout is launched
+    /// at once, read element by element through the view's strided indexing.
     fn pack(&mut self, member: &MemberSpec, grad: CubeTensor<R>) -> Result<(), KernelError> {
         let client = self.bucket.client.clone();
         let input = storage_type(&client, grad.dtype)?;
         if !grad.is_contiguous() {
-            self.launch_one(member, grad, input, 1);
+            self.launch((input, 1), vec![(*member, grad)]);
             return Ok(());
         }
         let flat = CubeTensor::new_contiguous(
@@ -178,53 +167,14 @@ impl<R: CubeRuntime> CubePacker<R> {
         let elem = grad.dtype.size().max(self.spec.dtype.size());
         let widths = [member.numel, member.len, member.offset, self.spec.row_len];
         let vector = vector_size(&client, elem, &widths);
-        // Members write disjoint columns, so batches need not follow the push order: one open
-        // batch per dtype and width.
-        let at = match self
-            .batches
-            .iter()
-            .position(|batch| batch.input == input && batch.vector == vector)
-        {
-            Some(at) => at,
-            None => {
-                self.batches.push(Batch {
-                    input,
-                    vector,
-                    members: Vec::with_capacity(self.batch_limit),
-                });
-                self.batches.len() - 1
-            }
-        };
-        self.batches[at].members.push((*member, flat));
-        if self.batches[at].members.len() >= self.batch_limit {
-            let full = self.batches.swap_remove(at);
-            self.launch_batch(full);
+        if let Some((key, full)) = self.batches.push((input, vector), (*member, flat)) {
+            self.launch(key, full);
         }
         Ok(())
     }
 
-    /// One member's launch, `vector` elements a unit.
-    fn launch_one(
-        &self,
-        member: &MemberSpec,
-        grad: CubeTensor<R>,
-        input: StorageType,
-        vector: usize,
-    ) {
-        self.launch_batch(Batch {
-            input,
-            vector,
-            members: vec![(*member, grad)],
-        });
-    }
-
-    /// Launches `batch` in one [`pack_members`] launch.
-    fn launch_batch(&self, batch: Batch<R>) {
-        let Batch {
-            input,
-            vector,
-            members,
-        } = batch;
+    /// Packs `members` in one [`pack_members`] launch, `vector` elements a unit.
+    fn launch(&self, (input, vector): Key, members: Vec<(MemberSpec, CubeTensor<R>)>) {
         let client = &self.bucket.client;
         let spec = &self.spec;
         let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(_, grad)| grad).collect();
@@ -294,8 +244,8 @@ impl<B: Backend, R: CubeRuntime> KernelPacker<B> for CubePacker<R> {
     }
 
     fn finish(mut self: Box<Self>) -> B::FloatTensorPrimitive {
-        for batch in std::mem::take(&mut self.batches) {
-            self.launch_batch(batch);
+        for (key, members) in self.batches.take() {
+            self.launch(key, members);
         }
         from_cube::<B, R>(self.bucket)
     }

@@ -1,6 +1,5 @@
 //! Unpack kernel: one launch reads the columns of a batch of members out of a reduced row, each
-//! into a tensor of its own. Batches for the reason the pack kernels have
-//! them: a member's unpack moves too few bytes on a GPU to pay for a launch of its own.
+//! into a tensor of its own ([`Batches`] says why batches).
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape};
@@ -12,9 +11,10 @@ use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use crate::KernelError;
-use crate::unpack::RowPart;
+use crate::spec::{RowPart, is_slice};
 
-use super::{address_type, batch_limit, from_cube, into_cube, storage_type, vector_size};
+use super::batch::Batches;
+use super::{address_type, from_cube, into_cube, storage_type, vector_size};
 
 /// `output[k] = cast(reduced[offset + k] / divisor)` for a batch of members, each into an output
 /// of its own: divides in `I`, then casts to `O`. Unit `pos` (in vectors) belongs to member `i`
@@ -72,13 +72,11 @@ pub(super) fn unpack<B: Backend, R: CubeRuntime>(
     }
 }
 
-/// Parts waiting for one batch launch: same output dtype, same vector width.
-struct Batch<R: CubeRuntime> {
-    out: StorageType,
-    vector: usize,
-    /// Each part's index in the row's parts, where it lies, and its output.
-    parts: Vec<(usize, RowPart, CubeTensor<R>)>,
-}
+/// What the parts of one unpack launch share: the outputs' dtype and the vector width.
+type Key = (StorageType, usize);
+
+/// A part waiting for its launch: its index in the row's parts, where it lies, and its output.
+type Waiting<R> = (usize, RowPart, CubeTensor<R>);
 
 /// Every part of `reduced` that needs arithmetic (a divisor or a cast), on runtime `R`, in
 /// batched launches; `None` in the place of a part that needs none (the caller slices it).
@@ -91,14 +89,12 @@ pub(super) fn unpack_parts<B: Backend, R: CubeRuntime>(
     let reduced: CubeTensor<R> = into_cube::<B, R>(reduced.clone());
     let client = &reduced.client;
     let input = storage_type(client, reduced.dtype)?;
-    let limit = batch_limit(client, 2);
+    // The reduced row and the scalars take a binding each.
+    let mut batches: Batches<Key, Waiting<R>> = Batches::new(client, 2);
     let row_len = reduced.meta.shape()[0];
     let mut unpacked: Vec<Option<CubeTensor<R>>> = parts.iter().map(|_| None).collect();
-    // Outputs are tensors of their own, so batches need not follow the parts' order: one open
-    // batch per output dtype and width.
-    let mut batches: Vec<Batch<R>> = Vec::new();
     for (index, part) in parts.iter().enumerate() {
-        if part.len == 0 || (postdivide == 1.0 && part.dtype == reduced.dtype) {
+        if is_slice(part.len, postdivide, reduced.dtype, part.dtype) {
             continue;
         }
         let out = storage_type(client, part.dtype)?;
@@ -114,28 +110,12 @@ pub(super) fn unpack_parts<B: Backend, R: CubeRuntime>(
             Shape::new([part.len]),
             part.dtype,
         );
-        let at = match batches
-            .iter()
-            .position(|batch| batch.out == out && batch.vector == vector)
-        {
-            Some(at) => at,
-            None => {
-                batches.push(Batch {
-                    out,
-                    vector,
-                    parts: Vec::with_capacity(limit),
-                });
-                batches.len() - 1
-            }
-        };
-        batches[at].parts.push((index, *part, output));
-        if batches[at].parts.len() >= limit {
-            let full = batches.swap_remove(at);
-            launch_batch(&reduced, input, postdivide, full, &mut unpacked);
+        if let Some((key, full)) = batches.push((out, vector), (index, *part, output)) {
+            launch(&reduced, input, postdivide, key, full, &mut unpacked);
         }
     }
-    for batch in batches {
-        launch_batch(&reduced, input, postdivide, batch, &mut unpacked);
+    for (key, waiting) in batches.take() {
+        launch(&reduced, input, postdivide, key, waiting, &mut unpacked);
     }
     Ok(unpacked
         .into_iter()
@@ -143,16 +123,16 @@ pub(super) fn unpack_parts<B: Backend, R: CubeRuntime>(
         .collect())
 }
 
-/// Launches `batch` in one [`unpack_members`] launch and puts each output in its part's place
-/// of `unpacked`.
-fn launch_batch<R: CubeRuntime>(
+/// Unpacks `parts` in one [`unpack_members`] launch, `vector` elements a unit, and puts each
+/// output in its part's place of `unpacked`.
+fn launch<R: CubeRuntime>(
     reduced: &CubeTensor<R>,
     input: StorageType,
     postdivide: f64,
-    batch: Batch<R>,
+    (out, vector): Key,
+    parts: Vec<Waiting<R>>,
     unpacked: &mut [Option<CubeTensor<R>>],
 ) {
-    let Batch { out, vector, parts } = batch;
     let client = &reduced.client;
     let mut tensors: Vec<&CubeTensor<R>> = parts.iter().map(|(.., output)| output).collect();
     tensors.push(reduced);

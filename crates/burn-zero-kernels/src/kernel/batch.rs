@@ -1,0 +1,50 @@
+//! Batches of members for one pack or unpack launch each.
+//!
+//! A member's pack or unpack moves a few MiB, which a GPU copies in microseconds, about what
+//! the host spends issuing one launch; so members that can share a launch wait here. What a
+//! launch must share (the dtype it reads or writes, its vector width) is the batch's key.
+//! Members of a bucket write disjoint places, so batches need not follow the order members
+//! come in: one batch is open per key.
+
+use burn_cubecl::CubeRuntime;
+use cubecl::prelude::ComputeClient;
+
+/// The most members one launch takes (each kernel unrolls a range test per member).
+const MAX_BATCH: usize = 16;
+
+/// Members waiting for their launches, one open batch per key `K`.
+pub(super) struct Batches<K, M> {
+    limit: usize,
+    open: Vec<(K, Vec<M>)>,
+}
+
+impl<K: PartialEq, M> Batches<K, M> {
+    /// Batches of [`MAX_BATCH`] members on `client`'s device, fewer where it binds fewer
+    /// buffers to a kernel: each member is a binding of its own (a kernel cannot index an
+    /// array of buffers), and `fixed` bindings go to the kernel's other buffers.
+    pub(super) fn new<R: CubeRuntime>(client: &ComputeClient<R>, fixed: usize) -> Self {
+        let bindings = client.properties().hardware.max_bindings as usize;
+        Self {
+            limit: bindings.saturating_sub(fixed).clamp(1, MAX_BATCH),
+            open: Vec::new(),
+        }
+    }
+
+    /// Adds `member` to the open batch of `key`, and returns that batch once it is full.
+    pub(super) fn push(&mut self, key: K, member: M) -> Option<(K, Vec<M>)> {
+        let at = match self.open.iter().position(|(open, _)| *open == key) {
+            Some(at) => at,
+            None => {
+                self.open.push((key, Vec::with_capacity(self.limit)));
+                self.open.len() - 1
+            }
+        };
+        self.open[at].1.push(member);
+        (self.open[at].1.len() >= self.limit).then(|| self.open.swap_remove(at))
+    }
+
+    /// Every batch still open, to launch now.
+    pub(super) fn take(&mut self) -> Vec<(K, Vec<M>)> {
+        std::mem::take(&mut self.open)
+    }
+}
