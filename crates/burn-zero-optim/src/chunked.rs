@@ -20,11 +20,11 @@ use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorData, TensorMetadata};
 use burn_zero_core::chunk::{Chunk, ChunkKind};
-use burn_zero_core::store::host_slices;
+use burn_zero_core::store::{SharedRow, host_slices};
 use burn_zero_core::{ParamStore, ShardedView, ZeroTensor};
 
 use crate::master::{Master, cast_to};
-use crate::optimizer::{Taken, ZeroOptimizer, flat};
+use crate::optimizer::{Grad, Taken, ZeroOptimizer, flat};
 use crate::placement::Placement;
 use crate::state_tree::{join_states, split_state};
 
@@ -136,18 +136,22 @@ where
                     chunk.id
                 );
             }
-            let parts: Vec<Tensor<P::Host, 1>> = chunk
+            let parts: Vec<Grad<P::Host>> = chunk
                 .members
                 .iter()
                 .map(|m| {
                     let id = ids.remove(&m.key).expect("counted above");
-                    cast_to(taken.remove(&id).expect("taken").grad, DType::F32)
+                    taken.remove(&id).expect("taken").grad
                 })
                 .collect();
+            let grad = whole_row(chunk, &parts).unwrap_or_else(|| {
+                let parts = parts.iter().map(|p| cast_to(p.tensor(), DType::F32));
+                Tensor::cat(parts.collect(), 0)
+            });
             joined.push(ChunkGrad {
                 chunk: chunk.id,
                 sharded: chunk.kind == ChunkKind::Sharded,
-                grad: Tensor::cat(parts, 0),
+                grad: cast_to(grad, DType::F32),
             });
         }
         joined
@@ -322,14 +326,15 @@ where
                 }
             }
             ChunkKind::Sharded => {
+                // The members' new blocks are ranges of the one updated shard: nothing is cut
+                // out now, and the chunk's next gather reads the shard whole.
+                let row = SharedRow::new(updated.into_primitive().tensor());
                 for member in &chunk.members {
-                    let part = updated
-                        .clone()
-                        .slice(member.offset..member.offset + member.block_len);
                     let Some(ZeroTensor::Sharded(view)) = values.get(&member.key) else {
                         continue;
                     };
-                    let param = view.param().with_shard(part.into_primitive().tensor());
+                    let range = member.offset..member.offset + member.block_len;
+                    let param = view.param().with_shard_part(&row, range);
                     let value = ZeroTensor::Sharded(ShardedView::new(Arc::new(param)));
                     stepped.insert(member.key, value);
                 }
@@ -398,6 +403,23 @@ where
                 .slice(member.offset..member.offset + member.block_len),
         )
     }
+}
+
+/// The row the gradient `parts` of `chunk`'s members (in order) are ranges of, when they are
+/// exactly the members' ranges of one row of the chunk's shard length: the chunk's reduced row
+/// as the reduction delivered it, stepped without joining its parts.
+fn whole_row<H: Backend>(chunk: &Chunk, parts: &[Grad<H>]) -> Option<Tensor<H, 1>> {
+    let Some(Grad::Part { row, row_id, .. }) = parts.first() else {
+        return None;
+    };
+    if row.dims()[0] != chunk.shard_len || parts.len() != chunk.members.len() {
+        return None;
+    }
+    let tiled = chunk.members.iter().zip(parts).all(|(member, part)| {
+        matches!(part, Grad::Part { row_id: id, range, .. }
+            if id == row_id && *range == (member.offset..member.offset + member.block_len))
+    });
+    tiled.then(|| row.clone())
 }
 
 /// Parameter `key`'s part of `chunk`, flat, as its master starts: its current shard (stage

@@ -1,6 +1,7 @@
 //! `ZeroOptimizer`: a Burn optimizer step on each rank's shard.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
 use std::sync::Arc;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
@@ -12,6 +13,7 @@ use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{DType, Device, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::RankCounters;
+use burn_zero_core::store::SharedRow;
 use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
 
 use crate::chunked::{ChunkGrad, PendingChunks};
@@ -118,7 +120,36 @@ where
 pub(crate) struct Taken<H: Backend> {
     pub key: usize,
     /// This rank's part of the reduced gradient, flat, where the masters live.
-    pub grad: Tensor<H, 1>,
+    pub grad: Grad<H>,
+}
+
+/// A chunk's reduced row on the device, kept for the pass, and the same row where the masters
+/// live.
+type RowTaken<B, H> = (Arc<SharedRow<B>>, Tensor<H, 1>);
+
+/// A parameter's gradient part: a tensor of its own, or its range of its chunk's reduced row
+/// (the reduction delivers a sharded chunk's row whole), cut out only where it is read alone:
+/// a chunk whose members are all ranges of one row steps that row as it is.
+pub(crate) enum Grad<H: Backend> {
+    Whole(Tensor<H, 1>),
+    Part {
+        row: Tensor<H, 1>,
+        /// Which row: the same for every member delivered with it in this step.
+        row_id: usize,
+        range: Range<usize>,
+    },
+}
+
+impl<H: Backend> Grad<H> {
+    /// The gradient part as a tensor of its own (a view of the row, or a copy where the
+    /// device's alignment needs one).
+    pub(crate) fn tensor(&self) -> Tensor<H, 1> {
+        match self {
+            Grad::Whole(grad) => grad.clone(),
+            Grad::Part { row, range, .. } if range.len() == row.dims()[0] => row.clone(),
+            Grad::Part { row, range, .. } => row.clone().slice(range.clone()),
+        }
+    }
 }
 
 impl<B: Backend> ZeroOptimizer<FusedAdam, B, OnDevice> {
@@ -435,6 +466,7 @@ where
             taken: HashMap::new(),
             order: Vec::new(),
             values: HashMap::new(),
+            rows: HashMap::new(),
             _placement: std::marker::PhantomData,
         };
         module.visit(&mut collect);
@@ -467,7 +499,7 @@ where
         if self.accumulation > 1 {
             for id in &order {
                 let t = &taken[id];
-                let grad = t.grad.clone().cast(DType::F32);
+                let grad = t.grad.tensor().cast(DType::F32);
                 let sum = match self.accumulated.remove(&t.key) {
                     Some(sum) => sum + grad,
                     None => grad,
@@ -482,7 +514,7 @@ where
             let n = self.accumulation as f64;
             for t in taken.values_mut() {
                 if let Some(sum) = self.accumulated.remove(&t.key) {
-                    t.grad = sum.div_scalar(n);
+                    t.grad = Grad::Whole(sum.div_scalar(n));
                 }
             }
             self.accumulated.clear();
@@ -644,7 +676,7 @@ where
                 continue;
             };
             let counts = zero.gradient_is_sharded(t.key) || zero.rank() == 0;
-            stats.add(&t.grad, norm_type, counts);
+            stats.add(&t.grad.tensor(), norm_type, counts);
         }
         P::to_model(
             stats.into_local(&host),
@@ -786,6 +818,9 @@ struct Collect<'a, B: Backend, P: Placement<B>> {
     /// The current value of every parameter that has a gradient, by key (a chunked step makes
     /// a chunk's master from its members' values).
     values: HashMap<usize, ZeroTensor<B>>,
+    /// The chunks' reduced rows met so far, by address, where the masters live: each taken
+    /// there once. Holding them keeps every address unique for the pass.
+    rows: HashMap<usize, RowTaken<B, P::Host>>,
     _placement: std::marker::PhantomData<P>,
 }
 
@@ -871,10 +906,24 @@ where
         let grad = match grad {
             // Moved to host memory as it arrived (an offloaded optimizer): no device transfer.
             ZeroTensor::Sharded(view) if sharded => match view.param().host_data() {
-                Some(data) => P::from_host_data(data, self.zero.device()),
-                None => P::to_host(flat(view.param().shard()), counters),
+                Some(data) => Grad::Whole(P::from_host_data(data, self.zero.device())),
+                None => match view.param().row_part() {
+                    Some((row, range)) => {
+                        let row_id = Arc::as_ptr(&row) as usize;
+                        let (_, row) = self.rows.entry(row_id).or_insert_with(|| {
+                            let values = P::to_host(flat(row.values()), counters);
+                            (row, values)
+                        });
+                        Grad::Part {
+                            row: row.clone(),
+                            row_id,
+                            range,
+                        }
+                    }
+                    None => Grad::Whole(P::to_host(flat(view.param().shard()), counters)),
+                },
             },
-            ZeroTensor::Local(full) if !sharded => P::to_host(flat(full), counters),
+            ZeroTensor::Local(full) if !sharded => Grad::Whole(P::to_host(flat(full), counters)),
             ZeroTensor::Local(_) => panic!(
                 "burn-zero: the gradient of parameter #{key} `{}` is whole, but this stage \
                  reduces it to shards: it was not reduced. A backward pass uses up the \
@@ -916,6 +965,7 @@ where
     /// The new value of a parameter (currently `value`) after a step with its gradient.
     fn update(&mut self, taken: Taken<P::Host>, value: ZeroTensor<B>) -> ZeroTensor<B> {
         let Taken { key, grad } = taken;
+        let grad = grad.tensor();
         let store = bound(&self.optimizer.zero).store().clone();
         let sharded_grad = store.gradient_is_sharded(key);
         let shape = value.shape();

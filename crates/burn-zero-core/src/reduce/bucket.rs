@@ -340,6 +340,9 @@ pub(crate) struct Reduction<'a, B: Backend> {
 /// transfer for the whole bucket.
 pub(crate) enum Values<B: Backend> {
     Device(Vec<B::FloatTensorPrimitive>),
+    /// A sharded chunk's reduced row, divided and cast as a whole: each member's shard is its
+    /// range of it (the chunk's layout), so the optimizer steps the chunk's row as it is.
+    Row(B::FloatTensorPrimitive),
     Host(Vec<TensorData>),
 }
 
@@ -427,6 +430,29 @@ pub(crate) fn reduce<B: Backend>(
     {
         let shards = read_to_host::<B>(ctx, bucket, reduced, postdivide, dtype)?;
         return Ok(Values::Host(shards));
+    }
+    // A sharded chunk's row is unpacked as one part, with the same arithmetic element by
+    // element: one launch at most, where its members would take one per batch of parts
+    // here and a copy each to be joined again for the step.
+    if bucket.mode == Mode::ReduceScatter
+        && bucket.regroup.is_none()
+        && let Some(dtype) = shared_dtype(&bucket.members)
+    {
+        let whole = RowPart {
+            offset: 0,
+            len: bucket.len,
+            dtype,
+        };
+        let row = unpack_row::<B>(
+            reduced,
+            &[whole],
+            postdivide,
+            PackPath::Auto,
+            Some(&bucket.pool),
+        )?
+        .pop()
+        .expect("one part asked for");
+        return Ok(Values::Row(row));
     }
     let parts: Vec<RowPart> = bucket
         .members

@@ -12,7 +12,7 @@ use crate::reduce::bucket::{Bucket, Member, Mode, Values};
 use crate::reduce::queue::Reduced;
 use crate::reduce::slot::GradSlot;
 use crate::reduce::stats::ReductionStats;
-use crate::store::{ParamStore, ShardedParam};
+use crate::store::{ParamStore, ShardedParam, SharedRow};
 use crate::tensor::{ShardedView, ZeroTensor};
 
 /// Where reduced gradients go: autodiff's slots of this pass, by key, and the orphans (reduced
@@ -45,6 +45,12 @@ pub(crate) fn deliver<B: Backend>(
             Values::Device(values) => (bucket.members.iter().zip(values))
                 .map(|(member, value)| gradient(store, mode, member, value))
                 .collect(),
+            Values::Row(row) => {
+                let row = SharedRow::new(row);
+                (bucket.members.iter())
+                    .map(|member| gradient_part(store, member, &row))
+                    .collect()
+            }
             Values::Host(shards) => (bucket.members.iter().zip(shards))
                 .map(|(member, data)| host_gradient(store, member, data))
                 .collect(),
@@ -72,6 +78,18 @@ fn host_gradient<B: Backend>(
 ) -> ZeroTensor<B> {
     let (shape, dtype) = (member.shape.clone(), member.dtype);
     let shard = ShardedParam::gradient_on_host(store, member.key, data, shape, dtype);
+    ZeroTensor::Sharded(ShardedView::new(Arc::new(shard)))
+}
+
+/// A member's reduced gradient shard as its range of its chunk's reduced `row`, the tensor
+/// autodiff receives.
+fn gradient_part<B: Backend>(
+    store: &Arc<ParamStore<B>>,
+    member: &Member,
+    row: &Arc<SharedRow<B>>,
+) -> ZeroTensor<B> {
+    let range = member.offset..member.offset + member.len;
+    let shard = ShardedParam::gradient_part(store, member.key, row, range, member.shape.clone());
     ZeroTensor::Sharded(ShardedView::new(Arc::new(shard)))
 }
 

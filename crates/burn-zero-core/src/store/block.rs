@@ -5,7 +5,15 @@
 //! version and store) so that the store can hold the live blocks of its parameters — to
 //! release one for `reuse_fp16_shard`, or move it to the host for `offload_param_frac` —
 //! without knowing the handles that point to it.
+//!
+//! The members of a chunk that an optimizer step has just written hold their blocks as ranges
+//! of one [`SharedRow`], the chunk's new shard: the step writes one tensor, the next gather
+//! reads it whole, and a member's block is cut out of it only when read alone. A cut costs a
+//! copy launch on a cubecl device wherever the range does not start and end at the device's
+//! memory alignment (512 bytes on CUDA); a chunk of many members would otherwise pay one
+//! launch per member to be cut at the step and one more to be joined at its gather.
 
+use std::ops::Range;
 use std::sync::{Arc, RwLock};
 
 use burn_zero_comm::RankCounters;
@@ -16,11 +24,46 @@ use burn::tensor::{DType, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 
 use crate::memory::{MemoryKind, MemoryTracker};
 
+/// A flat tensor on the device whose ranges are the blocks of several members: a chunk's
+/// shard as an optimizer step wrote it.
+#[derive(Debug)]
+pub struct SharedRow<B: Backend> {
+    values: B::FloatTensorPrimitive,
+}
+
+impl<B: Backend> SharedRow<B> {
+    /// The row holding `values`, to be shared by the blocks of its ranges.
+    pub fn new(values: B::FloatTensorPrimitive) -> Arc<Self> {
+        Arc::new(Self { values })
+    }
+
+    /// The whole row (a handle clone, no copy).
+    pub fn values(&self) -> B::FloatTensorPrimitive {
+        self.values.clone()
+    }
+
+    /// Its length in elements.
+    pub fn len(&self) -> usize {
+        self.values.shape().num_elements()
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Where a block's values are.
 #[derive(Debug)]
 enum Held<B: Backend> {
     /// On the model's device.
     Device(B::FloatTensorPrimitive),
+    /// On the model's device: `range` of a row shared with other blocks, `bytes` of it.
+    Part {
+        row: Arc<SharedRow<B>>,
+        range: Range<usize>,
+        bytes: usize,
+    },
     /// In host memory, uploaded to `device` whenever they are read (an all-gather's input).
     Host {
         data: TensorData,
@@ -69,6 +112,38 @@ impl<B: Backend> Block<B> {
         }
     }
 
+    /// Holds `range` of `row` (of parameter `key`, whose element type is `dtype`, the row's) as
+    /// `kind`, sharing the row with the blocks of its other ranges.
+    pub(crate) fn part(
+        key: usize,
+        kind: MemoryKind,
+        row: &Arc<SharedRow<B>>,
+        range: Range<usize>,
+        memory: Arc<MemoryTracker>,
+        counters: Arc<RankCounters>,
+    ) -> Self {
+        assert!(
+            range.end <= row.len(),
+            "burn-zero: parameter #{key}: block {range:?} of a row of {} elements",
+            row.len()
+        );
+        let dtype = row.values.dtype();
+        let bytes = range.len() * dtype.size();
+        memory.add(kind, bytes);
+        Self {
+            key,
+            dtype,
+            kind,
+            values: RwLock::new(Some(Held::Part {
+                row: row.clone(),
+                range,
+                bytes,
+            })),
+            memory,
+            counters,
+        }
+    }
+
     /// Holds `data` (of parameter `key`, whose element type is `dtype`) in host memory, to be
     /// uploaded to `device` whenever it is read; counted as `kind`'s host counterpart.
     pub(crate) fn on_host(
@@ -111,6 +186,7 @@ impl<B: Backend> Block<B> {
     pub fn values(&self) -> B::FloatTensorPrimitive {
         match &*read(&self.values) {
             Some(Held::Device(values)) => values.clone(),
+            Some(Held::Part { row, range, .. }) => cut(row, range),
             Some(Held::Host { data, device, .. }) => {
                 Self::upload(data.clone(), device, &self.counters)
             }
@@ -133,6 +209,14 @@ impl<B: Backend> Block<B> {
         matches!(&*read(&self.values), Some(Held::Host { .. }))
     }
 
+    /// The row this block is a range of, and the range, when it is one.
+    pub fn row_part(&self) -> Option<(Arc<SharedRow<B>>, Range<usize>)> {
+        match &*read(&self.values) {
+            Some(Held::Part { row, range, .. }) => Some((row.clone(), range.clone())),
+            _ => None,
+        }
+    }
+
     /// Moves the values to host memory (a device-to-host read, counted), where they stay until
     /// the block is dropped; every later read uploads them. Does nothing to a block already on
     /// the host or released.
@@ -140,6 +224,7 @@ impl<B: Backend> Block<B> {
         let mut held = write(&self.values);
         let values = match held.take() {
             Some(Held::Device(values)) => values,
+            Some(Held::Part { row, range, .. }) => cut(&row, &range),
             elsewhere => {
                 *held = elsewhere;
                 return;
@@ -215,6 +300,7 @@ impl<B: Backend> Block<B> {
         let freed = write(&self.values).take();
         match freed {
             Some(Held::Device(values)) => self.memory.sub(self.kind, primitive_bytes(&values)),
+            Some(Held::Part { bytes, .. }) => self.memory.sub(self.kind, bytes),
             Some(Held::Host { bytes, .. }) => self.memory.sub(host_kind(self.kind), bytes),
             None => {}
         }
@@ -225,6 +311,14 @@ impl<B: Backend> Drop for Block<B> {
     fn drop(&mut self) {
         self.release();
     }
+}
+
+/// `range` of `row` as a tensor of its own: a view where the device allows one, else a copy.
+fn cut<B: Backend>(row: &SharedRow<B>, range: &Range<usize>) -> B::FloatTensorPrimitive {
+    if range.start == 0 && range.end == row.len() {
+        return row.values();
+    }
+    B::float_slice(row.values(), &[burn::tensor::Slice::from(range.clone())])
 }
 
 /// How a block of `kind` counts while it is in host memory.
@@ -307,5 +401,35 @@ mod tests {
         assert_eq!((counts.host_reads, counts.host_writes), (1, 2));
         // Each of them carries the block's 12 bytes.
         assert_eq!((counts.host_read_bytes, counts.host_write_bytes), (12, 24));
+    }
+
+    /// Blocks that are ranges of one row read as their ranges, count their own bytes, and let
+    /// the row go only when the last of them is released or moved to the host.
+    #[test]
+    fn parts_of_a_row_read_and_count_their_ranges() {
+        let memory = Arc::new(MemoryTracker::default());
+        let counters = Arc::new(RankCounters::default());
+        let values = Tensor::<Flex, 1>::from_floats([1.0, 2.0, 3.0, 4.0, 5.0], &Default::default());
+        let row = SharedRow::<Flex>::new(values.into_primitive().tensor());
+        let kind = MemoryKind::ParameterShards;
+        let part = |range| Block::part(0, kind, &row, range, memory.clone(), counters.clone());
+        let (first, second) = (part(0..2), part(2..5));
+        assert_eq!(
+            (read(&first), read(&second)),
+            (vec![1.0, 2.0], vec![3.0, 4.0, 5.0])
+        );
+        assert_eq!(memory.usage(kind).current, 20);
+        let (shared, range) = second.row_part().expect("a part of the row");
+        assert!(Arc::ptr_eq(&shared, &row) && range == (2..5));
+        drop(shared);
+        assert_eq!(Arc::strong_count(&row), 3);
+        first.move_to_host();
+        assert!(first.row_part().is_none() && first.is_on_host());
+        assert_eq!(read(&first), [1.0, 2.0]);
+        assert_eq!(memory.usage(kind).current, 12);
+        assert_eq!(counters.snapshot().host_read_bytes, 8);
+        second.release();
+        assert_eq!(memory.usage(kind).current, 0);
+        assert_eq!(Arc::strong_count(&row), 1);
     }
 }

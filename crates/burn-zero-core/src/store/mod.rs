@@ -32,7 +32,7 @@ pub mod table;
 /// Where each rank's padded block of a flat tensor lies (defined with the chunk layout).
 pub use crate::chunk::BlockLayout;
 pub use auto_placement::CapacityExceeded;
-pub use block::{Block, host_slices};
+pub use block::{Block, SharedRow, host_slices};
 pub use groups::Groups;
 pub use param::{ShardRole, ShardedParam};
 pub use param_store::ParamStore;

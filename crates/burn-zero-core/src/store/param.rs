@@ -1,14 +1,15 @@
 //! `ShardedParam`: a handle on this rank's block of a parameter (or of its reduced gradient),
 //! pointing to the store that gathers it.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Shape, TensorData};
+use burn::tensor::{DType, Shape, TensorData, TensorMetadata};
 
 use crate::memory::MemoryKind;
-use crate::store::block::Block;
+use crate::store::block::{Block, SharedRow};
 use crate::store::param_store::ParamStore;
 
 /// What a sharded tensor holds.
@@ -154,6 +155,27 @@ impl<B: Backend> ShardedParam<B> {
         gradient
     }
 
+    /// This rank's shard of parameter `key`'s reduced gradient as `range` of `row`, its
+    /// chunk's reduced row shared with the other members (moved to host memory, cut out of
+    /// the row, when an optimizer that steps there asked for it).
+    pub(crate) fn gradient_part(
+        store: &Arc<ParamStore<B>>,
+        key: usize,
+        row: &Arc<SharedRow<B>>,
+        range: Range<usize>,
+        shape: Shape,
+    ) -> Self {
+        let kind = ShardRole::Gradient.memory_kind();
+        let (memory, counters) = (store.memory_handle(), store.counters().clone());
+        let block = Block::part(key, kind, row, range, memory, counters);
+        let device = store.device().clone();
+        let gradient = Self::holding(store, key, ShardRole::Gradient, block, device, shape);
+        if store.gradient_on_host(key) {
+            gradient.block.move_to_host();
+        }
+        gradient
+    }
+
     /// This rank's shard of parameter `key`'s reduced gradient, `data` already in host memory
     /// (read back by the reduction for an optimizer that steps there).
     pub(crate) fn gradient_on_host(
@@ -189,6 +211,12 @@ impl<B: Backend> ShardedParam<B> {
     /// for a host optimizer): read without a device transfer.
     pub fn host_data(&self) -> Option<TensorData> {
         self.block.host_data()
+    }
+
+    /// The row this shard is a range of, with the range, when it shares one with the other
+    /// members of its chunk ([`SharedRow`]).
+    pub fn row_part(&self) -> Option<(Arc<SharedRow<B>>, Range<usize>)> {
+        self.block.row_part()
     }
 
     /// The device the block lives on.
@@ -236,6 +264,49 @@ impl<B: Backend> ShardedParam<B> {
                 self.dtype(),
             ),
         }
+    }
+
+    /// The same parameter with new values that are `range` of `row`, a chunk's new shard
+    /// shared with its other members ([`SharedRow`]): no copy is made, and a gather of the
+    /// whole chunk reads the row as it is.
+    ///
+    /// # Panics
+    /// When this is a gradient's shard, or `range` is not a block of the parameter's length
+    /// within the row (a caller bug).
+    pub fn with_shard_part(&self, row: &Arc<SharedRow<B>>, range: Range<usize>) -> Self {
+        assert_eq!(
+            self.role,
+            ShardRole::Parameter,
+            "only a parameter's block is written as part of a chunk's row"
+        );
+        let block_len = self.store.block_len(self.shape.num_elements());
+        let dtype = row.values().dtype();
+        assert!(
+            range.len() == block_len && dtype == self.dtype(),
+            "burn-zero: parameter #{}: new values of {} {dtype:?} elements for a block of \
+             {block_len} {:?}",
+            self.key,
+            range.len(),
+            self.dtype()
+        );
+        let block = Block::part(
+            self.key,
+            self.role.memory_kind(),
+            row,
+            range,
+            self.store.memory_handle(),
+            self.store.counters().clone(),
+        );
+        let device = self.device.clone();
+        Self::holding(
+            &self.store,
+            self.key,
+            self.role,
+            block,
+            device,
+            self.shape.clone(),
+        )
+        .tracked()
     }
 
     /// The same parameter with new values `shard` already in host memory (an offloaded

@@ -647,6 +647,9 @@ impl<B: Backend> ParamStore<B> {
         if let Some(shard) = self.host_shard(chunk, &blocks, &members) {
             return Ok((shard, members));
         }
+        if let Some(row) = whole_row(chunk, &blocks) {
+            return Ok((Tensor::from_primitive(TensorPrimitive::Float(row)), members));
+        }
         let parts = blocks
             .iter()
             .map(|b| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(b.values())))
@@ -773,14 +776,22 @@ impl<B: Backend> ParamStore<B> {
             .iter()
             .filter_map(|member| {
                 let shape = table?.get(member.key)?.shape.clone();
-                let blocks = B::float_slice(
-                    rows.clone(),
-                    &[
-                        Slice::from(0..ranks),
-                        Slice::from(member.offset..member.offset + member.block_len),
-                    ],
-                );
-                let flat = B::float_reshape(blocks, Shape::new([ranks * member.block_len]));
+                let columns = member.offset..member.offset + member.block_len;
+                // One rank's row holds each member whole: a range of it, which is a view where
+                // the device's alignment allows (a copy otherwise). With more ranks a member's
+                // blocks lie in every row, and joining them is a copy.
+                let flat = if ranks == 1 {
+                    B::float_slice(
+                        B::float_reshape(rows.clone(), Shape::new([chunk.shard_len])),
+                        &[Slice::from(columns)],
+                    )
+                } else {
+                    let blocks = B::float_slice(
+                        rows.clone(),
+                        &[Slice::from(0..ranks), Slice::from(columns)],
+                    );
+                    B::float_reshape(blocks, Shape::new([ranks * member.block_len]))
+                };
                 Some((member.key, full_tensor::<B>(flat, &shape)))
             })
             .collect()
@@ -992,4 +1003,20 @@ fn full_tensor<B: Backend>(
         B::float_slice(gathered, &[Slice::from(0..shape.num_elements())]),
         shape.clone(),
     )
+}
+
+/// The row `blocks` (the members of `chunk`, in order) are ranges of, when they are exactly
+/// its members' ranges of one row of the chunk's shard length: the shard an optimizer step
+/// wrote, read whole without joining the blocks.
+fn whole_row<B: Backend>(chunk: &Chunk, blocks: &[&Block<B>]) -> Option<B::FloatTensorPrimitive> {
+    let (row, _) = blocks.first()?.row_part()?;
+    if row.len() != chunk.shard_len || blocks.len() != chunk.members.len() {
+        return None;
+    }
+    let tiled = chunk.members.iter().zip(blocks).all(|(member, block)| {
+        block.row_part().is_some_and(|(other, range)| {
+            Arc::ptr_eq(&row, &other) && range == (member.offset..member.offset + member.block_len)
+        })
+    });
+    tiled.then(|| row.values())
 }

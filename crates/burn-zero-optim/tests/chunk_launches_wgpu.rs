@@ -1,0 +1,186 @@
+//! Kernel launches of a chunk at stage 3, one rank on `CubeBackend<WgpuRuntime>` (Mesa's
+//! lavapipe where there is no GPU), counted at the backend boundary by
+//! [`burn_zero_kernels::LaunchLog`]: cubecl's execution log, every launch on the device.
+//!
+//! A chunk's members are gathered, reduced and stepped together, so what a step launches for a
+//! chunk must not grow with its members:
+//! - the fused Adam step of a chunk is one launch: the chunk's reduced gradient row is stepped
+//!   as the reduction delivered it, and its new values become the members' blocks without
+//!   being cut apart;
+//! - a forward pass over a chunked model launches what the same forward over its whole
+//!   parameters launches (stage 0), plus at most one launch per chunk for its gather: the
+//!   shard the step wrote is gathered as it is, and at one rank the members are ranges of the
+//!   gathered row. Every member here starts and ends at a multiple of 512 bytes, the largest
+//!   alignment cubecl asks of a view (CUDA's), so no range needs a copy on any device.
+//!
+//! Both sides train the same bits as one parameter per chunk. A binary of its own, one test
+//! at a time: a counting window counts every launch on the device. Without a wgpu adapter
+//! every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1` (CI) makes that a
+//! failure.
+
+use std::sync::Mutex;
+
+use burn::backend::Autodiff;
+use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use burn_zero_comm::launch;
+use burn_zero_core::{ChunkSize, Zero, ZeroConfig, ZeroError, shard};
+use burn_zero_kernels::LaunchLog;
+use burn_zero_optim::ZeroOptimizer;
+use burn_zero_testing::{param_values, params_bits_equal, skip};
+
+type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
+type Train = Autodiff<Zero<Plain>>;
+
+/// Layers of `WIDTH` × `WIDTH` with bias: 2 × `LAYERS` members of 64 KiB and 512 B.
+const WIDTH: usize = 128;
+const LAYERS: usize = 5;
+/// Steps: the first makes the optimizer's state and the first shard the step writes; the
+/// later ones are counted.
+const STEPS: usize = 3;
+
+/// One counting window at a time.
+static DEVICE: Mutex<()> = Mutex::new(());
+
+#[derive(Module, Debug)]
+struct Stack<B: Backend> {
+    layers: Vec<Linear<B>>,
+}
+
+impl<B: AutodiffBackend> Stack<B> {
+    /// The model with its values drawn now (Burn initialises lazily).
+    fn drawn(device: &B::Device) -> Self {
+        let layers = (0..LAYERS)
+            .map(|_| LinearConfig::new(WIDTH, WIDTH).init(device))
+            .collect();
+        let model = Self { layers };
+        let _ = param_values(&model);
+        model
+    }
+
+    fn loss(&self, input: Tensor<B, 2>) -> Tensor<B, 1> {
+        let mut x = input;
+        for layer in &self.layers {
+            x = burn::tensor::activation::relu(layer.forward(x));
+        }
+        x.powi_scalar(2).mean()
+    }
+}
+
+fn input<B: Backend>(step: usize, device: &B::Device) -> Tensor<B, 2> {
+    let values: Vec<f32> = (0..4 * WIDTH)
+        .map(|i| ((i * 7 + step * 13) % 97) as f32 / 97.0 - 0.5)
+        .collect();
+    Tensor::from_data(TensorData::new(values, [4, WIDTH]), device)
+}
+
+/// Launches of each counted step's forward and optimizer step, with the final parameters.
+struct Counted {
+    forward: Vec<usize>,
+    step: Vec<usize>,
+    params: Vec<Vec<f32>>,
+    chunks: usize,
+}
+
+/// Trains `base` at `stage` with `chunk_size`, every parameter sharded, with the fused Adam.
+fn train(base: &Stack<Train>, stage: u8, chunk_size: ChunkSize) -> Counted {
+    let device = WgpuDevice::default();
+    let config = ZeroConfig::new()
+        .with_stage(stage)
+        .with_persist_below_numel(0)
+        .with_chunk_size(chunk_size);
+    let log = LaunchLog::install();
+    let count = |work: &mut dyn FnMut()| {
+        log.launches::<WgpuRuntime, _>(&device, || {
+            work();
+            Plain::sync(&device).unwrap();
+        })
+        .expect("the launches are counted")
+        .1
+        .len()
+    };
+    let mut ranks = launch::<Plain, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
+        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+        let chunks = zero.store().chunks().chunks().len();
+        let mut optimizer = ZeroOptimizer::adam(&zero, &AdamConfig::new()).expect("valid");
+        let (mut forward, mut step) = (Vec::new(), Vec::new());
+        for index in 0..STEPS {
+            let input = input::<Train>(index, ctx.device());
+            Plain::sync(ctx.device()).unwrap();
+            let mut loss = None;
+            let launched = count(&mut || loss = Some(model.loss(input.clone())));
+            let grads = GradientsParams::from_grads(loss.unwrap().backward(), &model);
+            Plain::sync(ctx.device()).unwrap();
+            let (mut current, mut grads, mut next) = (Some(model), Some(grads), None);
+            let stepped = count(&mut || {
+                let (model, grads) = (current.take().unwrap(), grads.take().unwrap());
+                next = Some(optimizer.step(1e-3, model, grads));
+            });
+            model = next.unwrap();
+            if index > 0 {
+                forward.push(launched);
+                step.push(stepped);
+            }
+        }
+        Ok(Counted {
+            forward,
+            step,
+            params: param_values(&model),
+            chunks,
+        })
+    })
+    .unwrap();
+    ranks.swap_remove(0)
+}
+
+#[test]
+fn a_chunk_costs_launches_per_chunk_not_per_member() {
+    let test = "a_chunk_costs_launches_per_chunk_not_per_member";
+    LaunchLog::install();
+    if !skip::wgpu_adapter(test) {
+        return;
+    }
+    let _one = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let device = WgpuDevice::default();
+    let base = Stack::<Train>::drawn(&device);
+    // Two chunks of a few layers each, and the whole model in one.
+    let layer = WIDTH * WIDTH + WIDTH;
+    let whole = train(&base, 0, ChunkSize::PerParameter);
+    let per_parameter = train(&base, 3, ChunkSize::PerParameter);
+    for elements in [3 * layer, LAYERS * layer] {
+        let chunked = train(&base, 3, ChunkSize::Elements(elements));
+        println!(
+            "{elements} elements a chunk, {} chunks: forward launches {:?} (stage 0: {:?}), \
+             optimizer step launches {:?}",
+            chunked.chunks, chunked.forward, whole.forward, chunked.step
+        );
+        assert!(
+            chunked.chunks < 2 * LAYERS,
+            "{elements}: chunks of several members"
+        );
+        for (got, stage0) in chunked.forward.iter().zip(&whole.forward) {
+            assert!(
+                *got <= stage0 + chunked.chunks,
+                "{elements} elements a chunk: a forward launched {got} kernels, more than \
+                 stage 0's {stage0} plus one gather per chunk ({})",
+                chunked.chunks
+            );
+        }
+        for &got in &chunked.step {
+            assert_eq!(
+                got, chunked.chunks,
+                "{elements} elements a chunk: the fused step launched {got} kernels for {} \
+                 chunks (one each)",
+                chunked.chunks
+            );
+        }
+        assert!(
+            params_bits_equal(&chunked.params, &per_parameter.params),
+            "{elements} elements a chunk trains the bits of one parameter per chunk"
+        );
+    }
+}
