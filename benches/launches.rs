@@ -1,0 +1,289 @@
+//! Kernel launches per training step against plain Burn: GPT `small` (the scaling suite's
+//! step, `common/workload.rs`), one rank on the plain `CubeBackend<WgpuRuntime>` (Mesa's
+//! lavapipe on a machine without a GPU), every launch on the device counted from cubecl's
+//! execution log (`burn_zero_kernels::LaunchLog`): Burn's ops, autodiff's and burn-zero's
+//! kernels together, in three windows per step (forward to the loss, backward, optimizer step),
+//! each ended by a device sync. Counts are exact and the same on every run; a GPU pays a fixed
+//! host cost for each launch, which on a model this small is most of its step.
+//!
+//! Sides, each counted on its third step (the first two make the optimizer's state and the
+//! first shards a step writes):
+//! - plain Burn: the model unsharded under `Autodiff<Zero<_>>` (Burn's autodiff needs a backend
+//!   with distributed operations in this workspace; `Zero` forwards every op of an unsharded
+//!   tensor) with Burn's Adam;
+//! - stage 0 and stage 3 with one parameter per chunk, and stage 3 with the searched chunk
+//!   size, every parameter sharded, each with `ZeroOptimizer` over Burn's Adam and with the
+//!   fused Adam (`ZeroOptimizer::adam`).
+//!
+//! Prints the launches per window and per kernel, and checks the targets (PASS or FAIL): the
+//! searched chunks with the fused Adam launch no more kernels per step than plain Burn, and no
+//! more than stage 0 with the fused Adam plus one launch per chunk for its gather and one for
+//! its reduction. Writes `target/bench-reports/launches.md` and `launches.json`.
+//!
+//! `cargo bench --bench launches --features wgpu` (about a minute after the build). Without a
+//! wgpu adapter it says how to get one and exits.
+
+#[path = "common/adapter.rs"]
+mod adapter;
+#[path = "common/report.rs"]
+mod report;
+#[path = "common/workload.rs"]
+mod workload;
+
+use std::collections::BTreeMap;
+
+use burn::backend::Autodiff;
+use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::Backend;
+use burn_zero::comm::launch;
+use burn_zero::{ChunkSize, Zero, ZeroConfig, ZeroOptimizer, shard};
+use burn_zero_gpt::{Corpus, Gpt};
+use burn_zero_kernels::LaunchLog;
+use serde_json::json;
+
+type Inner = CubeBackend<WgpuRuntime, f32, i32, u32>;
+type Train = Autodiff<Zero<Inner>>;
+
+/// The windows of a step.
+const WINDOWS: [&str; 3] = ["forward", "backward", "step"];
+
+/// One side's launches in its counted step: per window, the kernels by name.
+struct Side {
+    name: String,
+    chunks: Option<usize>,
+    windows: [BTreeMap<String, usize>; 3],
+}
+
+impl Side {
+    fn window(&self, index: usize) -> usize {
+        self.windows[index].values().sum()
+    }
+
+    fn total(&self) -> usize {
+        (0..3).map(|i| self.window(i)).sum()
+    }
+}
+
+/// The kernel's name in a log line (`Executing <name>…`).
+fn kernel_name(line: &str) -> String {
+    line.trim_start_matches("Executing ")
+        .split(['<', ' ', '(', '{', '\n'])
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Steps `model` twice, then counts the launches of a third step's windows.
+fn counted_step<O: Optimizer<Gpt<Train>, Train>>(
+    mut model: Gpt<Train>,
+    optimizer: &mut O,
+    corpus: &Corpus,
+    device: &WgpuDevice,
+) -> [BTreeMap<String, usize>; 3] {
+    for index in 0..2 {
+        model = workload::step(model, optimizer, corpus, index, 0, 1, device);
+    }
+    let log = LaunchLog::install();
+    let count = |work: &mut dyn FnMut()| {
+        let ((), lines) = log
+            .launches::<WgpuRuntime, _>(device, || {
+                work();
+                Inner::sync(device).expect("the device syncs");
+            })
+            .expect("the launches are counted");
+        let mut kernels = BTreeMap::new();
+        for line in &lines {
+            *kernels.entry(kernel_name(line)).or_insert(0) += 1;
+        }
+        kernels
+    };
+    let mut loss = None;
+    let forward = count(&mut || loss = Some(workload::loss(&model, corpus, 2, 0, 1, device)));
+    let mut grads = None;
+    let backward = count(&mut || {
+        let loss = loss.take().expect("the forward ran");
+        grads = Some(GradientsParams::from_grads(loss.backward(), &model));
+    });
+    let mut current = Some(model.clone());
+    let step = count(&mut || {
+        let (model, grads) = (current.take(), grads.take());
+        let _ = optimizer.step(workload::LR, model.unwrap(), grads.unwrap());
+    });
+    [forward, backward, step]
+}
+
+/// A sharded side: `stage` and `chunk_size`, every parameter sharded, with Burn's Adam or the
+/// fused one.
+fn sharded(
+    device: &WgpuDevice,
+    corpus: &Corpus,
+    stage: u8,
+    chunk_size: ChunkSize,
+    fused: bool,
+) -> Side {
+    let config = ZeroConfig::new()
+        .with_stage(stage)
+        .with_persist_below_numel(0)
+        .with_chunk_size(chunk_size);
+    let mut ranks = launch::<Inner, _, _, String>(1, std::slice::from_ref(device), |ctx| {
+        let model = workload::model::<Train>(corpus, ctx.device());
+        let (model, zero) = shard(model, &ctx, &config).map_err(|e| e.to_string())?;
+        let chunks = zero.store().chunks().chunks().len();
+        let windows = if fused {
+            let mut optimizer =
+                ZeroOptimizer::adam(&zero, &AdamConfig::new()).map_err(|e| e.to_string())?;
+            counted_step(model, &mut optimizer, corpus, ctx.device())
+        } else {
+            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+            counted_step(model, &mut optimizer, corpus, ctx.device())
+        };
+        Ok((chunks, windows))
+    })
+    .unwrap_or_else(|error| panic!("stage {stage}: {error}"));
+    let (chunks, windows) = ranks.swap_remove(0);
+    let chunking = match chunk_size {
+        ChunkSize::PerParameter => "one parameter per chunk",
+        _ => "searched chunks",
+    };
+    let adam = if fused { "fused Adam" } else { "Burn's Adam" };
+    Side {
+        name: format!("stage {stage}, {chunking}, {adam}"),
+        chunks: Some(chunks),
+        windows,
+    }
+}
+
+fn markdown(sides: &[Side], targets: &[(String, bool)]) -> String {
+    let (cpu, cores, memory, _) = workload::machine();
+    let memory = memory >> 30;
+    let mut md = format!(
+        "## Kernel launches per step against plain Burn\n\nGPT `small`, 1 rank, \
+         `CubeBackend<WgpuRuntime>`, every parameter sharded; {cpu}, {cores} cores, \
+         {memory} GiB.\n\n| side | chunks | forward | backward | step | total | × plain Burn |\n\
+         |---|---|---|---|---|---|---|\n"
+    );
+    let plain = sides[0].total() as f64;
+    for side in sides {
+        let chunks = side.chunks.map_or("-".to_string(), |c| c.to_string());
+        md += &format!(
+            "| {} | {chunks} | {} | {} | {} | {} | {:.2} |\n",
+            side.name,
+            side.window(0),
+            side.window(1),
+            side.window(2),
+            side.total(),
+            side.total() as f64 / plain
+        );
+    }
+    md += "\nLaunches by kernel (forward / backward / step):\n\n| kernel |";
+    for side in sides {
+        md += &format!(" {} |", side.name);
+    }
+    md += "\n|---|";
+    md += &"---|".repeat(sides.len());
+    md += "\n";
+    let mut kernels: Vec<&String> = sides
+        .iter()
+        .flat_map(|s| s.windows.iter().flat_map(|w| w.keys()))
+        .collect();
+    kernels.sort();
+    kernels.dedup();
+    for kernel in kernels {
+        md += &format!("| {kernel} |");
+        for side in sides {
+            let n = side
+                .windows
+                .each_ref()
+                .map(|w| w.get(kernel).copied().unwrap_or(0));
+            md += &format!(" {} / {} / {} |", n[0], n[1], n[2]);
+        }
+        md += "\n";
+    }
+    md += "\nTargets:\n\n";
+    for (what, pass) in targets {
+        md += &format!("- {}: {what}\n", if *pass { "PASS" } else { "FAIL" });
+    }
+    md
+}
+
+fn main() {
+    // `cargo test --benches` runs bench targets without `--bench`; only `cargo bench` measures.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    // cubecl's execution log, before any wgpu client exists.
+    LaunchLog::install();
+    if let Err(reason) = adapter::wgpu_adapter() {
+        eprintln!(
+            "launches: no wgpu adapter ({reason}); nothing measured. Install a Vulkan driver \
+             (Mesa's lavapipe: apt-get install mesa-vulkan-drivers) to count launches."
+        );
+        return;
+    }
+    let device = WgpuDevice::default();
+    let corpus = workload::corpus();
+    let plain = {
+        let model = workload::model::<Train>(&corpus, &device);
+        let mut adam = AdamConfig::new().init();
+        Side {
+            name: "plain Burn, Burn's Adam".into(),
+            chunks: None,
+            windows: counted_step(model, &mut adam, &corpus, &device),
+        }
+    };
+    let mut sides = vec![plain];
+    for fused in [false, true] {
+        sides.push(sharded(&device, &corpus, 0, ChunkSize::PerParameter, fused));
+        sides.push(sharded(&device, &corpus, 3, ChunkSize::PerParameter, fused));
+        sides.push(sharded(
+            &device,
+            &corpus,
+            3,
+            ChunkSize::default_search(),
+            fused,
+        ));
+    }
+    let (plain, stage0, searched) = (&sides[0], &sides[4], &sides[6]);
+    let chunks = searched.chunks.unwrap_or_default();
+    let targets = vec![
+        (
+            format!(
+                "{}: {} launches a step against plain Burn's {}",
+                searched.name,
+                searched.total(),
+                plain.total()
+            ),
+            searched.total() <= plain.total(),
+        ),
+        (
+            format!(
+                "{}: {} launches a step, at most {} ({}'s {} plus two per chunk, {chunks} \
+                 chunks)",
+                searched.name,
+                searched.total(),
+                stage0.total() + 2 * chunks,
+                stage0.name,
+                stage0.total()
+            ),
+            searched.total() <= stage0.total() + 2 * chunks,
+        ),
+    ];
+    let md = markdown(&sides, &targets);
+    let json = json!({
+        "preset": "small",
+        "world_size": 1,
+        "backend": "CubeBackend<WgpuRuntime>",
+        "adapter": adapter::wgpu_adapter().ok(),
+        "sides": sides.iter().map(|s| json!({
+            "name": s.name,
+            "chunks": s.chunks,
+            "windows": WINDOWS.iter().zip(&s.windows).map(|(w, k)| (w.to_string(), json!(k)))
+                .collect::<serde_json::Map<_, _>>(),
+            "total": s.total(),
+        })).collect::<Vec<_>>(),
+        "targets": targets.iter().map(|(what, pass)| json!({"what": what, "pass": pass}))
+            .collect::<Vec<_>>(),
+    });
+    report::publish("launches", &md, Some(&json));
+}
