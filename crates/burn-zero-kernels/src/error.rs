@@ -45,6 +45,20 @@ pub enum KernelError {
     #[error("members cover {covered} of {row_len} element(s) per row")]
     Incomplete { covered: usize, row_len: usize },
 
+    /// An all-gathered chunk does not split into equal rows, one per rank, or a member does
+    /// not fit the blocks it has in them.
+    #[error(
+        "a gathered chunk of {len} element(s) over {ranks} rank(s) cannot hold a member of \
+         {numel} element(s) in blocks of {block_len} at offset {offset}"
+    )]
+    NotGathered {
+        len: usize,
+        ranks: usize,
+        offset: usize,
+        block_len: usize,
+        numel: usize,
+    },
+
     /// A reduced row passed to `unpack` must be one-dimensional.
     #[error("expected a 1-D reduced row, got rank {rank}")]
     NotFlat { rank: usize },

@@ -20,6 +20,7 @@
 mod device_memory;
 mod error;
 mod fallback;
+mod gathered;
 pub mod host;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod kernel;
@@ -32,13 +33,14 @@ use burn::tensor::backend::Backend;
 
 pub use device_memory::{DeviceMemory, DeviceMemorySampler, device_memory, peak_device_memory};
 pub use error::KernelError;
+pub use gathered::cut_gathered;
 pub use host::BufferPool;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use kernel::fused;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use kernel::launches::{LaunchCountError, LaunchLog};
 pub use pack::Packer;
-pub use spec::{BucketSpec, MemberSpec, PackPath, RowPart};
+pub use spec::{BucketSpec, GatheredMember, MemberSpec, PackPath, RowPart};
 pub use unpack::{unpack, unpack_row};
 
 /// One Adam or AdamW step of a flat f32 shard in one kernel launch, on a `CubeBackend` (wgpu

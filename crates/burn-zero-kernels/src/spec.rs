@@ -127,6 +127,19 @@ pub struct RowPart {
     pub dtype: DType,
 }
 
+/// One member of an all-gathered chunk (every rank's shard of it, end to end): a block of
+/// `block_len` elements at `offset` in each rank's row, whose first `numel` elements, read rank
+/// after rank, are the member's values (the rest is padding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatheredMember {
+    /// First element of the member's block in each rank's row.
+    pub offset: usize,
+    /// Elements of its block in each row.
+    pub block_len: usize,
+    /// Elements of the member.
+    pub numel: usize,
+}
+
 /// Whether a part of `len` elements, read from a row of dtype `from` into `to`, is the row's
 /// plain slice: no divisor, no cast (or nothing to read).
 pub(crate) fn is_slice(len: usize, postdivide: f64, from: DType, to: DType) -> bool {

@@ -296,3 +296,58 @@ fn unpack_errors() {
     // The control: in bounds, it works.
     assert!(unpack::<B>(&row, 4, 4, 2.0, DType::F16, PackPath::Auto).is_ok());
 }
+
+/// A gathered chunk that does not split into one row per rank, or a member that does not fit
+/// its blocks, is refused by name; on Flex the kernel path is refused as unavailable; a
+/// well-formed one cuts out each member's values.
+#[test]
+fn gathered_chunks_that_do_not_fit() {
+    use burn::tensor::{Tensor, TensorData};
+    use burn_zero_kernels::{GatheredMember, cut_gathered};
+    let device = Default::default();
+    // Two ranks' rows of 5: member a (7 elements, blocks of 4) then member b (2, blocks of 1).
+    let data: Vec<f32> = vec![0., 1., 2., 3., 7., 4., 5., 6., f32::NAN, 8.];
+    let gathered = Tensor::<B, 1>::from_data(TensorData::new(data, [10]), &device)
+        .into_primitive()
+        .tensor();
+    let a = GatheredMember {
+        offset: 0,
+        block_len: 4,
+        numel: 7,
+    };
+    let b = GatheredMember {
+        offset: 4,
+        block_len: 1,
+        numel: 2,
+    };
+    let cut = cut_gathered::<B>(&gathered, 2, &[a, b], PackPath::Auto).unwrap();
+    let values: Vec<Vec<f32>> = cut
+        .into_iter()
+        .map(|t| Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(t)))
+        .map(|t| t.into_data().to_vec().unwrap())
+        .collect();
+    assert_eq!(values, [vec![0., 1., 2., 3., 4., 5., 6.], vec![7., 8.]]);
+
+    let refused = |ranks, member: GatheredMember| {
+        cut_gathered::<B>(&gathered, ranks, &[member], PackPath::Auto).unwrap_err()
+    };
+    let not_gathered = |ranks, member: GatheredMember| KernelError::NotGathered {
+        len: 10,
+        ranks,
+        offset: member.offset,
+        block_len: member.block_len,
+        numel: member.numel,
+    };
+    // Ten elements do not make three equal rows, nor zero rows.
+    assert_eq!(refused(3, a), not_gathered(3, a));
+    assert_eq!(refused(0, a), not_gathered(0, a));
+    // Past the end of a row, and more elements than the blocks hold.
+    let past = GatheredMember { offset: 4, ..a };
+    assert_eq!(refused(2, past), not_gathered(2, past));
+    let overfull = GatheredMember { numel: 9, ..a };
+    assert_eq!(refused(2, overfull), not_gathered(2, overfull));
+    assert!(matches!(
+        cut_gathered::<B>(&gathered, 2, &[a], PackPath::Kernel),
+        Err(KernelError::KernelUnavailable { .. })
+    ));
+}

@@ -6,7 +6,10 @@
 //! where the device binds fewer buffers to a kernel (the bucket and the scalars take two).
 //! Strided gradients and members without a gradient take a launch each. A reduced row whose
 //! parts keep its dtype is divided in one launch (none without a divisor), not one per part.
-//! Every bucket and part is compared bit for bit with the Burn-ops fallback's.
+//! An all-gathered chunk's members are cut out in batches too (⌈M / batch⌉ launches for M
+//! members of one vector width), and at one rank a member whose range lies at the device's
+//! memory alignment is a view, no launch. Every bucket, part and member is compared bit for bit
+//! with the Burn-ops fallback's, and every member with the values put into the gather.
 //!
 //! Without a wgpu adapter every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1`
 //! (CI) makes that a failure.
@@ -17,7 +20,8 @@ use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_zero_kernels::{
-    BucketSpec, LaunchLog, MemberSpec, PackPath, Packer, RowPart, unpack, unpack_row,
+    BucketSpec, GatheredMember, LaunchLog, MemberSpec, PackPath, Packer, RowPart, cut_gathered,
+    unpack, unpack_row,
 };
 use burn_zero_testing::skip;
 use cubecl::Runtime;
@@ -291,5 +295,116 @@ fn a_rows_parts_are_unpacked_in_batches() {
                 "{what}: {launches} launches, at most {most}"
             );
         }
+    }
+}
+
+/// A chunk of members of `numels` elements gathered from `ranks` ranks: each rank's row is
+/// the members' blocks end to end (`ceil(numel / ranks)` elements each, padded), member `m`'s
+/// element `k` sits in row `k / block` at its offset plus `k % block` and is
+/// `values(numel, m)[k]`; padding is NaN, which must never be read. Returns the gathered
+/// tensor and the members.
+fn gathered_chunk(
+    ranks: usize,
+    numels: &[usize],
+    device: &WgpuDevice,
+) -> (Primitive, Vec<GatheredMember>) {
+    let mut offset = 0;
+    let members: Vec<GatheredMember> = numels
+        .iter()
+        .map(|&numel| {
+            let block_len = numel.div_ceil(ranks);
+            let member = GatheredMember {
+                offset,
+                block_len,
+                numel,
+            };
+            offset += block_len;
+            member
+        })
+        .collect();
+    let row = offset;
+    let mut data = vec![f32::NAN; ranks * row];
+    for (m, member) in members.iter().enumerate() {
+        for (k, value) in values(member.numel, m).into_iter().enumerate() {
+            let at = (k / member.block_len) * row + member.offset + k % member.block_len;
+            data[at] = value;
+        }
+    }
+    let tensor = Tensor::<Plain, 1>::from_data(TensorData::new(data, [ranks * row]), device);
+    (tensor.into_primitive().tensor(), members)
+}
+
+#[test]
+fn a_gathered_chunks_members_are_cut_in_batches() {
+    let Some(_turn) = runs("a_gathered_chunks_members_are_cut_in_batches") else {
+        return;
+    };
+    let device = WgpuDevice::default();
+    let batch = batch(&device);
+    for ranks in [1, 2, 3, 4] {
+        for count_members in [5usize, 20] {
+            // Odd lengths: every member is read and written one element a unit, one batch
+            // width; at one rank, odd offsets are never at the alignment.
+            let odd: Vec<usize> = (0..count_members).map(|i| 1001 + 2 * i).collect();
+            // Blocks of whole vectors (several ranks: no member is a view).
+            let even: Vec<usize> = (0..count_members).map(|i| 4 * ranks * (64 + i)).collect();
+            let layouts = if ranks == 1 {
+                vec![odd]
+            } else {
+                vec![odd, even]
+            };
+            for numels in layouts {
+                let (gathered, members) = gathered_chunk(ranks, &numels, &device);
+                let what = format!(
+                    "{ranks} ranks, {count_members} members of {}.., batch {batch}",
+                    numels[0]
+                );
+                let (cut, launched) = LaunchLog::install()
+                    .launches::<WgpuRuntime, _>(&device, || {
+                        let cut =
+                            cut_gathered::<Plain>(&gathered, ranks, &members, PackPath::Kernel);
+                        Plain::sync(&device).unwrap();
+                        cut.unwrap()
+                    })
+                    .expect("the launches are counted");
+                let fallback =
+                    cut_gathered::<Plain>(&gathered, ranks, &members, PackPath::Fallback).unwrap();
+                for (m, (got, reference)) in cut.into_iter().zip(fallback).enumerate() {
+                    let got = bytes(got);
+                    assert!(
+                        got == bytes(reference),
+                        "{what}: member {m} differs from the fallback's"
+                    );
+                    let want: Vec<u8> = values(numels[m], m)
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect();
+                    assert!(got == want, "{what}: member {m} is not the values gathered");
+                }
+                let expected = count_members.div_ceil(batch);
+                assert_eq!(count(&launched, "CutMembers"), expected, "{what}");
+                assert_eq!(launched.len(), expected, "{what}: nothing else launched");
+            }
+        }
+    }
+    // One rank, every member at the alignment (whole KiBs of f32 at offsets of whole KiBs):
+    // each is a view of the row.
+    let numels: Vec<usize> = (0..5).map(|i| 1024 * (i + 1)).collect();
+    let (gathered, members) = gathered_chunk(1, &numels, &device);
+    let (cut, launched) = LaunchLog::install()
+        .launches::<WgpuRuntime, _>(&device, || {
+            cut_gathered::<Plain>(&gathered, 1, &members, PackPath::Kernel).unwrap()
+        })
+        .expect("the launches are counted");
+    assert!(
+        launched.is_empty(),
+        "aligned members at one rank: {launched:?}"
+    );
+    for (m, got) in cut.into_iter().enumerate() {
+        let want: Vec<u8> = values(numels[m], m)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert!(bytes(got) == want, "aligned member {m}");
     }
 }

@@ -11,7 +11,9 @@ use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::{DType, Shape, Slice, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::sync::{lock, read, write};
 use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
-use burn_zero_kernels::{DeviceMemorySampler, device_memory};
+use burn_zero_kernels::{
+    DeviceMemorySampler, GatheredMember, PackPath, cut_gathered, device_memory,
+};
 
 use crate::chunk::placement::{
     device_chunks, host_chunks, largest_shard_bytes, member_keys, shard_bytes,
@@ -762,38 +764,41 @@ impl<B: Backend> ParamStore<B> {
 
     /// Every member of `chunk`, full, cut out of `raw`, the all-gather of the ranks' shards of
     /// it: each rank's shard is its members' blocks end to end, so a member is one block from
-    /// each rank's row, its padding cut off.
+    /// each rank's row, its padding cut off. On cubecl backends the copies that joins take
+    /// are batched, up to 16 members a launch; at one rank a member is a view of the row where
+    /// the device's alignment allows.
     fn members_of(
         &self,
         chunk: &Chunk,
         raw: B::FloatTensorPrimitive,
     ) -> Vec<(usize, B::FloatTensorPrimitive)> {
-        let table = self.table();
-        let ranks = self.world_size();
-        let rows = B::float_reshape(raw, Shape::new([ranks, chunk.shard_len]));
-        chunk
+        let Some(table) = self.table() else {
+            return Vec::new();
+        };
+        let (keys, shapes, members): (Vec<usize>, Vec<Shape>, Vec<GatheredMember>) = chunk
             .members
             .iter()
             .filter_map(|member| {
-                let shape = table?.get(member.key)?.shape.clone();
-                let columns = member.offset..member.offset + member.block_len;
-                // One rank's row holds each member whole: a range of it, which is a view where
-                // the device's alignment allows (a copy otherwise). With more ranks a member's
-                // blocks lie in every row, and joining them is a copy.
-                let flat = if ranks == 1 {
-                    B::float_slice(
-                        B::float_reshape(rows.clone(), Shape::new([chunk.shard_len])),
-                        &[Slice::from(columns)],
-                    )
-                } else {
-                    let blocks = B::float_slice(
-                        rows.clone(),
-                        &[Slice::from(0..ranks), Slice::from(columns)],
-                    );
-                    B::float_reshape(blocks, Shape::new([ranks * member.block_len]))
+                let shape = table.get(member.key)?.shape.clone();
+                let cut = GatheredMember {
+                    offset: member.offset,
+                    block_len: member.block_len,
+                    numel: shape.num_elements(),
                 };
-                Some((member.key, full_tensor::<B>(flat, &shape)))
+                Some((member.key, shape, cut))
             })
+            .collect();
+        let flats = cut_gathered::<B>(&raw, self.world_size(), &members, PackPath::Auto)
+            .unwrap_or_else(|error| {
+                panic!(
+                    "burn-zero: rank {} could not cut chunk #{}'s members out of its gather: \
+                     {error}",
+                    self.rank(),
+                    chunk.id
+                )
+            });
+        (keys.into_iter().zip(shapes).zip(flats))
+            .map(|((key, shape), flat)| (key, B::float_reshape(flat, shape)))
             .collect()
     }
 

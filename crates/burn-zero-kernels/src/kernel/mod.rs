@@ -11,6 +11,7 @@
 mod adam;
 mod batch;
 pub mod fused;
+mod gathered;
 pub mod launches;
 mod memory;
 mod pack;
@@ -152,6 +153,29 @@ pub(crate) fn unpack_parts<B: Backend>(
         ));
     }
     let _ = (reduced, parts, postdivide);
+    None
+}
+
+/// Every member of an all-gathered chunk cut out by batched kernel launches: `None` when `B`
+/// has no kernels in this build, an error when they cannot handle its dtype.
+pub(crate) fn cut_gathered<B: Backend>(
+    gathered: &B::FloatTensorPrimitive,
+    ranks: usize,
+    members: &[crate::GatheredMember],
+) -> Option<Result<Vec<B::FloatTensorPrimitive>, KernelError>> {
+    #[cfg(feature = "wgpu")]
+    if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
+        return Some(gathered::cut::<B, cubecl::wgpu::WgpuRuntime>(
+            gathered, ranks, members,
+        ));
+    }
+    #[cfg(feature = "cuda")]
+    if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
+        return Some(gathered::cut::<B, cubecl::cuda::CudaRuntime>(
+            gathered, ranks, members,
+        ));
+    }
+    let _ = (gathered, ranks, members);
     None
 }
 

@@ -1,0 +1,159 @@
+//! Cut kernel: one launch copies a batch of members out of an all-gathered chunk, each into a
+//! tensor of its own ([`Batches`] says why batches).
+
+use burn::tensor::Shape;
+use burn::tensor::backend::Backend;
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use cubecl::std::tensor::layout::linear::LinearView;
+use cubecl::{CubeDim, calculate_cube_count_elemwise};
+
+use crate::KernelError;
+use crate::spec::GatheredMember;
+
+use super::batch::Batches;
+use super::{address_type, from_cube, into_cube_reading, storage_type, vector_size};
+
+/// `output[k] = gathered[(k / block) * row + offset + k % block]` for a batch of members, each
+/// into an output of its own. Unit `pos` (in vectors) belongs to member `i` when
+/// `starts[i] <= pos < ends[i]`, and is element `pos - starts[i]` of its output.
+#[cube(launch, address_type = "dynamic")]
+fn cut_members<E: Numeric, N: Size>(
+    gathered: &LinearView<Vector<E, N>>,
+    outputs: &mut Sequence<LinearView<Vector<E, N>, ReadWrite>>,
+    starts: Sequence<usize>,
+    ends: Sequence<usize>,
+    offsets: Sequence<usize>,
+    blocks: Sequence<usize>,
+    row: usize,
+    units: usize,
+    #[define(E)] _dtype: StorageType,
+) {
+    if ABSOLUTE_POS >= units {
+        terminate!();
+    }
+    let count = comptime![outputs.len()];
+    #[unroll]
+    for i in 0..count {
+        let start = starts[i];
+        if ABSOLUTE_POS >= start && ABSOLUTE_POS < ends[i] {
+            let local = ABSOLUTE_POS - start;
+            let block = blocks[i];
+            let at = (local / block) * row + offsets[i] + local % block;
+            let output = outputs.index_mut(i);
+            output[local] = gathered[at];
+        }
+    }
+}
+
+/// A member waiting for its launch: its index, where it lies, and its output.
+type Waiting<R> = (usize, GatheredMember, CubeTensor<R>);
+
+/// Cuts every member of `gathered` on runtime `R`: at one rank, a member whose range starts
+/// and ends at the device's memory alignment is a view of the row; every other member is
+/// copied by batched launches (up to 16 members of one vector width each).
+pub(super) fn cut<B: Backend, R: CubeRuntime>(
+    gathered: &B::FloatTensorPrimitive,
+    ranks: usize,
+    members: &[GatheredMember],
+) -> Result<Vec<B::FloatTensorPrimitive>, KernelError> {
+    let tensor: CubeTensor<R> = into_cube_reading::<B, R>(gathered.clone());
+    let client = tensor.client.clone();
+    let dtype = storage_type(&client, tensor.dtype)?;
+    let size = tensor.dtype.size();
+    let len = tensor.meta.shape()[0];
+    let row = len / ranks;
+    let alignment = client.properties().memory.alignment as usize;
+    let contiguous = tensor.is_contiguous();
+    // The gathered row and the scalars take a binding each.
+    let mut batches: Batches<usize, Waiting<R>> = Batches::new(&client, 2);
+    let mut cut: Vec<Option<B::FloatTensorPrimitive>> = members.iter().map(|_| None).collect();
+    let mut copies: Vec<Option<CubeTensor<R>>> = members.iter().map(|_| None).collect();
+    for (index, member) in members.iter().enumerate() {
+        let (start, end) = (
+            member.offset * size,
+            (len - member.offset - member.numel) * size,
+        );
+        let view = ranks == 1 && start % alignment == 0 && end % alignment == 0;
+        if view || member.numel == 0 {
+            cut[index] = Some(crate::gathered::cut::<B>(gathered.clone(), ranks, member));
+            continue;
+        }
+        let widths: &[usize] = if contiguous {
+            &[member.offset, member.block_len, member.numel, row]
+        } else {
+            &[1]
+        };
+        let vector = vector_size(&client, size, widths);
+        let output = empty_device_dtype(
+            client.clone(),
+            tensor.device.clone(),
+            Shape::new([member.numel]),
+            tensor.dtype,
+        );
+        if let Some((vector, full)) = batches.push(vector, (index, *member, output)) {
+            launch(&tensor, dtype, row, vector, full, &mut copies);
+        }
+    }
+    for (vector, waiting) in batches.take() {
+        launch(&tensor, dtype, row, vector, waiting, &mut copies);
+    }
+    Ok(cut
+        .into_iter()
+        .zip(copies)
+        .map(|(view, copy)| {
+            view.or_else(|| copy.map(from_cube::<B, R>))
+                .expect("every member is a view or a copy")
+        })
+        .collect())
+}
+
+/// Copies `members` out of `gathered` (rows of `row` elements) in one [`cut_members`] launch,
+/// `vector` elements a unit, and puts each output in its member's place of `copies`.
+fn launch<R: CubeRuntime>(
+    gathered: &CubeTensor<R>,
+    dtype: StorageType,
+    row: usize,
+    vector: usize,
+    members: Vec<Waiting<R>>,
+    copies: &mut [Option<CubeTensor<R>>],
+) {
+    let client = &gathered.client;
+    let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(.., output)| output).collect();
+    tensors.push(gathered);
+    let address = address_type(&tensors);
+    let mut outputs = SequenceArg::new();
+    let [mut starts, mut ends, mut offsets, mut blocks] =
+        std::array::from_fn(|_| SequenceArg::<R, usize>::new());
+    let mut units = 0;
+    for (_, member, output) in &members {
+        starts.push(units);
+        units += member.numel / vector;
+        ends.push(units);
+        offsets.push(member.offset / vector);
+        blocks.push(member.block_len / vector);
+        outputs.push(output.clone().into_linear_view());
+    }
+    let cube_dim = CubeDim::new(client, units);
+    cut_members::launch::<R>(
+        client,
+        calculate_cube_count_elemwise(client, units, cube_dim),
+        cube_dim,
+        address,
+        vector,
+        gathered.clone().into_linear_view(),
+        outputs,
+        starts,
+        ends,
+        offsets,
+        blocks,
+        row / vector,
+        units,
+        dtype,
+    );
+    for (index, _, output) in members {
+        copies[index] = Some(output);
+    }
+}
