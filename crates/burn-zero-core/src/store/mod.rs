@@ -3,7 +3,8 @@
 //!
 //! - [`table`]: what the store knows of each parameter (key, path, shape, dtype).
 //! - `cache`: the bounded cache of gathered parameters.
-//! - [`block`]: a rank's block of one tensor, owned memory that can be released.
+//! - [`block`]: a rank's block of one tensor, owned memory that can be released, or a range
+//!   of a chunk's shard kept as one tensor ([`SharedRow`]) with its other members' blocks.
 //! - [`groups`]: [`Groups`], the communicators of a rank: every rank, its shard group and (with
 //!   hybrid sharding) its replica group.
 //! - [`param_store`]: [`ParamStore`], the communicators, configuration, parameter table, gathers,
