@@ -292,6 +292,10 @@ def markdown(report):
                 f"{c['all_gathers']:g} | {c['reduce_scatters']:g} | {c['all_reduces']:g} | "
                 f"{c['other_collectives']:g} | {c['syncs']:g} | {c['host_reads']:g} | "
                 f"{r.get('kernel_launches_per_step', '-')} |")
+        plain_launches = (st["configs"].get("plain-cube") or {}).get("kernel_launches_per_step")
+        if plain_launches is not None:
+            lines += ["", f"Plain Burn on `CubeBackend<CudaRuntime>` with Burn's Adam, counted the "
+                          f"same way: {plain_launches} kernel launches a step."]
         ratio = (st["configs"].get("zero-3-search") or {}).get("ratio_to_zero-3")
         if isinstance(ratio, float):
             lines += ["", f"Stage 3 step time, searched chunks / one parameter per chunk: {ratio:.3f}."]

@@ -237,6 +237,9 @@ steps() {
         "$bin/gpu-steps" --stage "$stage" --chunk-size "$chunks" --warmup 3 --steps 1 \
             --count-launches --out "$out/data/launches/$name.json" || rc=1
     done
+    echo "--- kernel launches: plain-cube"
+    "$bin/plain-gpu" --backend cube --warmup 3 --steps 1 \
+        --count-launches --out "$out/data/launches/plain-cube.json" || rc=1
     return $rc
 }
 

@@ -2,7 +2,9 @@
 //! step with Burn's own Adam on CUDA device 0, no burn-zero, on Burn's `Cuda` backend
 //! (`--backend cuda`, Fusion-wrapped as Burn's default) or on `CubeBackend<CudaRuntime>`
 //! (`--backend cube`, the backend burn-zero's side wraps). Prints and writes (`--out`) the step
-//! times; `scripts/gpu-check.sh` runs it beside `benches/gpu_steps.rs`.
+//! times; `scripts/gpu-check.sh` runs it beside `benches/gpu_steps.rs`. With
+//! `--count-launches`, the kernel launches of one more step (cubecl's execution log), to set
+//! beside burn-zero's.
 //!
 //! Without a CUDA device it writes `{"skipped": "<reason>"}` and exits successfully.
 
@@ -15,6 +17,7 @@ use burn::backend::{Autodiff, Cuda};
 use burn::optim::AdamConfig;
 use burn::tensor::backend::AutodiffBackend;
 use burn_cubecl::CubeBackend;
+use burn_zero_kernels::LaunchLog;
 use clap::{Parser, ValueEnum};
 use cubecl::cuda::{CudaDevice, CudaRuntime};
 
@@ -33,6 +36,11 @@ enum BackendArg {
 struct Args {
     #[arg(long, value_enum, default_value_t = BackendArg::Cuda)]
     backend: BackendArg,
+    /// After the timed steps, one more step with every kernel launched on the device counted
+    /// from cubecl's execution log (`kernel_launches_per_step`). The log is on from the start,
+    /// a line written per launch, so this run's step times are not the ones to report.
+    #[arg(long)]
+    count_launches: bool,
     #[command(flatten)]
     steps: StepArgs,
 }
@@ -46,9 +54,20 @@ fn run<B: AutodiffBackend<Device = CudaDevice>>(
     let model = workload::model::<B>(&corpus, &device);
     let parameters = model.parameters();
     let mut optimizer = AdamConfig::new().init();
-    let (_model, seconds) =
+    let (model, seconds) =
         gpu_steps::time_steps(model, &mut optimizer, &corpus, &args.steps, &device)?;
-    Ok(gpu_steps::result("plain-burn", name, parameters, &seconds))
+    let mut result = gpu_steps::result("plain-burn", name, parameters, &seconds);
+    if args.count_launches {
+        let index = args.steps.warmup + args.steps.steps;
+        let ((), launched) = LaunchLog::install()
+            .launches::<CudaRuntime, _>(&device, || {
+                let _model = workload::step(model, &mut optimizer, &corpus, index, 0, 1, &device);
+                let _ = B::sync(&device);
+            })
+            .map_err(|e| e.to_string())?;
+        result["kernel_launches_per_step"] = launched.len().into();
+    }
+    Ok(result)
 }
 
 /// Whether the CUDA driver loads and sees a device (cubecl panics on first use otherwise).
@@ -62,6 +81,10 @@ fn cuda_visible() -> bool {
 
 fn main() {
     let args = Args::parse();
+    if args.count_launches {
+        // Before any cubecl client exists.
+        LaunchLog::install();
+    }
     let result = if !cuda_visible() {
         Ok(serde_json::json!({ "skipped": "no CUDA device visible" }))
     } else {
