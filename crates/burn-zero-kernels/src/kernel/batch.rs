@@ -7,7 +7,7 @@
 //! come in: one batch is open per key.
 
 use burn_cubecl::CubeRuntime;
-use cubecl::prelude::ComputeClient;
+use cubecl::prelude::{ComputeClient, SequenceArg};
 
 /// The most members one launch takes (each kernel unrolls a range test per member).
 const MAX_BATCH: usize = 16;
@@ -46,5 +46,36 @@ impl<K: PartialEq, M> Batches<K, M> {
     /// Every batch still open, to launch now.
     pub(super) fn take(&mut self) -> Vec<(K, Vec<M>)> {
         std::mem::take(&mut self.open)
+    }
+}
+
+/// Where each member of one launch lies, in units of `vector` elements: unit `pos` of the
+/// launch's grid belongs to member `i` when `starts[i] <= pos < ends[i]`, and `offsets[i]` is
+/// the member's place in the buffer the batch shares (the bucket, the row, the gather). The
+/// members' ranges tile `0..units`.
+pub(super) struct UnitRanges<R: CubeRuntime> {
+    pub starts: SequenceArg<R, usize>,
+    pub ends: SequenceArg<R, usize>,
+    pub offsets: SequenceArg<R, usize>,
+    pub units: usize,
+}
+
+impl<R: CubeRuntime> UnitRanges<R> {
+    /// The ranges of members given as (offset in the shared buffer, elements in the grid),
+    /// both multiples of `vector`, in launch order.
+    pub(super) fn new(members: impl IntoIterator<Item = (usize, usize)>, vector: usize) -> Self {
+        let mut ranges = Self {
+            starts: SequenceArg::new(),
+            ends: SequenceArg::new(),
+            offsets: SequenceArg::new(),
+            units: 0,
+        };
+        for (offset, elements) in members {
+            ranges.starts.push(ranges.units);
+            ranges.units += elements / vector;
+            ranges.ends.push(ranges.units);
+            ranges.offsets.push(offset / vector);
+        }
+        ranges
     }
 }

@@ -13,7 +13,7 @@ use cubecl::{CubeDim, calculate_cube_count_elemwise};
 use crate::KernelError;
 use crate::spec::GatheredMember;
 
-use super::batch::Batches;
+use super::batch::{Batches, UnitRanges};
 use super::{address_type, from_cube, into_cube_reading, storage_type, vector_size};
 
 /// `output[k] = gathered[(k / block) * row + offset + k % block]` for a batch of members, each
@@ -124,15 +124,15 @@ fn launch<R: CubeRuntime>(
     let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(.., output)| output).collect();
     tensors.push(gathered);
     let address = address_type(&tensors);
+    let UnitRanges {
+        starts,
+        ends,
+        offsets,
+        units,
+    } = UnitRanges::<R>::new(members.iter().map(|(_, m, _)| (m.offset, m.numel)), vector);
     let mut outputs = SequenceArg::new();
-    let [mut starts, mut ends, mut offsets, mut blocks] =
-        std::array::from_fn(|_| SequenceArg::<R, usize>::new());
-    let mut units = 0;
+    let mut blocks = SequenceArg::<R, usize>::new();
     for (_, member, output) in &members {
-        starts.push(units);
-        units += member.numel / vector;
-        ends.push(units);
-        offsets.push(member.offset / vector);
         blocks.push(member.block_len / vector);
         outputs.push(output.clone().into_linear_view());
     }

@@ -12,7 +12,7 @@ use cubecl::prelude::*;
 use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-use super::batch::Batches;
+use super::batch::{Batches, UnitRanges};
 use super::{
     KernelPacker, address_type, from_cube, into_cube_reading, same_type_ref, storage_type,
     vector_size,
@@ -180,19 +180,23 @@ impl<R: CubeRuntime> CubePacker<R> {
         let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(_, grad)| grad).collect();
         tensors.push(&self.bucket);
         let address = address_type(&tensors);
+        let ranges = UnitRanges::<R>::new(
+            members.iter().map(|(m, _)| (m.offset, spec.rows * m.len)),
+            vector,
+        );
         let mut grads = SequenceArg::new();
-        let [mut starts, mut ends, mut numels, mut lens, mut offsets] =
-            std::array::from_fn(|_| SequenceArg::<R, usize>::new());
-        let mut units = 0;
+        let [mut numels, mut lens] = std::array::from_fn(|_| SequenceArg::<R, usize>::new());
         for (member, grad) in members {
-            starts.push(units);
-            units += spec.rows * member.len / vector;
-            ends.push(units);
             numels.push(member.numel / vector);
             lens.push(member.len / vector);
-            offsets.push(member.offset / vector);
             grads.push(grad.into_linear_view());
         }
+        let UnitRanges {
+            starts,
+            ends,
+            offsets,
+            units,
+        } = ranges;
         let cube_dim = CubeDim::new(client, units);
         pack_members::launch::<R>(
             client,

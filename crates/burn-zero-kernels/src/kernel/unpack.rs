@@ -13,7 +13,7 @@ use cubecl::{CubeDim, calculate_cube_count_elemwise};
 use crate::KernelError;
 use crate::spec::{RowPart, is_slice};
 
-use super::batch::Batches;
+use super::batch::{Batches, UnitRanges};
 use super::{address_type, from_cube, into_cube, storage_type, vector_size};
 
 /// `output[k] = cast(reduced[offset + k] / divisor)` for a batch of members, each into an output
@@ -138,15 +138,14 @@ fn launch<R: CubeRuntime>(
     tensors.push(reduced);
     let address = address_type(&tensors);
     let divisor = InputScalar::new(postdivide, reduced.dtype);
+    let UnitRanges {
+        starts,
+        ends,
+        offsets,
+        units,
+    } = UnitRanges::<R>::new(parts.iter().map(|(_, p, _)| (p.offset, p.len)), vector);
     let mut outputs = SequenceArg::new();
-    let [mut starts, mut ends, mut offsets] =
-        std::array::from_fn(|_| SequenceArg::<R, usize>::new());
-    let mut units = 0;
-    for (_, part, output) in &parts {
-        starts.push(units);
-        units += part.len / vector;
-        ends.push(units);
-        offsets.push(part.offset / vector);
+    for (.., output) in &parts {
         outputs.push(output.clone().into_linear_view());
     }
     let cube_dim = CubeDim::new(client, units);
