@@ -14,6 +14,19 @@
 //! The arithmetic ([`HostFloat`]) reproduces the backends' own, so results are bitwise those
 //! of the Burn-ops path. [`adam_step`] and [`sgd_step`] are the optimizer's fused Adam/AdamW
 //! and SGD passes over such memory.
+//!
+//! Without the `flex` and `ndarray` features no host tensor can exist: the code that handles
+//! one is unreachable by construction, which the compiler is told below.
+#![cfg_attr(
+    not(any(feature = "flex", feature = "ndarray")),
+    allow(
+        unreachable_code,
+        unreachable_patterns,
+        unused_variables,
+        unused_imports,
+        dead_code
+    )
+)]
 
 mod adam;
 mod element;
@@ -87,6 +100,9 @@ enum Repr {
     Flex(FlexTensor),
     #[cfg(feature = "ndarray")]
     NdArray(NdArrayTensor),
+    /// Without either host backend no host tensor exists; this keeps the matches total.
+    #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+    None(std::convert::Infallible),
 }
 
 impl HostTensor {
@@ -117,11 +133,13 @@ impl HostTensor {
     /// made for the backend [`HostBackend::of`] found).
     pub fn into_primitive<B: Backend>(self) -> B::FloatTensorPrimitive {
         let backend = self.backend();
-        let result = match self.repr {
+        let result: Option<B::FloatTensorPrimitive> = match self.repr {
             #[cfg(feature = "flex")]
             Repr::Flex(tensor) => downcast::<_, B::FloatTensorPrimitive>(tensor).ok(),
             #[cfg(feature = "ndarray")]
             Repr::NdArray(tensor) => downcast::<_, B::FloatTensorPrimitive>(tensor).ok(),
+            #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+            Repr::None(never) => match never {},
         };
         result.unwrap_or_else(|| {
             panic!(
@@ -169,28 +187,36 @@ impl HostTensor {
             Repr::Flex(_) => HostBackend::Flex,
             #[cfg(feature = "ndarray")]
             Repr::NdArray(_) => HostBackend::NdArray,
+            #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+            Repr::None(never) => match never {},
         }
     }
 
     /// The element type.
     pub fn dtype(&self) -> DType {
+        #[cfg(feature = "ndarray")]
         use burn::tensor::TensorMetadata;
         match &self.repr {
             #[cfg(feature = "flex")]
             Repr::Flex(tensor) => tensor.dtype(),
             #[cfg(feature = "ndarray")]
             Repr::NdArray(tensor) => tensor.dtype(),
+            #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+            Repr::None(never) => match *never {},
         }
     }
 
     /// The number of elements.
     pub fn numel(&self) -> usize {
+        #[cfg(any(feature = "flex", feature = "ndarray"))]
         use burn::tensor::TensorMetadata;
         match &self.repr {
             #[cfg(feature = "flex")]
             Repr::Flex(tensor) => tensor.shape().num_elements(),
             #[cfg(feature = "ndarray")]
             Repr::NdArray(tensor) => tensor.shape().num_elements(),
+            #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+            Repr::None(never) => match *never {},
         }
     }
 
@@ -209,6 +235,8 @@ impl HostTensor {
             Repr::Flex(tensor) => tensor.as_slice::<E>(),
             #[cfg(feature = "ndarray")]
             Repr::NdArray(tensor) => E::ndarray_slice(tensor),
+            #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+            Repr::None(never) => match *never {},
         }
     }
 
@@ -234,6 +262,8 @@ impl HostTensor {
                 )
             }
             repr => Self::new(repr),
+            #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+            Repr::None(never) => match never {},
         }
     }
 
@@ -244,6 +274,8 @@ impl HostTensor {
             Repr::Flex(tensor) => tensor.is_unique(),
             #[cfg(feature = "ndarray")]
             Repr::NdArray(tensor) => ndarray_is_unique(tensor),
+            #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+            Repr::None(never) => match *never {},
         }
     }
 
@@ -254,6 +286,7 @@ impl HostTensor {
         if self.dtype() != E::DTYPE || !self.is_unique() {
             return None;
         }
+        #[cfg(feature = "flex")]
         let numel = self.numel();
         match &mut self.repr {
             #[cfg(feature = "flex")]
@@ -267,6 +300,8 @@ impl HostTensor {
             }
             #[cfg(feature = "ndarray")]
             Repr::NdArray(tensor) => E::ndarray_slice_mut(tensor),
+            #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+            Repr::None(never) => match *never {},
         }
     }
 }
