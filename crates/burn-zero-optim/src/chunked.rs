@@ -144,14 +144,17 @@ where
                     taken.remove(&id).expect("taken").grad
                 })
                 .collect();
-            let grad = whole_row(chunk, &parts).unwrap_or_else(|| {
-                let parts = parts.iter().map(|p| cast_to(p.tensor(), DType::F32));
-                Tensor::cat(parts.collect(), 0)
-            });
+            let grad = match whole_row(chunk, &parts) {
+                Some(row) => cast_to(row, DType::F32),
+                None => {
+                    let parts = parts.iter().map(|p| cast_to(p.tensor(), DType::F32));
+                    Tensor::cat(parts.collect(), 0)
+                }
+            };
             joined.push(ChunkGrad {
                 chunk: chunk.id,
                 sharded: chunk.kind == ChunkKind::Sharded,
-                grad: cast_to(grad, DType::F32),
+                grad,
             });
         }
         joined
@@ -333,8 +336,7 @@ where
                     let Some(ZeroTensor::Sharded(view)) = values.get(&member.key) else {
                         continue;
                     };
-                    let range = member.offset..member.offset + member.block_len;
-                    let param = view.param().with_shard_part(&row, range);
+                    let param = view.param().with_shard_part(&row, member.block());
                     let value = ZeroTensor::Sharded(ShardedView::new(Arc::new(param)));
                     stepped.insert(member.key, value);
                 }
@@ -412,14 +414,18 @@ fn whole_row<H: Backend>(chunk: &Chunk, parts: &[Grad<H>]) -> Option<Tensor<H, 1
     let Some(Grad::Part { row, row_id, .. }) = parts.first() else {
         return None;
     };
-    if row.dims()[0] != chunk.shard_len || parts.len() != chunk.members.len() {
-        return None;
-    }
-    let tiled = chunk.members.iter().zip(parts).all(|(member, part)| {
-        matches!(part, Grad::Part { row_id: id, range, .. }
-            if id == row_id && *range == (member.offset..member.offset + member.block_len))
-    });
-    tiled.then(|| row.clone())
+    let ranges = parts
+        .iter()
+        .map(|part| match part {
+            Grad::Part {
+                row_id: id, range, ..
+            } if id == row_id => Some(range.clone()),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()?;
+    chunk
+        .is_tiled_by(row.dims()[0], ranges)
+        .then(|| row.clone())
 }
 
 /// Parameter `key`'s part of `chunk`, flat, as its master starts: its current shard (stage

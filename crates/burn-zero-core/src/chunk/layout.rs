@@ -44,6 +44,13 @@ pub struct ChunkMember {
     pub offset: usize,
 }
 
+impl ChunkMember {
+    /// Where its block lies in the chunk's shard.
+    pub fn block(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.block_len
+    }
+}
+
 /// A group of parameters gathered, reduced and stepped as one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
@@ -62,6 +69,22 @@ pub struct Chunk {
 }
 
 impl Chunk {
+    /// Whether `ranges`, one per member in member order, of a row of `row_len` elements are
+    /// exactly the members' blocks of a shard of this chunk: the row is then the shard.
+    pub fn is_tiled_by(
+        &self,
+        row_len: usize,
+        ranges: impl IntoIterator<Item = std::ops::Range<usize>>,
+    ) -> bool {
+        let mut ranges = ranges.into_iter();
+        row_len == self.shard_len
+            && self
+                .members
+                .iter()
+                .all(|member| ranges.next() == Some(member.block()))
+            && ranges.next().is_none()
+    }
+
     /// Elements of the whole chunk over the `ranks` it is sharded over (what one gather
     /// produces), padding of each member's round-up included.
     pub fn gathered_len(&self, ranks: usize) -> usize {
@@ -289,6 +312,22 @@ mod tests {
             .iter()
             .map(|c| c.members.iter().map(|m| m.key).collect())
             .collect()
+    }
+
+    /// A row is the shard when its ranges are the members' blocks in member order, no more and
+    /// no fewer, and it has the shard's length.
+    #[test]
+    fn a_row_tiles_a_chunk_only_with_every_members_block_in_order() {
+        // Two ranks: blocks of 3 and 2 elements.
+        let layout = ChunkLayout::build(&[param(0, 5, true), param(1, 3, true)], 2, Some(16));
+        let chunk = &layout.chunks()[0];
+        assert_eq!(chunk.members, [member(0, 5, 3, 0), member(1, 3, 2, 3)]);
+        assert!(chunk.is_tiled_by(5, [0..3, 3..5]));
+        assert!(!chunk.is_tiled_by(6, [0..3, 3..5]), "a longer row");
+        assert!(!chunk.is_tiled_by(5, [3..5, 0..3]), "out of order");
+        assert!(!chunk.is_tiled_by(5, [0..3]), "a member missing");
+        assert!(!chunk.is_tiled_by(5, [0..3, 3..5, 5..5]), "a range too many");
+        assert!(!chunk.is_tiled_by(5, [0..2, 2..5]), "other boundaries");
     }
 
     #[test]

@@ -438,20 +438,7 @@ pub(crate) fn reduce<B: Backend>(
         && bucket.regroup.is_none()
         && let Some(dtype) = shared_dtype(&bucket.members)
     {
-        let whole = RowPart {
-            offset: 0,
-            len: bucket.len,
-            dtype,
-        };
-        let row = unpack_row::<B>(
-            reduced,
-            &[whole],
-            postdivide,
-            PackPath::Auto,
-            Some(&bucket.pool),
-        )?
-        .pop()
-        .expect("one part asked for");
+        let row = unpack_whole::<B>(bucket, reduced, postdivide, dtype, Some(&bucket.pool))?;
         return Ok(Values::Row(row));
     }
     let parts: Vec<RowPart> = bucket
@@ -478,6 +465,25 @@ fn shared_dtype(members: &[Member]) -> Option<DType> {
     members.iter().all(|m| m.dtype == dtype).then_some(dtype)
 }
 
+/// This rank's reduced row of `bucket` as one part: divided by `postdivide` and cast to
+/// `dtype` with the arithmetic each member's part would get, element by element (into a buffer
+/// of `pool` where the host path can).
+fn unpack_whole<B: Backend>(
+    bucket: &Bucket,
+    reduced: B::FloatTensorPrimitive,
+    postdivide: f64,
+    dtype: DType,
+    pool: Option<&BufferPool>,
+) -> Result<B::FloatTensorPrimitive, ReduceError> {
+    let whole = RowPart {
+        offset: 0,
+        len: bucket.len,
+        dtype,
+    };
+    let mut row = unpack_row::<B>(reduced, &[whole], postdivide, PackPath::Auto, pool)?;
+    Ok(row.pop().expect("one part asked for"))
+}
+
 /// This rank's reduced row, unpacked as one part (the same division and cast, element by
 /// element, as member by member), read back to host memory once and cut into the members'
 /// shards there.
@@ -488,14 +494,7 @@ fn read_to_host<B: Backend>(
     postdivide: f64,
     dtype: DType,
 ) -> Result<Vec<TensorData>, ReduceError> {
-    let whole = RowPart {
-        offset: 0,
-        len: bucket.len,
-        dtype,
-    };
-    let row = unpack_row::<B>(reduced, &[whole], postdivide, PackPath::Auto, None)?
-        .pop()
-        .expect("one part asked for");
+    let row = unpack_whole::<B>(bucket, reduced, postdivide, dtype, None)?;
     let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(row)).into_data();
     ctx.counters.host_read(data.as_bytes().len());
     let ranges = bucket.members.iter().map(|m| m.offset..m.offset + m.len);

@@ -148,11 +148,7 @@ impl<B: Backend> ShardedParam<B> {
         shape: Shape,
         dtype: DType,
     ) -> Self {
-        let gradient = Self::new(store, key, ShardRole::Gradient, block, shape, dtype);
-        if store.gradient_on_host(key) {
-            gradient.block.move_to_host();
-        }
-        gradient
+        Self::new(store, key, ShardRole::Gradient, block, shape, dtype).moved_where_asked()
     }
 
     /// This rank's shard of parameter `key`'s reduced gradient as `range` of `row`, its
@@ -169,11 +165,16 @@ impl<B: Backend> ShardedParam<B> {
         let (memory, counters) = (store.memory_handle(), store.counters().clone());
         let block = Block::part(key, kind, row, range, memory, counters);
         let device = store.device().clone();
-        let gradient = Self::holding(store, key, ShardRole::Gradient, block, device, shape);
-        if store.gradient_on_host(key) {
-            gradient.block.move_to_host();
+        Self::holding(store, key, ShardRole::Gradient, block, device, shape).moved_where_asked()
+    }
+
+    /// This gradient shard, its block moved to host memory when an optimizer that steps there
+    /// asked for its parameter's gradients.
+    fn moved_where_asked(self) -> Self {
+        if self.store.gradient_on_host(self.key) {
+            self.block.move_to_host();
         }
-        gradient
+        self
     }
 
     /// This rank's shard of parameter `key`'s reduced gradient, `data` already in host memory
@@ -279,16 +280,7 @@ impl<B: Backend> ShardedParam<B> {
             ShardRole::Parameter,
             "only a parameter's block is written as part of a chunk's row"
         );
-        let block_len = self.store.block_len(self.shape.num_elements());
-        let dtype = row.values().dtype();
-        assert!(
-            range.len() == block_len && dtype == self.dtype(),
-            "burn-zero: parameter #{}: new values of {} {dtype:?} elements for a block of \
-             {block_len} {:?}",
-            self.key,
-            range.len(),
-            self.dtype()
-        );
+        self.assert_new_block("values", range.len(), row.values().dtype());
         let block = Block::part(
             self.key,
             self.role.memory_kind(),
@@ -322,21 +314,25 @@ impl<B: Backend> ShardedParam<B> {
             ShardRole::Parameter,
             "only parameters live on the host"
         );
-        let block_len = self.store.block_len(self.shape.num_elements());
-        assert!(
-            shard.dtype == self.dtype() && shard.num_elements() == block_len,
-            "burn-zero: parameter #{}: new host values of {} {:?} elements for a block of {} {:?}",
-            self.key,
-            shard.num_elements(),
-            shard.dtype,
-            block_len,
-            self.dtype()
-        );
+        self.assert_new_block("host values", shard.num_elements(), shard.dtype);
         let (shape, dtype) = (self.shape.clone(), self.dtype());
         let param = Self::new_on_host(&self.store, self.key, self.role, shard, shape, dtype);
         self.store
             .track_block(self.key, &param.block, param.version);
         param
+    }
+
+    /// Checks that new `what` of `numel` elements of `dtype` fit this parameter's block: its
+    /// element count and type (a caller bug otherwise).
+    fn assert_new_block(&self, what: &str, numel: usize, dtype: DType) {
+        let block_len = self.store.block_len(self.shape.num_elements());
+        assert!(
+            numel == block_len && dtype == self.dtype(),
+            "burn-zero: parameter #{}: new {what} of {numel} {dtype:?} elements for a block of \
+             {block_len} {:?}",
+            self.key,
+            self.dtype()
+        );
     }
 
     /// The full tensor, all-gathered (or taken from the store's gather cache, or from a

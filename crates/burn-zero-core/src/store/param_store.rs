@@ -1014,14 +1014,12 @@ fn full_tensor<B: Backend>(
 /// its members' ranges of one row of the chunk's shard length: the shard an optimizer step
 /// wrote, read whole without joining the blocks.
 fn whole_row<B: Backend>(chunk: &Chunk, blocks: &[&Block<B>]) -> Option<B::FloatTensorPrimitive> {
-    let (row, _) = blocks.first()?.row_part()?;
-    if row.len() != chunk.shard_len || blocks.len() != chunk.members.len() {
-        return None;
-    }
-    let tiled = chunk.members.iter().zip(blocks).all(|(member, block)| {
-        block.row_part().is_some_and(|(other, range)| {
-            Arc::ptr_eq(&row, &other) && range == (member.offset..member.offset + member.block_len)
-        })
-    });
-    tiled.then(|| row.values())
+    let parts: Vec<_> = blocks
+        .iter()
+        .map(|block| block.row_part())
+        .collect::<Option<_>>()?;
+    let (row, _) = parts.first()?;
+    let one_row = parts.iter().all(|(other, _)| Arc::ptr_eq(row, other));
+    let ranges = parts.iter().map(|(_, range)| range.clone());
+    (one_row && chunk.is_tiled_by(row.len(), ranges)).then(|| row.values())
 }
