@@ -32,6 +32,7 @@ pub struct RankCounters {
     reduce_scatters: AtomicU64,
     all_reduces: AtomicU64,
     other_collectives: AtomicU64,
+    in_place: AtomicU64,
     syncs: AtomicU64,
     host_reads: AtomicU64,
     host_writes: AtomicU64,
@@ -49,6 +50,12 @@ impl RankCounters {
             CollectiveKind::Other => &self.other_collectives,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one collective answered in place, without the engine (the group has one rank:
+    /// its result is its input). Counted under its kind as well.
+    pub fn in_place(&self) {
+        self.in_place.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one device synchronisation (a wait for the device's queued work).
@@ -78,6 +85,7 @@ impl RankCounters {
             reduce_scatters: load(&self.reduce_scatters),
             all_reduces: load(&self.all_reduces),
             other_collectives: load(&self.other_collectives),
+            in_place: load(&self.in_place),
             syncs: load(&self.syncs),
             host_reads: load(&self.host_reads),
             host_writes: load(&self.host_writes),
@@ -98,6 +106,10 @@ pub struct Counts {
     pub all_reduces: u64,
     /// Broadcasts, barriers, duplicates and splits.
     pub other_collectives: u64,
+    /// Of the collectives above, those a group of one rank answered in place: no engine call,
+    /// no device work, no synchronisation (the result of a collective over one rank is its
+    /// input).
+    pub in_place: u64,
     /// Device synchronisations.
     pub syncs: u64,
     /// Reads of device memory back to the host.
@@ -127,6 +139,7 @@ impl Add for Counts {
             reduce_scatters: self.reduce_scatters + other.reduce_scatters,
             all_reduces: self.all_reduces + other.all_reduces,
             other_collectives: self.other_collectives + other.other_collectives,
+            in_place: self.in_place + other.in_place,
             syncs: self.syncs + other.syncs,
             host_reads: self.host_reads + other.host_reads,
             host_writes: self.host_writes + other.host_writes,
@@ -145,6 +158,7 @@ impl Sub for Counts {
             reduce_scatters: self.reduce_scatters - earlier.reduce_scatters,
             all_reduces: self.all_reduces - earlier.all_reduces,
             other_collectives: self.other_collectives - earlier.other_collectives,
+            in_place: self.in_place - earlier.in_place,
             syncs: self.syncs - earlier.syncs,
             host_reads: self.host_reads - earlier.host_reads,
             host_writes: self.host_writes - earlier.host_writes,

@@ -37,11 +37,22 @@
 //! result; a bucket reduction's submitter does not (its reservation is filled and waited on
 //! by the communication thread).
 //!
+//! # One rank
+//!
+//! A group of one rank needs no engine for its data collectives: a gather of one block, a
+//! reduction over one rank (sum, mean, maximum or minimum) and a broadcast from rank 0 all
+//! return their input, bit for bit. A reservation on such a group answers them in place, on
+//! the calling thread: no engine call, no copy, no device synchronisation, and no issuing
+//! thread (a single-GPU run never starts one). They keep their positions, so a position that
+//! also carries another group's collective ([`Reservation::on_group`]) keeps its order, and
+//! they are counted by kind and as answered in place.
+//!
 //! The layer is engine-agnostic: it wraps any [`Communicator`], so the order it enforces is
 //! tested on CPU with [`crate::LocalGroup`] and used unchanged with NCCL.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -256,6 +267,7 @@ impl<B: Backend> OrderedComm<B> {
                 ticket,
                 shared: self.issuer.shared.clone(),
                 issuer: self.issuer.clone(),
+                spans_groups: AtomicBool::new(false),
             }),
         }
     }
@@ -269,6 +281,9 @@ fn issue(shared: &Shared) {
             let mut queue = shared.lock();
             loop {
                 let stopped = queue.stopping && queue.slots.is_empty();
+                let issued = queue.next_ticket;
+                // The first ticket still open: every ticket before it is done.
+                let first_open = queue.slots.keys().next().copied().unwrap_or(issued);
                 match queue.slots.get_mut(&serving) {
                     Some(slot) => {
                         if let Some(call) = slot.calls.pop_front() {
@@ -279,6 +294,11 @@ fn issue(shared: &Shared) {
                             serving += 1;
                             continue;
                         }
+                    }
+                    // Done before the thread came to it.
+                    None if serving < issued => {
+                        serving = first_open.max(serving + 1);
+                        continue;
                     }
                     None if stopped => return,
                     None => {}
@@ -311,13 +331,26 @@ struct Open {
     shared: Arc<Shared>,
     /// Keeps the issuing thread alive while the reservation is open.
     issuer: Arc<Issuer>,
+    /// Whether a handle on another group shares the position ([`Reservation::on_group`]).
+    spans_groups: AtomicBool,
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
-        if let Some(slot) = self.shared.lock().slots.get_mut(&self.ticket) {
+        let mut queue = self.shared.lock();
+        // A position with nothing left to issue is done now (the issuing thread passes over a
+        // ticket it no longer finds), so positions answered in place, or never used, do not
+        // pile up while no issuing thread runs.
+        if queue
+            .slots
+            .get(&self.ticket)
+            .is_some_and(|slot| slot.calls.is_empty())
+        {
+            queue.slots.remove(&self.ticket);
+        } else if let Some(slot) = queue.slots.get_mut(&self.ticket) {
             slot.closed = true;
         }
+        drop(queue);
         self.shared.changed.notify_all();
     }
 }
@@ -342,6 +375,7 @@ impl<B: Backend> Reservation<B> {
                     .into(),
             ));
         }
+        self.open.spans_groups.store(true, Ordering::Relaxed);
         Ok(Reservation {
             ticket: self.ticket,
             rank: group.inner.rank(),
@@ -374,17 +408,38 @@ impl<B: Backend> Reservation<B> {
         &self.inner
     }
 
+    /// Whether this reservation's group has one rank, so its data collectives are answered
+    /// in place (see the module's documentation).
+    pub fn is_alone(&self) -> bool {
+        self.world_size == 1
+    }
+
+    /// Answers a data collective of a group of one rank in place: counted, and `result` (the
+    /// input) returned as it is.
+    fn in_place<T>(&self, kind: CollectiveKind, result: T) -> Result<T, CommError> {
+        self.count(kind);
+        self.open.issuer.counters.in_place();
+        Ok(result)
+    }
+
     /// Runs `work` on the issuing thread in this reservation's position and returns its
     /// result: work that prepares a collective's input, issues the collective on the engine it
     /// is given, and takes the output apart, all on one thread — so the input it prepares
     /// needs no device synchronisation before the collective reads it (what it receives from
     /// other threads must be finished for any thread already). `kinds` are the collectives
     /// `work` issues, counted as if issued here.
+    ///
+    /// On a group of one rank whose position carries no other group's collectives, `work`
+    /// runs here, on the calling thread, given this reservation, which answers its data
+    /// collectives in place (and counts them itself).
     pub fn run<T: Send + 'static>(
         self,
         kinds: &[CollectiveKind],
         work: impl FnOnce(&dyn Communicator<B>) -> Result<T, CommError> + Send + 'static,
     ) -> Result<T, CommError> {
+        if self.is_alone() && !self.open.spans_groups.load(Ordering::Relaxed) {
+            return work(&self);
+        }
         for &kind in kinds {
             self.count(kind);
         }
@@ -397,10 +452,14 @@ impl<B: Backend> Reservation<B> {
     /// its order however late it reads the result. Dropping the [`Pending`] discards the
     /// result (the collective still runs, as on every other rank).
     pub fn all_gather_later(self, block: Tensor<B, 1>) -> Result<Pending<Tensor<B, 1>>, CommError> {
+        if self.is_alone() {
+            let gathered = self.in_place(CollectiveKind::AllGather, block);
+            return Ok(Pending(Answer::Ready(gathered)));
+        }
         self.count(CollectiveKind::AllGather);
         self.settle(&block)?;
         let result = self.push(move |comm| comm.all_gather(block))?;
-        Ok(Pending { result })
+        Ok(Pending(Answer::Queued(result)))
     }
 
     fn count(&self, kind: CollectiveKind) {
@@ -447,19 +506,28 @@ impl<B: Backend> Reservation<B> {
         collective: impl FnOnce(&dyn Communicator<B>) -> Result<T, CommError> + Send + 'static,
     ) -> Result<T, CommError> {
         let result = self.push(collective)?;
-        Pending { result }.wait()
+        Pending(Answer::Queued(result)).wait()
     }
 }
 
 /// The result of a collective queued with [`Reservation::all_gather_later`].
-pub struct Pending<T> {
-    result: Receiver<Result<T, CommError>>,
+pub struct Pending<T>(Answer<T>);
+
+/// Where a [`Pending`] result comes from.
+enum Answer<T> {
+    /// From the issuing thread.
+    Queued(Receiver<Result<T, CommError>>),
+    /// Answered in place (a group of one rank).
+    Ready(Result<T, CommError>),
 }
 
 impl<T> Pending<T> {
     /// Waits for the collective's result.
     pub fn wait(self) -> Result<T, CommError> {
-        self.result.recv().unwrap_or_else(|_| Err(stopped()))
+        match self.0 {
+            Answer::Queued(result) => result.recv().unwrap_or_else(|_| Err(stopped())),
+            Answer::Ready(result) => result,
+        }
     }
 }
 
@@ -473,30 +541,51 @@ impl<B: Backend> Communicator<B> for Reservation<B> {
     }
 
     fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        if self.is_alone() {
+            return self.in_place(CollectiveKind::AllGather, block);
+        }
         self.count(CollectiveKind::AllGather);
         self.settle(&block)?;
         self.submit(move |comm| comm.all_gather(block))
     }
 
     fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        if self.is_alone() {
+            return self.in_place(CollectiveKind::ReduceScatter, input);
+        }
         self.count(CollectiveKind::ReduceScatter);
         self.settle(&input)?;
         self.submit(move |comm| comm.reduce_scatter(input, op))
     }
 
     fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        if self.is_alone() {
+            return self.in_place(CollectiveKind::AllReduce, input);
+        }
         self.count(CollectiveKind::AllReduce);
         self.settle(&input)?;
         self.submit(move |comm| comm.all_reduce(input, op))
     }
 
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
+        if self.is_alone() {
+            if root != 0 {
+                return Err(CommError::InvalidRoot {
+                    root,
+                    world_size: 1,
+                });
+            }
+            return self.in_place(CollectiveKind::Other, buffer);
+        }
         self.count(CollectiveKind::Other);
         self.settle(&buffer)?;
         self.submit(move |comm| comm.broadcast(buffer, root))
     }
 
     fn barrier(&self) -> Result<(), CommError> {
+        if self.is_alone() {
+            return self.in_place(CollectiveKind::Other, ());
+        }
         self.count(CollectiveKind::Other);
         self.submit(|comm| comm.barrier())
     }

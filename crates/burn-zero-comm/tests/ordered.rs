@@ -16,7 +16,7 @@ use std::time::Duration;
 use burn::backend::NdArray;
 use burn::tensor::Tensor;
 use burn_zero_comm::{CommError, Communicator, LaunchOptions, OrderedComm, ReduceOp, launch_with};
-use burn_zero_testing::recording::RecordingComm;
+use burn_zero_testing::recording::{CallLog, RecordingComm};
 
 type B = NdArray;
 
@@ -209,4 +209,117 @@ fn a_failure_in_one_rank_reaches_the_others_through_the_layer() {
     );
     let error = result.unwrap_err().to_string();
     assert!(error.contains("rank 1 gives up"), "{error}");
+}
+
+/// Bits of a flat tensor, for comparisons that must be exact.
+fn bits(tensor: Tensor<B, 1>) -> Vec<u32> {
+    let values = tensor.into_data().to_vec::<f32>().unwrap();
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn a_group_of_one_rank_answers_its_collectives_in_place() {
+    let log: CallLog = Arc::default();
+    let engine_log = log.clone();
+    launch_with::<B, _, _, _>(
+        1,
+        &[Default::default()],
+        &LaunchOptions::default(),
+        move |ctx| {
+            let recorded = RecordingComm::new(ctx.engine().clone(), engine_log.clone());
+            let order = OrderedComm::new(Arc::new(recorded));
+            let input =
+                Tensor::<B, 1>::from_floats([1.5, -0.0, 3.25, f32::MIN_POSITIVE], ctx.device());
+            let expected = bits(input.clone());
+            assert_eq!(bits(order.all_gather(input.clone())?), expected);
+            assert_eq!(
+                bits(order.reduce_scatter(input.clone(), ReduceOp::Mean)?),
+                expected
+            );
+            assert_eq!(
+                bits(order.all_reduce(input.clone(), ReduceOp::Max)?),
+                expected
+            );
+            assert_eq!(bits(order.broadcast(input.clone(), 0)?), expected);
+            assert_eq!(
+                bits(order.reserve().all_gather_later(input.clone())?.wait()?),
+                expected
+            );
+            order.barrier()?;
+            let error = order.broadcast(input.clone(), 1).unwrap_err();
+            assert!(
+                matches!(error, CommError::InvalidRoot { root: 1, .. }),
+                "{error}"
+            );
+            // Work handed to a position runs on the calling thread, its collective in place.
+            let caller = thread::current().id();
+            let (ran_on, reduced) =
+                order
+                    .reserve()
+                    .run(&[burn_zero_comm::CollectiveKind::AllReduce], move |comm| {
+                        Ok((
+                            thread::current().id(),
+                            comm.all_reduce(input, ReduceOp::Sum)?,
+                        ))
+                    })?;
+            assert_eq!(ran_on, caller);
+            assert_eq!(bits(reduced), expected);
+            let counts = order.counters().snapshot();
+            assert_eq!(counts.all_gathers, 2);
+            assert_eq!(counts.reduce_scatters, 1);
+            assert_eq!(counts.all_reduces, 2);
+            assert_eq!(counts.other_collectives, 2);
+            assert_eq!(counts.in_place, 7);
+            assert_eq!(counts.syncs, 0);
+            // Positions answered in place do not keep the issuing thread from serving a later
+            // one, started only now: a duplicate goes to the engine.
+            for _ in 0..1000 {
+                order.all_reduce(Tensor::<B, 1>::ones([1], ctx.device()), ReduceOp::Sum)?;
+            }
+            let duplicate = order.reserve().duplicate()?;
+            assert_eq!(duplicate.world_size(), 1);
+            Ok::<_, CommError>(())
+        },
+    )
+    .unwrap();
+    // No collective reached the engine (the recording group does not log duplicates).
+    let calls: Vec<String> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(call, _)| call.clone())
+        .collect();
+    assert!(calls.is_empty(), "{calls:?}");
+}
+
+#[test]
+fn a_position_on_a_one_rank_group_keeps_its_place_beside_a_larger_group() {
+    launch_with::<B, _, _, _>(2, &[Default::default()], &LaunchOptions::default(), |ctx| {
+        let world = OrderedComm::new(ctx.engine().clone());
+        // Each rank alone in its group: the hybrid layout with shard groups of one rank.
+        let alone = world.split_ordered(ctx.rank())?;
+        assert_eq!(alone.world_size(), 1);
+        let mut totals = Vec::new();
+        for round in 0..20 {
+            let value = (ctx.rank() * 100 + round) as f32;
+            let input = Tensor::<B, 1>::from_floats([value], ctx.device());
+            let position = alone.reserve();
+            let across = position.on_group(&world)?;
+            let engine = across.engine().clone();
+            // The position spans two groups: the work runs on the issuing thread (which
+            // calls the world's engine itself), the one-rank reduction in place.
+            let total = position.run(&[], move |shard| {
+                let own = shard.reduce_scatter(input, ReduceOp::Sum)?;
+                engine.all_reduce(own, ReduceOp::Sum)
+            })?;
+            drop(across);
+            totals.push(total.into_data().to_vec::<f32>().unwrap()[0]);
+            // Unused one-rank positions between them.
+            drop(alone.reserve());
+        }
+        let expected: Vec<f32> = (0..20).map(|round| (100 + 2 * round) as f32).collect();
+        assert_eq!(totals, expected);
+        Ok::<_, CommError>(())
+    })
+    .unwrap();
 }
