@@ -117,7 +117,11 @@ where
     };
     let buckets = bucket::replicated_last(buckets);
     store.set_chunks(chunks);
-    let thread = if let Some(ordered) = ordered.filter(|_| config.overlaps_reduction()) {
+    // A rank alone reduces each bucket in the hook that completes it: its collectives are
+    // answered in place, so a thread would only cost a device synchronisation per bucket.
+    let alone = ctx.world_size() == 1;
+    let eager = alone && config.overlaps_reduction();
+    let thread = if let Some(ordered) = ordered.filter(|_| config.overlaps_reduction() && !alone) {
         let thread = CommThread::spawn(
             ordered,
             buckets.clone(),
@@ -136,7 +140,7 @@ where
     } else {
         None
     };
-    let state = ZeroState::register(GradientReducer::new(store, buckets, thread));
+    let state = ZeroState::register(GradientReducer::new(store, buckets, thread, eager));
     tracing::debug!(
         rank = state.rank(),
         params = params_sharded,

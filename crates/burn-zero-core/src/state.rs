@@ -76,6 +76,7 @@ impl<B: Backend> ZeroState<B> {
             Arc::new(store),
             Vec::new(),
             None,
+            false,
         )))
     }
 

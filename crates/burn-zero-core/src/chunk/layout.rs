@@ -325,8 +325,14 @@ mod tests {
         assert!(chunk.is_tiled_by(5, [0..3, 3..5]));
         assert!(!chunk.is_tiled_by(6, [0..3, 3..5]), "a longer row");
         assert!(!chunk.is_tiled_by(5, [3..5, 0..3]), "out of order");
-        assert!(!chunk.is_tiled_by(5, [0..3]), "a member missing");
-        assert!(!chunk.is_tiled_by(5, [0..3, 3..5, 5..5]), "a range too many");
+        assert!(
+            !chunk.is_tiled_by(5, std::iter::once(0..3)),
+            "a member missing"
+        );
+        assert!(
+            !chunk.is_tiled_by(5, [0..3, 3..5, 5..5]),
+            "a range too many"
+        );
         assert!(!chunk.is_tiled_by(5, [0..2, 2..5]), "other boundaries");
     }
 

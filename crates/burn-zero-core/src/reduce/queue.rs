@@ -42,6 +42,17 @@ impl<B: Backend> BucketQueue<B> {
         self.pending.insert(key, (grad, bytes));
     }
 
+    /// Whether the next bucket's gradients have all come (a parameter this rank did not use
+    /// keeps its bucket incomplete until backward ends).
+    pub fn next_is_complete(&self) -> bool {
+        self.buckets.get(self.next).is_some_and(|bucket| {
+            bucket
+                .members
+                .iter()
+                .all(|member| self.pending.contains_key(&member.key))
+        })
+    }
+
     /// Whether every bucket of this pass has been reduced.
     pub fn is_done(&self) -> bool {
         self.next == self.buckets.len()

@@ -15,6 +15,12 @@
 //! otherwise, and at stage 1, every bucket is reduced when backward ends, on the training
 //! thread. Either way the hook itself never blocks (see [`GradientReducer::gradient_ready`]).
 //!
+//! A rank alone (world size 1) has no peer to wait for: its collectives are answered in place
+//! ([`burn_zero_comm::ordered`]). With `overlap_comm` it reduces each bucket in the hook that
+//! completes it, on the training thread, in the same order and with the same arithmetic: no
+//! communication thread, so no device synchronisation to hand the gradients over to one (on a
+//! GPU each would drain the queue the training thread keeps ahead of the device).
+//!
 //! A gradient waits in one of two places until its bucket is reduced: the bucket queue (of
 //! the communication thread, or of this thread without one) or, when it is itself sharded
 //! and would have to gather, with the pass until backward ends. Its autodiff slot waits with
@@ -62,6 +68,13 @@ struct Pass<B: Backend> {
     queue: BucketQueue<B>,
     /// The communication thread, when reduction overlaps backward.
     thread: Option<CommThread<B>>,
+    /// Whether each bucket is reduced on this thread as soon as it is complete (a rank alone
+    /// with overlap: its collectives are answered in place, so reducing cannot block).
+    eager: bool,
+    /// Buckets reduced by the hooks of this pass, when `eager`.
+    early: Vec<Reduced<B>>,
+    /// The failure of an eager reduction, reported when backward ends.
+    failure: Option<ReduceError>,
     /// Autodiff's slots of this pass's gradients, by parameter key.
     slots: BTreeMap<usize, GradSlot<B>>,
     /// Gradients that stay with this thread until backward ends, with their bytes: all of
@@ -89,23 +102,47 @@ impl<B: Backend> Pass<B> {
             self.held.clear();
             self.orphans.clear();
             self.arrivals.clear();
+            self.early.clear();
+            self.failure = None;
         }
+    }
+
+    /// What a slot holds between its gradient's hand-over and the result (autodiff's
+    /// container no longer keeps the full gradient alive).
+    fn placeholder(&mut self, store: &ParamStore<B>) -> B::FloatTensorPrimitive {
+        self.placeholder
+            .get_or_insert_with(|| {
+                Tensor::<B, 1>::zeros([1], store.device())
+                    .into_primitive()
+                    .tensor()
+            })
+            .clone()
+    }
+
+    /// Whether this pass reduces buckets as they complete, so that the first pass's order of
+    /// completion is worth recording.
+    fn reduces_during_backward(&self) -> bool {
+        self.thread.is_some() || self.eager
     }
 }
 
 impl<B: Backend> GradientReducer<B> {
     /// A reducer of the parameters of `store`, in `buckets` (reduction order), on `thread`
-    /// when reduction overlaps backward.
+    /// when reduction overlaps backward, or in the hooks that complete them when `eager`.
     pub(crate) fn new(
         store: Arc<ParamStore<B>>,
         buckets: Vec<Bucket>,
         thread: Option<CommThread<B>>,
+        eager: bool,
     ) -> Self {
         Self {
             store,
             pass: Mutex::new(Pass {
                 queue: BucketQueue::new(buckets),
                 thread,
+                eager,
+                early: Vec::new(),
+                failure: None,
                 slots: BTreeMap::new(),
                 held: BTreeMap::new(),
                 placeholder: None,
@@ -154,13 +191,14 @@ impl<B: Backend> GradientReducer<B> {
     }
 
     /// The final gradient of parameter `key` sits in `slot`: hand it to the communication
-    /// thread, or keep it until backward ends.
+    /// thread, or keep it until backward ends (or, `eager`, until its bucket is complete).
     ///
-    /// Nothing is reduced on this thread here. Autodiff calls this hook while it holds the
-    /// rank's graph lock, and after every backward pass burn-autodiff locks *every* graph of
-    /// the process to clean up. A rank blocked in a collective under its lock can then wait
-    /// forever for a rank that waits for that lock (seen with four ranks). The communication
-    /// thread holds no graph lock, so it may block.
+    /// Nothing that waits for another rank runs on this thread here. Autodiff calls this hook
+    /// while it holds the rank's graph lock, and after every backward pass burn-autodiff locks
+    /// *every* graph of the process to clean up. A rank blocked in a collective under its lock
+    /// can then wait forever for a rank that waits for that lock (seen with four ranks). The
+    /// communication thread holds no graph lock, so it may block; an eager reduction is a rank
+    /// alone's, whose collectives never wait.
     pub(crate) fn gradient_ready(&self, key: usize, slot: GradSlot<B>) {
         let grad = slot.read();
         let bytes = grad.shape().num_elements() * grad.dtype().size();
@@ -170,24 +208,22 @@ impl<B: Backend> GradientReducer<B> {
         let mut guard = self.lock_pass();
         let pass = &mut *guard;
         pass.start();
-        // Only the first pass with a communication thread decides the buckets' order.
-        if !pass.rebuilt && pass.thread.is_some() {
+        // Only the first pass that reduces during backward decides the buckets' order.
+        if !pass.rebuilt && pass.reduces_during_backward() {
             pass.arrivals.push(key);
         }
         match (&mut pass.thread, grad) {
             (Some(thread), ZeroTensor::Local(grad)) => {
                 // The thread finishes the device's work once per bucket before reading it.
                 thread.submit(key, grad, bytes);
-                // Autodiff's container no longer keeps the full gradient alive.
-                let placeholder = pass
-                    .placeholder
-                    .get_or_insert_with(|| {
-                        Tensor::<B, 1>::zeros([1], store.device())
-                            .into_primitive()
-                            .tensor()
-                    })
-                    .clone();
-                slot.write(ZeroTensor::Local(placeholder));
+                slot.write(ZeroTensor::Local(pass.placeholder(store)));
+            }
+            (None, ZeroTensor::Local(grad)) if pass.eager => {
+                pass.queue.push(key, grad, bytes);
+                if pass.failure.is_none() {
+                    self.reduce_complete(pass);
+                }
+                slot.write(ZeroTensor::Local(pass.placeholder(store)));
             }
             // Kept as it is: materialising a sharded gradient would gather under the lock.
             (_, grad) => {
@@ -236,7 +272,17 @@ impl<B: Backend> GradientReducer<B> {
                     for (key, (grad, bytes)) in held {
                         pass.queue.push(key, grad.materialize(), bytes);
                     }
-                    (self.reduce_here(&mut pass.queue), None)
+                    let early = std::mem::take(&mut pass.early);
+                    let reduced = match pass.failure.take() {
+                        Some(error) => {
+                            pass.queue.reset(store.memory());
+                            Err(error)
+                        }
+                        None => self
+                            .reduce_here(&mut pass.queue)
+                            .map(|rest| early.into_iter().chain(rest).collect()),
+                    };
+                    (reduced, None)
                 }
             };
             let reduced = reduced.unwrap_or_else(|error| {
@@ -260,7 +306,7 @@ impl<B: Backend> GradientReducer<B> {
                 orphans: &mut pass.orphans,
             };
             deliver(store, pass.queue.buckets(), reduced, to, &mut stats);
-            if !pass.rebuilt && pass.thread.is_some() {
+            if !pass.rebuilt && pass.reduces_during_backward() {
                 pass.rebuilt = true;
                 if let Err(error) = self.regroup_buckets(pass) {
                     panic!(
@@ -336,10 +382,10 @@ impl<B: Backend> GradientReducer<B> {
         Ok(())
     }
 
-    /// Reduces every bucket on this thread, in order.
-    fn reduce_here(&self, queue: &mut BucketQueue<B>) -> Result<Vec<Reduced<B>>, ReduceError> {
+    /// Runs `reduce` with what reducing a bucket on this thread needs.
+    fn on_this_thread<T>(&self, reduce: impl FnOnce(&Reduction<'_, B>) -> T) -> T {
         let store = &self.store;
-        let ctx = Reduction {
+        reduce(&Reduction {
             comm: store.comm().as_ref(),
             replicas: store.groups().replicas.as_deref(),
             device: store.device(),
@@ -347,18 +393,41 @@ impl<B: Backend> GradientReducer<B> {
             memory: store.memory(),
             to_host: &store.host_gradients(),
             counters: store.counters(),
-        };
-        let mut reduced = Vec::new();
-        while !queue.is_done() {
-            match queue.reduce_next(&ctx) {
-                Ok(bucket) => reduced.push(bucket),
-                Err(error) => {
-                    queue.reset(store.memory());
-                    return Err(error);
+        })
+    }
+
+    /// Reduces every bucket not reduced yet on this thread, in order.
+    fn reduce_here(&self, queue: &mut BucketQueue<B>) -> Result<Vec<Reduced<B>>, ReduceError> {
+        let memory = self.store.memory();
+        self.on_this_thread(|ctx| {
+            let mut reduced = Vec::new();
+            while !queue.is_done() {
+                match queue.reduce_next(ctx) {
+                    Ok(bucket) => reduced.push(bucket),
+                    Err(error) => {
+                        queue.reset(memory);
+                        return Err(error);
+                    }
                 }
             }
-        }
-        queue.reset(store.memory());
-        Ok(reduced)
+            queue.reset(memory);
+            Ok(reduced)
+        })
+    }
+
+    /// Reduces, in order, the buckets whose gradients have all come (an eager pass): the
+    /// results wait in the pass for the end of backward, a failure is kept for it.
+    fn reduce_complete(&self, pass: &mut Pass<B>) {
+        self.on_this_thread(|ctx| {
+            while pass.queue.next_is_complete() {
+                match pass.queue.reduce_next(ctx) {
+                    Ok(bucket) => pass.early.push(bucket),
+                    Err(error) => {
+                        pass.failure = Some(error);
+                        return;
+                    }
+                }
+            }
+        });
     }
 }
