@@ -15,10 +15,12 @@
 //!   size, every parameter sharded, each with `ZeroOptimizer` over Burn's Adam and with the
 //!   fused Adam (`ZeroOptimizer::adam`).
 //!
-//! Prints the launches per window and per kernel, and checks the targets (PASS or FAIL): the
-//! searched chunks with the fused Adam launch no more kernels per step than plain Burn, and no
-//! more than stage 0 with the fused Adam plus one launch per chunk for its gather and one for
-//! its reduction. Writes `target/bench-reports/launches.md` and `launches.json`.
+//! Prints the launches per window and per kernel, with each sharded side's own counts of the
+//! step (collectives, of them answered in place, device synchronisations), and checks the
+//! targets (PASS or FAIL): the searched chunks with the fused Adam launch no more kernels per
+//! step than plain Burn, and no more than stage 0 with the fused Adam plus one launch per chunk
+//! for its gather and one for its reduction; and a rank alone synchronises the device nowhere
+//! in a step (its collectives are answered in place). Writes `target/bench-reports/launches.md` and `launches.json`.
 //!
 //! `cargo bench --bench launches --features wgpu` (about a minute after the build). Without a
 //! wgpu adapter it says how to get one and exits.
@@ -36,7 +38,7 @@ use burn::backend::Autodiff;
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
-use burn_zero::comm::launch;
+use burn_zero::comm::{Counts, launch};
 use burn_zero::{ChunkSize, Zero, ZeroConfig, ZeroOptimizer, shard};
 use burn_zero_gpt::{Corpus, Gpt};
 use burn_zero_kernels::LaunchLog;
@@ -53,6 +55,8 @@ struct Side {
     name: String,
     chunks: Option<usize>,
     windows: [BTreeMap<String, usize>; 3],
+    /// burn-zero's counts of the counted step (sharded sides).
+    counts: Option<Counts>,
 }
 
 impl Side {
@@ -74,13 +78,18 @@ fn kernel_name(line: &str) -> String {
         .to_string()
 }
 
-/// Steps `model` twice, then counts the launches of a third step's windows.
+/// The launches of a step's windows.
+type Windows = [BTreeMap<String, usize>; 3];
+
+/// Steps `model` twice, then counts the launches of a third step's windows, and what
+/// `counts` (burn-zero's, on a sharded side) grew by in it.
 fn counted_step<O: Optimizer<Gpt<Train>, Train>>(
     mut model: Gpt<Train>,
     optimizer: &mut O,
     corpus: &Corpus,
     device: &WgpuDevice,
-) -> [BTreeMap<String, usize>; 3] {
+    counts: &dyn Fn() -> Counts,
+) -> (Windows, Counts) {
     for index in 0..2 {
         model = workload::step(model, optimizer, corpus, index, 0, 1, device);
     }
@@ -98,6 +107,7 @@ fn counted_step<O: Optimizer<Gpt<Train>, Train>>(
         }
         kernels
     };
+    let before = counts();
     let mut loss = None;
     let forward = count(&mut || loss = Some(workload::loss(&model, corpus, 2, 0, 1, device)));
     let mut grads = None;
@@ -110,7 +120,7 @@ fn counted_step<O: Optimizer<Gpt<Train>, Train>>(
         let (model, grads) = (current.take(), grads.take());
         let _ = optimizer.step(workload::LR, model.unwrap(), grads.unwrap());
     });
-    [forward, backward, step]
+    ([forward, backward, step], counts() - before)
 }
 
 /// A sharded side: `stage` and `chunk_size`, every parameter sharded, with Burn's Adam or the
@@ -130,18 +140,19 @@ fn sharded(
         let model = workload::model::<Train>(corpus, ctx.device());
         let (model, zero) = shard(model, &ctx, &config).map_err(|e| e.to_string())?;
         let chunks = zero.store().chunks().chunks().len();
-        let windows = if fused {
+        let counts = || zero.counts();
+        let (windows, counts) = if fused {
             let mut optimizer =
                 ZeroOptimizer::adam(&zero, &AdamConfig::new()).map_err(|e| e.to_string())?;
-            counted_step(model, &mut optimizer, corpus, ctx.device())
+            counted_step(model, &mut optimizer, corpus, ctx.device(), &counts)
         } else {
             let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
-            counted_step(model, &mut optimizer, corpus, ctx.device())
+            counted_step(model, &mut optimizer, corpus, ctx.device(), &counts)
         };
-        Ok((chunks, windows))
+        Ok((chunks, windows, counts))
     })
     .unwrap_or_else(|error| panic!("stage {stage}: {error}"));
-    let (chunks, windows) = ranks.swap_remove(0);
+    let (chunks, windows, counts) = ranks.swap_remove(0);
     let chunking = match chunk_size {
         ChunkSize::PerParameter => "one parameter per chunk",
         _ => "searched chunks",
@@ -151,6 +162,7 @@ fn sharded(
         name: format!("stage {stage}, {chunking}, {adam}"),
         chunks: Some(chunks),
         windows,
+        counts: Some(counts),
     }
 }
 
@@ -160,14 +172,21 @@ fn markdown(sides: &[Side], targets: &[(String, bool)]) -> String {
     let mut md = format!(
         "## Kernel launches per step against plain Burn\n\nGPT `small`, 1 rank, \
          `CubeBackend<WgpuRuntime>`, every parameter sharded; {cpu}, {cores} cores, \
-         {memory} GiB.\n\n| side | chunks | forward | backward | step | total | × plain Burn |\n\
-         |---|---|---|---|---|---|---|\n"
+         {memory} GiB. Collectives and device synchronisations: burn-zero's own counts of the \
+         step.\n\n| side | chunks | forward | backward | step | total | × plain Burn | \
+         collectives (in place) | device syncs |\n|---|---|---|---|---|---|---|---|---|\n"
     );
     let plain = sides[0].total() as f64;
     for side in sides {
         let chunks = side.chunks.map_or("-".to_string(), |c| c.to_string());
+        let (collectives, syncs) = side.counts.map_or(("-".into(), "-".into()), |c| {
+            (
+                format!("{} ({})", c.collectives(), c.in_place),
+                c.syncs.to_string(),
+            )
+        });
         md += &format!(
-            "| {} | {chunks} | {} | {} | {} | {} | {:.2} |\n",
+            "| {} | {chunks} | {} | {} | {} | {} | {:.2} | {collectives} | {syncs} |\n",
             side.name,
             side.window(0),
             side.window(1),
@@ -226,10 +245,12 @@ fn main() {
     let plain = {
         let model = workload::model::<Train>(&corpus, &device);
         let mut adam = AdamConfig::new().init();
+        let (windows, _) = counted_step(model, &mut adam, &corpus, &device, &Counts::default);
         Side {
             name: "plain Burn, Burn's Adam".into(),
             chunks: None,
-            windows: counted_step(model, &mut adam, &corpus, &device),
+            windows,
+            counts: None,
         }
     };
     let mut sides = vec![plain];
@@ -246,7 +267,7 @@ fn main() {
     }
     let (plain, stage0, searched) = (&sides[0], &sides[4], &sides[6]);
     let chunks = searched.chunks.unwrap_or_default();
-    let targets = vec![
+    let mut targets = vec![
         (
             format!(
                 "{}: {} launches a step against plain Burn's {}",
@@ -269,6 +290,17 @@ fn main() {
             searched.total() <= stage0.total() + 2 * chunks,
         ),
     ];
+    let syncs: u64 = sides[1..]
+        .iter()
+        .filter_map(|s| s.counts)
+        .map(|c| c.syncs)
+        .sum();
+    targets.push((
+        format!(
+            "a rank alone synchronises the device nowhere in a step: {syncs} over the sharded sides"
+        ),
+        syncs == 0,
+    ));
     let md = markdown(&sides, &targets);
     let json = json!({
         "preset": "small",
@@ -281,6 +313,7 @@ fn main() {
             "windows": WINDOWS.iter().zip(&s.windows).map(|(w, k)| (w.to_string(), json!(k)))
                 .collect::<serde_json::Map<_, _>>(),
             "total": s.total(),
+            "counts": s.counts,
         })).collect::<Vec<_>>(),
         "targets": targets.iter().map(|(what, pass)| json!({"what": what, "pass": pass}))
             .collect::<Vec<_>>(),
