@@ -15,7 +15,10 @@ pub enum MemoryKind {
     PersistentParameters,
     /// This rank's shards of reduced gradients.
     GradientShards,
-    /// Full parameters gathered for compute (the cache plus the gather in flight).
+    /// Full parameters gathered for compute (the cache plus the gather in flight). A rank
+    /// alone gathers in place: a parameter whose shard is on the device is then its shard's
+    /// buffer (a view, where the backend's alignment allows one), counted here all the same,
+    /// so at world size 1 this kind is an upper bound.
     Gathered,
     /// Gradient buckets: full gradients waiting for their bucket, and packed buckets in flight.
     Buckets,
