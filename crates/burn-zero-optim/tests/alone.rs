@@ -41,6 +41,8 @@ struct Run {
     counts: Counts,
     threads: Vec<String>,
     params: Vec<Vec<f32>>,
+    /// Buckets of the last backward reduced before it ended, of how many.
+    overlapped: (usize, usize),
 }
 
 fn train_alone(base: &Block<Train<Flex>>, config: &ZeroConfig) -> Run {
@@ -66,7 +68,9 @@ fn train_alone(base: &Block<Train<Flex>>, config: &ZeroConfig) -> Run {
             .iter()
             .map(|(call, _)| call.clone())
             .collect();
+        let last = zero.last_reduction();
         Ok(Run {
+            overlapped: (last.overlapped, last.collectives),
             calls,
             counts: zero.counts() - counted,
             threads: burn_zero_threads(),
@@ -123,5 +127,15 @@ fn a_rank_alone_trains_without_collectives_synchronisations_or_threads() {
         assert_eq!(counts.in_place, counts.collectives(), "{what}: {counts:?}");
         assert_eq!(counts.syncs, 0, "{what}: {counts:?}");
         assert!(run.threads.is_empty(), "{what}: threads {:?}", run.threads);
+        // With overlap, buckets are reduced by the hooks that complete them, during backward.
+        let (overlapped, buckets) = run.overlapped;
+        if config.overlaps_reduction() {
+            assert!(
+                overlapped > 0,
+                "{what}: {overlapped} of {buckets} during backward"
+            );
+        } else {
+            assert_eq!(overlapped, 0, "{what}");
+        }
     }
 }

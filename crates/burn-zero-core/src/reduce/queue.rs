@@ -53,6 +53,11 @@ impl<B: Backend> BucketQueue<B> {
         })
     }
 
+    /// Bytes of the full gradients waiting for their bucket.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending.values().map(|(_, bytes)| bytes).sum()
+    }
+
     /// Whether every bucket of this pass has been reduced.
     pub fn is_done(&self) -> bool {
         self.next == self.buckets.len()

@@ -75,6 +75,11 @@ struct Pass<B: Backend> {
     early: Vec<Reduced<B>>,
     /// The failure of an eager reduction, reported when backward ends.
     failure: Option<ReduceError>,
+    /// Time the hooks of this pass spent reducing, when `eager`.
+    eager_seconds: f64,
+    /// The most full-gradient bytes that waited at once for the rest of their bucket, when
+    /// `eager` (see [`ReductionStats::peak_incomplete_bytes`]).
+    peak_incomplete_bytes: usize,
     /// Autodiff's slots of this pass's gradients, by parameter key.
     slots: BTreeMap<usize, GradSlot<B>>,
     /// Gradients that stay with this thread until backward ends, with their bytes: all of
@@ -104,6 +109,8 @@ impl<B: Backend> Pass<B> {
             self.arrivals.clear();
             self.early.clear();
             self.failure = None;
+            self.eager_seconds = 0.0;
+            self.peak_incomplete_bytes = 0;
         }
     }
 
@@ -143,6 +150,8 @@ impl<B: Backend> GradientReducer<B> {
                 eager,
                 early: Vec::new(),
                 failure: None,
+                eager_seconds: 0.0,
+                peak_incomplete_bytes: 0,
                 slots: BTreeMap::new(),
                 held: BTreeMap::new(),
                 placeholder: None,
@@ -221,8 +230,12 @@ impl<B: Backend> GradientReducer<B> {
             (None, ZeroTensor::Local(grad)) if pass.eager => {
                 pass.queue.push(key, grad, bytes);
                 if pass.failure.is_none() {
+                    let started = Instant::now();
                     self.reduce_complete(pass);
+                    pass.eager_seconds += started.elapsed().as_secs_f64();
                 }
+                let waiting = pass.queue.pending_bytes();
+                pass.peak_incomplete_bytes = pass.peak_incomplete_bytes.max(waiting);
                 slot.write(ZeroTensor::Local(pass.placeholder(store)));
             }
             // Kept as it is: materialising a sharded gradient would gather under the lock.
@@ -273,6 +286,10 @@ impl<B: Backend> GradientReducer<B> {
                         pass.queue.push(key, grad.materialize(), bytes);
                     }
                     let early = std::mem::take(&mut pass.early);
+                    let overlap = pass.eager.then(|| {
+                        // The hooks' time, to which the rest's (exposed) time adds below.
+                        (pass.eager_seconds, early.len(), pass.peak_incomplete_bytes)
+                    });
                     let reduced = match pass.failure.take() {
                         Some(error) => {
                             pass.queue.reset(store.memory());
@@ -282,7 +299,7 @@ impl<B: Backend> GradientReducer<B> {
                             .reduce_here(&mut pass.queue)
                             .map(|rest| early.into_iter().chain(rest).collect()),
                     };
-                    (reduced, None)
+                    (reduced, overlap)
                 }
             };
             let reduced = reduced.unwrap_or_else(|error| {
@@ -292,8 +309,10 @@ impl<B: Backend> GradientReducer<B> {
                 )
             });
             let exposed_seconds = started.elapsed().as_secs_f64();
-            let (seconds, overlapped, peak_incomplete_bytes) =
-                overlap.unwrap_or((exposed_seconds, 0, 0));
+            let (mut seconds, overlapped, peak_incomplete_bytes) = overlap.unwrap_or((0.0, 0, 0));
+            if pass.thread.is_none() {
+                seconds += exposed_seconds;
+            }
             let mut stats = ReductionStats {
                 exposed_seconds,
                 seconds,

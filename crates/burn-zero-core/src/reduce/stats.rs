@@ -9,7 +9,8 @@ pub struct ReductionStats {
     /// Bytes this rank put into them (all ranks' rows of every bucket).
     pub bytes: usize,
     /// Wall time of packing, reducing and unpacking every bucket (on the communication
-    /// thread when reduction overlaps backward).
+    /// thread when reduction overlaps backward; a rank alone's in the hooks that completed the
+    /// buckets and at the end of backward).
     pub seconds: f64,
     /// Time the training thread waited for reductions once backward was over: all of
     /// `seconds` without overlap, only the part backward did not hide with it.
@@ -21,7 +22,7 @@ pub struct ReductionStats {
     /// hold. A bucket whose members arrive far apart (a weight next to a LayerNorm parameter,
     /// whose gradient comes when backward ends) keeps the early ones waiting; with the buckets
     /// rebuilt for the order backward produces gradients in, about one bucket's worth. Counted
-    /// from the order of autodiff's hooks, so the same in every run (0 without a
-    /// communication thread, where every gradient waits for the end of backward).
+    /// from the order of autodiff's hooks, so the same in every run (0 without overlap,
+    /// where every gradient waits for the end of backward).
     pub peak_incomplete_bytes: usize,
 }
