@@ -19,8 +19,8 @@
 //! step (collectives, of them answered in place, device synchronisations), and checks the
 //! targets (PASS or FAIL): the searched chunks with the fused Adam launch no more kernels per
 //! step than plain Burn, and no more than stage 0 with the fused Adam plus one launch per chunk
-//! for its gather and one for its reduction; and a rank alone synchronises the device nowhere
-//! in a step (its collectives are answered in place). Writes `target/bench-reports/launches.md` and `launches.json`.
+//! for its gather and one for its reduction; and a rank alone synchronises the device once per
+//! reduced bucket and for no gather (its collectives are answered in place). Writes `target/bench-reports/launches.md` and `launches.json`.
 //!
 //! `cargo bench --bench launches --features wgpu` (about a minute after the build). Without a
 //! wgpu adapter it says how to get one and exits.
@@ -290,16 +290,18 @@ fn main() {
             searched.total() <= stage0.total() + 2 * chunks,
         ),
     ];
-    let syncs: u64 = sides[1..]
+    let counted: Vec<Counts> = sides.iter().filter_map(|s| s.counts).collect();
+    let syncs: u64 = counted.iter().map(|c| c.syncs).sum();
+    let buckets: u64 = counted
         .iter()
-        .filter_map(|s| s.counts)
-        .map(|c| c.syncs)
+        .map(|c| c.reduce_scatters + c.all_reduces)
         .sum();
     targets.push((
         format!(
-            "a rank alone synchronises the device nowhere in a step: {syncs} over the sharded sides"
+            "a rank alone synchronises the device once per reduced bucket and for no gather: \
+             {syncs} synchronisations for {buckets} buckets over the sharded sides"
         ),
-        syncs == 0,
+        syncs == buckets,
     ));
     let md = markdown(&sides, &targets);
     let json = json!({

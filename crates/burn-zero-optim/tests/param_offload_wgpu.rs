@@ -136,16 +136,21 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
         let config = config
             .with_stage(3)
             .with_chunk_size(ChunkSize::PerParameter);
-        let (_, peak) = peak_device_memory::<Plain, _>(&device, EVERY, || {
-            launch::<Plain, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
-                let (model, _zero) = shard(lazy.clone(), &ctx, &config)?;
-                Plain::sync(ctx.device()).unwrap();
-                drop(model);
-                Ok(())
-            })
-            .unwrap()
+        let (after, peak) = peak_device_memory::<Plain, _>(&device, EVERY, || {
+            let mut after =
+                launch::<Plain, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
+                    let (model, _zero) = shard(lazy.clone(), &ctx, &config)?;
+                    Plain::sync(ctx.device()).unwrap();
+                    // Read once more while the shards are alive: sharding may end between two of
+                    // the sampler's readings.
+                    let after = device_memory::<Plain>(ctx.device()).expect("a cubecl backend");
+                    drop(model);
+                    Ok(after.in_use)
+                })
+                .unwrap();
+            after.swap_remove(0)
         });
-        peak.expect("a cubecl backend").in_use
+        peak.expect("a cubecl backend").in_use.max(after)
     };
     let kept = sharding_peak(ZeroConfig::new());
     let offloaded = sharding_peak(ZeroConfig::new().with_offload_param_frac(1.0));

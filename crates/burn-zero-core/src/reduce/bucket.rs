@@ -405,6 +405,21 @@ pub(crate) fn reduce<B: Backend>(
     ctx.memory
         .touch(MemoryKind::Buckets, bucket.bytes(world_size));
 
+    if world_size == 1 && ctx.replicas.is_none() {
+        // A rank alone: the collective below is answered in place, with no synchronisation of
+        // its own. The packed bucket is still finished on the device here, once per bucket,
+        // as a reduction at several ranks finishes it: measured on lavapipe, without it the
+        // device's bytes in use read at the same point of a step varied between runs (32 or
+        // 48 MiB in `param_offload_wgpu`), so the auto placement could plan below the step's
+        // real peak. Why the readings move is not understood yet.
+        B::sync(ctx.device).map_err(|error| {
+            ReduceError::Comm(CommError::Device {
+                rank: 0,
+                reason: format!("could not finish a gradient bucket: {error}"),
+            })
+        })?;
+        ctx.counters.sync();
+    }
     let reduced = match bucket.mode {
         Mode::ReduceScatter => ctx.comm.reduce_scatter(packed, ReduceOp::Sum),
         Mode::AllReduce => ctx.comm.all_reduce(packed, ReduceOp::Sum),

@@ -18,8 +18,8 @@
 //! A rank alone (world size 1) has no peer to wait for: its collectives are answered in place
 //! ([`burn_zero_comm::ordered`]). With `overlap_comm` it reduces each bucket in the hook that
 //! completes it, on the training thread, in the same order and with the same arithmetic: no
-//! communication thread, so no device synchronisation to hand the gradients over to one (on a
-//! GPU each would drain the queue the training thread keeps ahead of the device).
+//! communication thread to hand the gradients over to (each bucket is still finished on the
+//! device once; see [`crate::reduce::bucket::reduce`]).
 //!
 //! A gradient waits in one of two places until its bucket is reduced: the bucket queue (of
 //! the communication thread, or of this thread without one) or, when it is itself sharded
@@ -286,10 +286,9 @@ impl<B: Backend> GradientReducer<B> {
                         pass.queue.push(key, grad.materialize(), bytes);
                     }
                     let early = std::mem::take(&mut pass.early);
-                    let overlap = pass.eager.then(|| {
-                        // The hooks' time, to which the rest's (exposed) time adds below.
-                        (pass.eager_seconds, early.len(), pass.peak_incomplete_bytes)
-                    });
+                    // The hooks' time, to which the rest's (exposed) time adds below.
+                    let hooks = (pass.eager_seconds, early.len(), pass.peak_incomplete_bytes);
+                    let overlap = pass.eager.then_some(hooks);
                     let reduced = match pass.failure.take() {
                         Some(error) => {
                             pass.queue.reset(store.memory());
