@@ -436,12 +436,14 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
     let chunks = first.chunks;
     println!(
         "rank 0's last step: {} all-gathers, {} reduce-scatters, {} all-reduces, {} other \
-         collectives; {} device synchronisations; {} host reads ({}), {} host writes ({}); \
-         chunks: {} sharded, {} replicated, {} padding elements per rank",
+         collectives ({} of them answered in place); {} device synchronisations; {} host reads \
+         ({}), {} host writes ({}); chunks: {} sharded, {} replicated, {} padding elements per \
+         rank",
         counts.all_gathers,
         counts.reduce_scatters,
         counts.all_reduces,
         counts.other_collectives,
+        counts.in_place,
         counts.syncs,
         counts.host_reads,
         bytes(counts.host_read_bytes),
