@@ -281,9 +281,13 @@ fn issue(shared: &Shared) {
             let mut queue = shared.lock();
             loop {
                 let stopped = queue.stopping && queue.slots.is_empty();
-                let issued = queue.next_ticket;
-                // The first ticket still open: every ticket before it is done.
-                let first_open = queue.slots.keys().next().copied().unwrap_or(issued);
+                if serving < queue.next_ticket && !queue.slots.contains_key(&serving) {
+                    // Done before the thread came to it, as is every ticket before the first
+                    // one still open.
+                    let first_open = queue.slots.keys().next().copied();
+                    serving = first_open.unwrap_or(queue.next_ticket).max(serving + 1);
+                    continue;
+                }
                 match queue.slots.get_mut(&serving) {
                     Some(slot) => {
                         if let Some(call) = slot.calls.pop_front() {
@@ -294,11 +298,6 @@ fn issue(shared: &Shared) {
                             serving += 1;
                             continue;
                         }
-                    }
-                    // Done before the thread came to it.
-                    None if serving < issued => {
-                        serving = first_open.max(serving + 1);
-                        continue;
                     }
                     None if stopped => return,
                     None => {}
@@ -338,17 +337,15 @@ struct Open {
 impl Drop for Open {
     fn drop(&mut self) {
         let mut queue = self.shared.lock();
-        // A position with nothing left to issue is done now (the issuing thread passes over a
-        // ticket it no longer finds), so positions answered in place, or never used, do not
-        // pile up while no issuing thread runs.
-        if queue
-            .slots
-            .get(&self.ticket)
-            .is_some_and(|slot| slot.calls.is_empty())
-        {
-            queue.slots.remove(&self.ticket);
-        } else if let Some(slot) = queue.slots.get_mut(&self.ticket) {
-            slot.closed = true;
+        match queue.slots.get_mut(&self.ticket) {
+            // A position with nothing left to issue is done now (the issuing thread passes
+            // over a ticket it no longer finds), so positions answered in place, or never
+            // used, do not pile up while no issuing thread runs.
+            Some(slot) if slot.calls.is_empty() => {
+                queue.slots.remove(&self.ticket);
+            }
+            Some(slot) => slot.closed = true,
+            None => {}
         }
         drop(queue);
         self.shared.changed.notify_all();
@@ -420,6 +417,24 @@ impl<B: Backend> Reservation<B> {
         self.count(kind);
         self.open.issuer.counters.in_place();
         Ok(result)
+    }
+
+    /// A collective of `kind` on `input`: answered in place on a group of one rank; otherwise
+    /// `input` is finished on the device, then `call` runs on the issuing thread.
+    fn data_collective(
+        &self,
+        kind: CollectiveKind,
+        input: Tensor<B, 1>,
+        call: impl FnOnce(&dyn Communicator<B>, Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError>
+        + Send
+        + 'static,
+    ) -> Result<Tensor<B, 1>, CommError> {
+        if self.is_alone() {
+            return self.in_place(kind, input);
+        }
+        self.count(kind);
+        self.settle(&input)?;
+        self.submit(move |comm| call(comm, input))
     }
 
     /// Runs `work` on the issuing thread in this reservation's position and returns its
@@ -541,45 +556,33 @@ impl<B: Backend> Communicator<B> for Reservation<B> {
     }
 
     fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
-        if self.is_alone() {
-            return self.in_place(CollectiveKind::AllGather, block);
-        }
-        self.count(CollectiveKind::AllGather);
-        self.settle(&block)?;
-        self.submit(move |comm| comm.all_gather(block))
+        self.data_collective(CollectiveKind::AllGather, block, |comm, block| {
+            comm.all_gather(block)
+        })
     }
 
     fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
-        if self.is_alone() {
-            return self.in_place(CollectiveKind::ReduceScatter, input);
-        }
-        self.count(CollectiveKind::ReduceScatter);
-        self.settle(&input)?;
-        self.submit(move |comm| comm.reduce_scatter(input, op))
+        self.data_collective(CollectiveKind::ReduceScatter, input, move |comm, input| {
+            comm.reduce_scatter(input, op)
+        })
     }
 
     fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
-        if self.is_alone() {
-            return self.in_place(CollectiveKind::AllReduce, input);
-        }
-        self.count(CollectiveKind::AllReduce);
-        self.settle(&input)?;
-        self.submit(move |comm| comm.all_reduce(input, op))
+        self.data_collective(CollectiveKind::AllReduce, input, move |comm, input| {
+            comm.all_reduce(input, op)
+        })
     }
 
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
-        if self.is_alone() {
-            if root != 0 {
-                return Err(CommError::InvalidRoot {
-                    root,
-                    world_size: 1,
-                });
-            }
-            return self.in_place(CollectiveKind::Other, buffer);
+        if self.is_alone() && root != 0 {
+            return Err(CommError::InvalidRoot {
+                root,
+                world_size: 1,
+            });
         }
-        self.count(CollectiveKind::Other);
-        self.settle(&buffer)?;
-        self.submit(move |comm| comm.broadcast(buffer, root))
+        self.data_collective(CollectiveKind::Other, buffer, move |comm, buffer| {
+            comm.broadcast(buffer, root)
+        })
     }
 
     fn barrier(&self) -> Result<(), CommError> {
