@@ -68,18 +68,10 @@ struct Pass<B: Backend> {
     queue: BucketQueue<B>,
     /// The communication thread, when reduction overlaps backward.
     thread: Option<CommThread<B>>,
-    /// Whether each bucket is reduced on this thread as soon as it is complete (a rank alone
-    /// with overlap: its collectives are answered in place, so reducing cannot block).
-    eager: bool,
-    /// Buckets reduced by the hooks of this pass, when `eager`.
-    early: Vec<Reduced<B>>,
-    /// The failure of an eager reduction, reported when backward ends.
-    failure: Option<ReduceError>,
-    /// Time the hooks of this pass spent reducing, when `eager`.
-    eager_seconds: f64,
-    /// The most full-gradient bytes that waited at once for the rest of their bucket, when
-    /// `eager` (see [`ReductionStats::peak_incomplete_bytes`]).
-    peak_incomplete_bytes: usize,
+    /// When each bucket is reduced on this thread as soon as it is complete (a rank alone with
+    /// overlap: its collectives are answered in place, so reducing cannot block), what the
+    /// hooks of this pass reduced.
+    eager: Option<Eager<B>>,
     /// Autodiff's slots of this pass's gradients, by parameter key.
     slots: BTreeMap<usize, GradSlot<B>>,
     /// Gradients that stay with this thread until backward ends, with their bytes: all of
@@ -107,10 +99,9 @@ impl<B: Backend> Pass<B> {
             self.held.clear();
             self.orphans.clear();
             self.arrivals.clear();
-            self.early.clear();
-            self.failure = None;
-            self.eager_seconds = 0.0;
-            self.peak_incomplete_bytes = 0;
+            if let Some(eager) = &mut self.eager {
+                *eager = Eager::default();
+            }
         }
     }
 
@@ -129,7 +120,31 @@ impl<B: Backend> Pass<B> {
     /// Whether this pass reduces buckets as they complete, so that the first pass's order of
     /// completion is worth recording.
     fn reduces_during_backward(&self) -> bool {
-        self.thread.is_some() || self.eager
+        self.thread.is_some() || self.eager.is_some()
+    }
+}
+
+/// What the hooks of an eager pass reduced.
+struct Eager<B: Backend> {
+    /// The buckets, in order.
+    reduced: Vec<Reduced<B>>,
+    /// The failure that stopped them, reported when backward ends.
+    failure: Option<ReduceError>,
+    /// Time spent reducing.
+    seconds: f64,
+    /// The most full-gradient bytes that waited at once for the rest of their bucket (see
+    /// [`ReductionStats::peak_incomplete_bytes`]).
+    peak_incomplete_bytes: usize,
+}
+
+impl<B: Backend> Default for Eager<B> {
+    fn default() -> Self {
+        Self {
+            reduced: Vec::new(),
+            failure: None,
+            seconds: 0.0,
+            peak_incomplete_bytes: 0,
+        }
     }
 }
 
@@ -147,11 +162,7 @@ impl<B: Backend> GradientReducer<B> {
             pass: Mutex::new(Pass {
                 queue: BucketQueue::new(buckets),
                 thread,
-                eager,
-                early: Vec::new(),
-                failure: None,
-                eager_seconds: 0.0,
-                peak_incomplete_bytes: 0,
+                eager: eager.then(Eager::default),
                 slots: BTreeMap::new(),
                 held: BTreeMap::new(),
                 placeholder: None,
@@ -227,15 +238,11 @@ impl<B: Backend> GradientReducer<B> {
                 thread.submit(key, grad, bytes);
                 slot.write(ZeroTensor::Local(pass.placeholder(store)));
             }
-            (None, ZeroTensor::Local(grad)) if pass.eager => {
+            (None, ZeroTensor::Local(grad)) if pass.eager.is_some() => {
                 pass.queue.push(key, grad, bytes);
-                if pass.failure.is_none() {
-                    let started = Instant::now();
-                    self.reduce_complete(pass);
-                    pass.eager_seconds += started.elapsed().as_secs_f64();
+                if let Some(eager) = &mut pass.eager {
+                    self.reduce_complete(&mut pass.queue, eager);
                 }
-                let waiting = pass.queue.pending_bytes();
-                pass.peak_incomplete_bytes = pass.peak_incomplete_bytes.max(waiting);
                 slot.write(ZeroTensor::Local(pass.placeholder(store)));
             }
             // Kept as it is: materialising a sharded gradient would gather under the lock.
@@ -285,18 +292,21 @@ impl<B: Backend> GradientReducer<B> {
                     for (key, (grad, bytes)) in held {
                         pass.queue.push(key, grad.materialize(), bytes);
                     }
-                    let early = std::mem::take(&mut pass.early);
+                    let eager = pass.eager.as_mut().map(std::mem::take).unwrap_or_default();
                     // The hooks' time, to which the rest's (exposed) time adds below.
-                    let hooks = (pass.eager_seconds, early.len(), pass.peak_incomplete_bytes);
-                    let overlap = pass.eager.then_some(hooks);
-                    let reduced = match pass.failure.take() {
+                    let overlap = pass.eager.is_some().then_some((
+                        eager.seconds,
+                        eager.reduced.len(),
+                        eager.peak_incomplete_bytes,
+                    ));
+                    let reduced = match eager.failure {
                         Some(error) => {
                             pass.queue.reset(store.memory());
                             Err(error)
                         }
                         None => self
                             .reduce_here(&mut pass.queue)
-                            .map(|rest| early.into_iter().chain(rest).collect()),
+                            .map(|rest| eager.reduced.into_iter().chain(rest).collect()),
                     };
                     (reduced, overlap)
                 }
@@ -433,19 +443,26 @@ impl<B: Backend> GradientReducer<B> {
         })
     }
 
-    /// Reduces, in order, the buckets whose gradients have all come (an eager pass): the
-    /// results wait in the pass for the end of backward, a failure is kept for it.
-    fn reduce_complete(&self, pass: &mut Pass<B>) {
-        self.on_this_thread(|ctx| {
-            while pass.queue.next_is_complete() {
-                match pass.queue.reduce_next(ctx) {
-                    Ok(bucket) => pass.early.push(bucket),
-                    Err(error) => {
-                        pass.failure = Some(error);
-                        return;
+    /// Reduces, in order, the buckets of `queue` whose gradients have all come (an eager
+    /// pass): the results wait in `eager` for the end of backward, and so does a failure,
+    /// after which nothing more is reduced.
+    fn reduce_complete(&self, queue: &mut BucketQueue<B>, eager: &mut Eager<B>) {
+        if eager.failure.is_none() {
+            let started = Instant::now();
+            self.on_this_thread(|ctx| {
+                while queue.next_is_complete() {
+                    match queue.reduce_next(ctx) {
+                        Ok(bucket) => eager.reduced.push(bucket),
+                        Err(error) => {
+                            eager.failure = Some(error);
+                            return;
+                        }
                     }
                 }
-            }
-        });
+            });
+            eager.seconds += started.elapsed().as_secs_f64();
+        }
+        let waiting = queue.pending_bytes();
+        eager.peak_incomplete_bytes = eager.peak_incomplete_bytes.max(waiting);
     }
 }
