@@ -22,6 +22,7 @@ mod error;
 mod fallback;
 mod gathered;
 pub mod host;
+mod join;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod kernel;
 mod pack;
@@ -35,6 +36,7 @@ pub use device_memory::{DeviceMemory, DeviceMemorySampler, device_memory, peak_d
 pub use error::KernelError;
 pub use gathered::cut_gathered;
 pub use host::BufferPool;
+pub use join::join;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use kernel::fused;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

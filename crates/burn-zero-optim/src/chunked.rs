@@ -18,10 +18,11 @@ use std::sync::Arc;
 use burn::module::ParamId;
 use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Shape, Tensor, TensorData, TensorMetadata};
+use burn::tensor::{DType, Shape, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 use burn_zero_core::chunk::{Chunk, ChunkKind};
 use burn_zero_core::store::{SharedRow, host_slices};
 use burn_zero_core::{ParamStore, ShardedView, ZeroTensor};
+use burn_zero_kernels::{KernelError, PackPath, join};
 
 use crate::master::{Master, cast_to};
 use crate::optimizer::{Grad, Taken, ZeroOptimizer, flat};
@@ -146,10 +147,14 @@ where
                 .collect();
             let grad = match whole_row(chunk, &parts) {
                 Some(row) => cast_to(row, DType::F32),
-                None => {
-                    let parts = parts.iter().map(|p| cast_to(p.tensor(), DType::F32));
-                    Tensor::cat(parts.collect(), 0)
-                }
+                None => join_parts(&parts).unwrap_or_else(|error| {
+                    panic!(
+                        "burn-zero: rank {}: the gradients of chunk #{} could not be joined: \
+                         {error}",
+                        zero.rank(),
+                        chunk.id
+                    )
+                }),
             };
             joined.push(ChunkGrad {
                 chunk: chunk.id,
@@ -426,6 +431,21 @@ fn whole_row<H: Backend>(chunk: &Chunk, parts: &[Grad<H>]) -> Option<Tensor<H, 1
     chunk
         .is_tiled_by(row.dims()[0], ranges)
         .then(|| row.clone())
+}
+
+/// The gradient `parts` of a chunk's members (in order) joined end to end in f32: the pack
+/// kernels copy up to 16 parts a launch where Burn's `cat` would launch a copy per part (a
+/// replicated chunk's gradients come member by member, each a range of the bucket row it was
+/// reduced in, in the order backward produced them).
+fn join_parts<H: Backend>(parts: &[Grad<H>]) -> Result<Tensor<H, 1>, KernelError> {
+    let tensors: Vec<Tensor<H, 1>> = parts.iter().map(Grad::tensor).collect();
+    let device = tensors.first().map(Tensor::device).unwrap_or_default();
+    let raw = tensors
+        .into_iter()
+        .map(|t| t.into_primitive().tensor())
+        .collect();
+    let joined = join::<H>(raw, DType::F32, &device, PackPath::Auto)?;
+    Ok(Tensor::from_primitive(TensorPrimitive::Float(joined)))
 }
 
 /// Parameter `key`'s part of `chunk`, flat, as its master starts: its current shard (stage

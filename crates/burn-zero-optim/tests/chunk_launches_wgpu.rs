@@ -13,7 +13,10 @@
 //!   gathered row. Every member here starts and ends at a multiple of 512 bytes, the largest
 //!   alignment cubecl asks of a view (CUDA's), so no range needs a copy on any device.
 //!
-//! Both sides train the same bits as one parameter per chunk. A binary of its own, one test
+//! - a replicated chunk's gradients, delivered member by member, are joined for its step by
+//!   the pack kernel, up to 16 members a launch, not with a copy each.
+//!
+//! Every side trains the same bits as one parameter per chunk. A binary of its own, one test
 //! at a time: a counting window counts every launch on the device. Without a wgpu adapter
 //! every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1` (CI) makes that a
 //! failure.
@@ -86,12 +89,13 @@ struct Counted {
     chunks: usize,
 }
 
-/// Trains `base` at `stage` with `chunk_size`, every parameter sharded, with the fused Adam.
-fn train(base: &Stack<Train>, stage: u8, chunk_size: ChunkSize) -> Counted {
+/// Trains `base` at `stage` with `chunk_size` and the fused Adam, every parameter of
+/// `persist_below` elements or more sharded.
+fn train(base: &Stack<Train>, stage: u8, chunk_size: ChunkSize, persist_below: usize) -> Counted {
     let device = WgpuDevice::default();
     let config = ZeroConfig::new()
         .with_stage(stage)
-        .with_persist_below_numel(0)
+        .with_persist_below_numel(persist_below)
         .with_chunk_size(chunk_size);
     let log = LaunchLog::install();
     let count = |work: &mut dyn FnMut()| {
@@ -149,10 +153,10 @@ fn a_chunk_costs_launches_per_chunk_not_per_member() {
     let base = Stack::<Train>::drawn(&device);
     // Two chunks of a few layers each, and the whole model in one.
     let layer = WIDTH * WIDTH + WIDTH;
-    let whole = train(&base, 0, ChunkSize::PerParameter);
-    let per_parameter = train(&base, 3, ChunkSize::PerParameter);
+    let whole = train(&base, 0, ChunkSize::PerParameter, 0);
+    let per_parameter = train(&base, 3, ChunkSize::PerParameter, 0);
     for elements in [3 * layer, LAYERS * layer] {
-        let chunked = train(&base, 3, ChunkSize::Elements(elements));
+        let chunked = train(&base, 3, ChunkSize::Elements(elements), 0);
         println!(
             "{elements} elements a chunk, {} chunks: forward launches {:?} (stage 0: {:?}), \
              optimizer step launches {:?}",
@@ -181,6 +185,48 @@ fn a_chunk_costs_launches_per_chunk_not_per_member() {
         assert!(
             params_bits_equal(&chunked.params, &per_parameter.params),
             "{elements} elements a chunk trains the bits of one parameter per chunk"
+        );
+    }
+}
+
+#[test]
+fn a_replicated_chunk_joins_its_gradients_in_one_launch_per_16_members() {
+    let test = "a_replicated_chunk_joins_its_gradients_in_one_launch_per_16_members";
+    LaunchLog::install();
+    if !skip::wgpu_adapter(test) {
+        return;
+    }
+    let _one = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let device = WgpuDevice::default();
+    let base = Stack::<Train>::drawn(&device);
+    let whole = LAYERS * (WIDTH * WIDTH + WIDTH);
+    let reference = train(&base, 0, ChunkSize::PerParameter, 0);
+    // A replicated chunk's gradients come member by member, in the order backward produced
+    // them, and are joined for its step: 2 × `LAYERS` members here, fewer than the 16 one
+    // pack launch takes, all a multiple of 4 elements long (one vector width). Stage 0 with
+    // the whole model in one replicated chunk: one launch to join, one to step. Stage 3 with
+    // the biases below the persistence threshold: the weights' sharded chunk is stepped as
+    // the reduction delivered its row (one launch), the biases' replicated chunk joined and
+    // stepped (two).
+    for (stage, persist_below, chunks, launches) in [(0, 0, 1, 2), (3, WIDTH + 1, 2, 3)] {
+        let chunked = train(&base, stage, ChunkSize::Elements(whole), persist_below);
+        println!(
+            "stage {stage}, {} chunks: optimizer step launches {:?}",
+            chunked.chunks, chunked.step
+        );
+        assert_eq!(chunked.chunks, chunks, "stage {stage}: chunks");
+        for &got in &chunked.step {
+            assert_eq!(
+                got,
+                launches,
+                "stage {stage}: the fused step launched {got} kernels; a replicated chunk of \
+                 {} members takes one to join its gradients and one to step",
+                2 * LAYERS
+            );
+        }
+        assert!(
+            params_bits_equal(&chunked.params, &reference.params),
+            "stage {stage}: chunks train the bits of one parameter per chunk at stage 0"
         );
     }
 }

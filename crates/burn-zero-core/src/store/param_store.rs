@@ -12,7 +12,7 @@ use burn::tensor::{DType, Shape, Slice, Tensor, TensorData, TensorMetadata, Tens
 use burn_zero_comm::sync::{lock, read, write};
 use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
 use burn_zero_kernels::{
-    DeviceMemorySampler, GatheredMember, PackPath, cut_gathered, device_memory,
+    DeviceMemorySampler, GatheredMember, PackPath, cut_gathered, device_memory, join,
 };
 
 use crate::chunk::placement::{
@@ -652,11 +652,21 @@ impl<B: Backend> ParamStore<B> {
         if let Some(row) = whole_row(chunk, &blocks) {
             return Ok((Tensor::from_primitive(TensorPrimitive::Float(row)), members));
         }
-        let parts = blocks
-            .iter()
-            .map(|b| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(b.values())))
-            .collect();
-        Ok((Tensor::cat(parts, 0), members))
+        // Blocks written apart (by sharding, or by steps of one parameter per call) are joined
+        // by the pack kernels, up to 16 a launch.
+        let parts = blocks.iter().map(|b| b.values()).collect();
+        let shard =
+            join::<B>(parts, chunk.dtype, self.device(), PackPath::Auto).unwrap_or_else(|error| {
+                panic!(
+                    "burn-zero: rank {} could not join chunk #{}'s blocks for its gather: {error}",
+                    self.rank(),
+                    chunk.id
+                )
+            });
+        Ok((
+            Tensor::from_primitive(TensorPrimitive::Float(shard)),
+            members,
+        ))
     }
 
     /// A single-member gather's shard: parameter `key`'s `block` (at `version`), from the
