@@ -13,13 +13,17 @@
 //!   tensor) with Burn's Adam;
 //! - stage 0 and stage 3 with one parameter per chunk, and stage 3 with the searched chunk
 //!   size, every parameter sharded, each with `ZeroOptimizer` over Burn's Adam and with the
-//!   fused Adam (`ZeroOptimizer::adam`).
+//!   fused Adam (`ZeroOptimizer::adam`);
+//! - with the fused Adam, replicated chunks, whose gradients come member by member and are
+//!   joined for the step: stage 0 with the searched size, and stage 3 with the searched size
+//!   and the default persistence threshold (the small parameters replicated).
 //!
 //! Prints the launches per window and per kernel, with each sharded side's own counts of the
 //! step (collectives, of them answered in place, device synchronisations), and checks the
 //! targets (PASS or FAIL): the searched chunks with the fused Adam launch no more kernels per
 //! step than plain Burn, and no more than stage 0 with the fused Adam plus one launch per chunk
-//! for its gather and one for its reduction; and a rank alone synchronises the device once per
+//! for its gather and one for its reduction; stage 0's searched chunks launch no more than
+//! its one parameter per chunk; and a rank alone synchronises the device once per
 //! reduced bucket and for no gather (its collectives are answered in place). Writes `target/bench-reports/launches.md` and `launches.json`.
 //!
 //! `cargo bench --bench launches --features wgpu` (about a minute after the build). Without a
@@ -123,18 +127,17 @@ fn counted_step<O: Optimizer<Gpt<Train>, Train>>(
     ([forward, backward, step], counts() - before)
 }
 
-/// A sharded side: `stage` and `chunk_size`, every parameter sharded, with Burn's Adam or the
-/// fused one.
+/// A sharded side: `stage` and `chunk_size`, every parameter sharded unless it has fewer than
+/// `persist_below` elements, with Burn's Adam or the fused one.
 fn sharded(
     device: &WgpuDevice,
     corpus: &Corpus,
-    stage: u8,
-    chunk_size: ChunkSize,
+    (stage, chunk_size, persist_below): (u8, ChunkSize, usize),
     fused: bool,
 ) -> Side {
     let config = ZeroConfig::new()
         .with_stage(stage)
-        .with_persist_below_numel(0)
+        .with_persist_below_numel(persist_below)
         .with_chunk_size(chunk_size);
     let mut ranks = launch::<Inner, _, _, String>(1, std::slice::from_ref(device), |ctx| {
         let model = workload::model::<Train>(corpus, ctx.device());
@@ -158,8 +161,12 @@ fn sharded(
         _ => "searched chunks",
     };
     let adam = if fused { "fused Adam" } else { "Burn's Adam" };
+    let persisting = match persist_below {
+        0 => String::new(),
+        n => format!(", parameters under {n} elements replicated"),
+    };
     Side {
-        name: format!("stage {stage}, {chunking}, {adam}"),
+        name: format!("stage {stage}, {chunking}{persisting}, {adam}"),
         chunks: Some(chunks),
         windows,
         counts: Some(counts),
@@ -254,18 +261,24 @@ fn main() {
         }
     };
     let mut sides = vec![plain];
+    let searched = ChunkSize::default_search();
     for fused in [false, true] {
-        sides.push(sharded(&device, &corpus, 0, ChunkSize::PerParameter, fused));
-        sides.push(sharded(&device, &corpus, 3, ChunkSize::PerParameter, fused));
-        sides.push(sharded(
-            &device,
-            &corpus,
-            3,
-            ChunkSize::default_search(),
-            fused,
-        ));
+        for layout in [
+            (0, ChunkSize::PerParameter, 0),
+            (3, ChunkSize::PerParameter, 0),
+            (3, searched, 0),
+        ] {
+            sides.push(sharded(&device, &corpus, layout, fused));
+        }
+    }
+    // Replicated chunks, whose gradients are joined for the step: stage 0's (every parameter
+    // replicated) and stage 3's with the default persistence threshold.
+    let persisting = ZeroConfig::new().persist_below_numel;
+    for layout in [(0, searched, 0), (3, searched, persisting)] {
+        sides.push(sharded(&device, &corpus, layout, true));
     }
     let (plain, stage0, searched) = (&sides[0], &sides[4], &sides[6]);
+    let replicated = &sides[7];
     let chunks = searched.chunks.unwrap_or_default();
     let mut targets = vec![
         (
@@ -290,6 +303,16 @@ fn main() {
             searched.total() <= stage0.total() + 2 * chunks,
         ),
     ];
+    targets.push((
+        format!(
+            "{}: {} launches a step, at most {}'s {}",
+            replicated.name,
+            replicated.total(),
+            stage0.name,
+            stage0.total()
+        ),
+        replicated.total() <= stage0.total(),
+    ));
     let counted: Vec<Counts> = sides.iter().filter_map(|s| s.counts).collect();
     let syncs: u64 = counted.iter().map(|c| c.syncs).sum();
     let buckets: u64 = counted
