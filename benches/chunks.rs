@@ -745,6 +745,99 @@ fn main() {
     report::publish("chunks", &md, Some(&json));
 }
 
+/// One side's row of the counts table, and its JSON.
+fn side_row(m: &Measured, side: Side) -> (String, Value) {
+    let f = m.side(side);
+    let layout = f.layout;
+    let c = counts_per_step(f);
+    let (exposed, step) = (f.exposed_ms(), f.step_ms());
+    let gathers = f.per_step(f.gathers);
+    let peak = f.memory.gathered.peak;
+    let mark = if f.uniform { "" } else { " (varies)" };
+    let launches = f
+        .launches
+        .map_or_else(|| "—".to_string(), |n| format!("{n:.0}"));
+    let row = format!(
+        "| {} | {} | {} | {} / {} | {} | {}{mark} | {} | {} | {} | {} | {} | {} | \
+         {launches} | {exposed:.2} | {:.2} | {step:.1} |\n",
+        m.plan.kind.name(),
+        m.plan.preset.name(),
+        side.name(),
+        layout.sharded_chunks,
+        layout.replicated_chunks,
+        layout.padding,
+        c[0],
+        c[1],
+        c[2],
+        c[3],
+        c[4],
+        c[5],
+        c[6],
+        mb(peak as f64),
+    );
+    let json = json!({
+        "backend": m.plan.kind.name(),
+        "preset": m.plan.preset.name(),
+        "chunk_size": side.name(),
+        "steps": m.plan.steps,
+        "rounds": m.plan.rounds,
+        "layout": layout.json(),
+        "per_step": {
+            "all_gathers": c[0],
+            "reduce_scatters": c[1],
+            "all_reduces": c[2],
+            "other_collectives": c[3],
+            "collectives": c[..4].iter().sum::<f64>(),
+            "syncs": c[4],
+            "host_reads": c[5],
+            "host_writes": c[6],
+            "gathers": gathers,
+            "kernel_launches": f.launches,
+        },
+        "counts_equal_in_every_step": f.uniform,
+        "exposed_gather_ms_per_step": exposed,
+        "gathered_peak_bytes": peak,
+        "model_state_bytes": f.model_state_bytes(),
+        "model_state_formula_bytes": layout.formula_bytes(),
+        "step_ms": step,
+        "round_step_ms": f.round_step_ms(),
+        "memory": serde_json::to_value(&f.memory).expect("json"),
+    });
+    (row, json)
+}
+
+/// The table of step-time ratios, searched over per parameter, and its JSON.
+fn ratio_rows(measured: &[Measured]) -> (String, Vec<Value>) {
+    let mut md = String::from(
+        "\n| backend | model | steps × rounds | step time searched / per parameter: min | median | max |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    let mut ratios = Vec::new();
+    for m in measured {
+        let r = m.ratios();
+        let (lo, hi) = min_max(&r);
+        let median = workload::median(&r);
+        md.push_str(&format!(
+            "| {} | {} | {} × {} | {lo:.3} | {median:.3} | {hi:.3} |\n",
+            m.plan.kind.name(),
+            m.plan.preset.name(),
+            m.plan.steps,
+            m.plan.rounds
+        ));
+        ratios.push(json!({
+            "backend": m.plan.kind.name(),
+            "preset": m.plan.preset.name(),
+            "steps": m.plan.steps,
+            "rounds": m.plan.rounds,
+            "searched_over_per_parameter": r,
+            "min": lo,
+            "median": median,
+            "max": hi,
+        }));
+    }
+    (md, ratios)
+}
+
 fn render(
     measured: &[Measured],
     missing: &[Plan],
@@ -789,62 +882,9 @@ fn render(
     let mut rows = Vec::new();
     for m in measured {
         for side in Side::BOTH {
-            let f = m.side(side);
-            let layout = f.layout;
-            let c = counts_per_step(f);
-            let (exposed, step) = (f.exposed_ms(), f.step_ms());
-            let gathers = f.per_step(f.gathers);
-            let peak = f.memory.gathered.peak;
-            let mark = if f.uniform { "" } else { " (varies)" };
-            let launches = f
-                .launches
-                .map_or_else(|| "—".to_string(), |n| format!("{n:.0}"));
-            md.push_str(&format!(
-                "| {} | {} | {} | {} / {} | {} | {}{mark} | {} | {} | {} | {} | {} | {} | \
-                 {launches} | {exposed:.2} | {:.2} | {step:.1} |\n",
-                m.plan.kind.name(),
-                m.plan.preset.name(),
-                side.name(),
-                layout.sharded_chunks,
-                layout.replicated_chunks,
-                layout.padding,
-                c[0],
-                c[1],
-                c[2],
-                c[3],
-                c[4],
-                c[5],
-                c[6],
-                mb(peak as f64),
-            ));
-            rows.push(json!({
-                "backend": m.plan.kind.name(),
-                "preset": m.plan.preset.name(),
-                "chunk_size": side.name(),
-                "steps": m.plan.steps,
-                "rounds": m.plan.rounds,
-                "layout": layout.json(),
-                "per_step": {
-                    "all_gathers": c[0],
-                    "reduce_scatters": c[1],
-                    "all_reduces": c[2],
-                    "other_collectives": c[3],
-                    "collectives": c[..4].iter().sum::<f64>(),
-                    "syncs": c[4],
-                    "host_reads": c[5],
-                    "host_writes": c[6],
-                    "gathers": gathers,
-                    "kernel_launches": f.launches,
-                },
-                "counts_equal_in_every_step": f.uniform,
-                "exposed_gather_ms_per_step": exposed,
-                "gathered_peak_bytes": peak,
-                "model_state_bytes": f.model_state_bytes(),
-                "model_state_formula_bytes": layout.formula_bytes(),
-                "step_ms": step,
-                "round_step_ms": f.round_step_ms(),
-                "memory": serde_json::to_value(&f.memory).expect("json"),
-            }));
+            let (row, json) = side_row(m, side);
+            md.push_str(&row);
+            rows.push(json);
         }
     }
     for plan in missing {
@@ -855,33 +895,8 @@ fn render(
             plan.preset.name()
         ));
     }
-    md.push_str(
-        "\n| backend | model | steps × rounds | step time searched / per parameter: min | median | max |\n\
-         |---|---|---|---|---|---|\n",
-    );
-    let mut ratios = Vec::new();
-    for m in measured {
-        let r = m.ratios();
-        let (lo, hi) = min_max(&r);
-        let median = workload::median(&r);
-        md.push_str(&format!(
-            "| {} | {} | {} × {} | {lo:.3} | {median:.3} | {hi:.3} |\n",
-            m.plan.kind.name(),
-            m.plan.preset.name(),
-            m.plan.steps,
-            m.plan.rounds
-        ));
-        ratios.push(json!({
-            "backend": m.plan.kind.name(),
-            "preset": m.plan.preset.name(),
-            "steps": m.plan.steps,
-            "rounds": m.plan.rounds,
-            "searched_over_per_parameter": r,
-            "min": lo,
-            "median": median,
-            "max": hi,
-        }));
-    }
+    let (ratio_table, ratios) = ratio_rows(measured);
+    md.push_str(&ratio_table);
     md.push_str("\nTargets:\n\n");
     for t in targets {
         md.push_str(&format!("- {}: {} — {}\n", pass(t.pass), t.what, t.figures));

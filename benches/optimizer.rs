@@ -689,80 +689,10 @@ fn report(
         },
         torch_version.as_deref().unwrap_or("not run"),
     );
-    let mut json_sizes = Vec::new();
     for r in results {
-        let burn = r.median(Kind::Burn);
-        let torch_fused = median(&r.torch_fused);
-        let bound = r.bound_ms();
-        let row = |md: &mut String, name: &str, ms: f64, samples: Option<&Samples>| {
-            let heap = samples.map_or("—".into(), |s| bytes(s.alloc_per_step()));
-            let faults = samples.map_or("—".into(), |s| format!("{:.0}", s.faults_per_step()));
-            md.push_str(&format!(
-                "| {} | {name} | {} | {} | {} | {} | {} | {heap} | {faults} |\n",
-                label(r.n),
-                fmt(ms, 3),
-                fmt(r.traffic(ms), 1),
-                pct(bound / ms),
-                times(burn / ms),
-                times(torch_fused / ms),
-            ));
-        };
-        for kind in [Kind::Fused, Kind::Pass, Kind::Burn] {
-            row(&mut md, kind.name(), r.median(kind), r.side(kind));
-        }
-        if !r.torch_foreach.is_empty() {
-            row(
-                &mut md,
-                "PyTorch Adam(foreach=True)",
-                median(&r.torch_foreach),
-                None,
-            );
-            row(&mut md, "PyTorch Adam(fused=True)", torch_fused, None);
-        }
-        row(
-            &mut md,
-            &format!(
-                "bound: 28 B/param at the triad's {:.1} GB/s",
-                r.bandwidth() / 1e9
-            ),
-            bound,
-            None,
-        );
-        let mut sides = serde_json::Map::new();
-        for (kind, s) in &r.sides {
-            sides.insert(
-                kind.key().into(),
-                serde_json::json!({
-                    "name": kind.name(),
-                    "median_ms": s.median(),
-                    "adam_traffic_gbs": if *kind == Kind::Triad { f64::NAN } else { r.traffic(s.median()) },
-                    "heap_bytes_per_step": s.alloc_per_step(),
-                    "minor_faults_per_step": s.faults_per_step(),
-                    "samples_ms": s.ms,
-                }),
-            );
-        }
-        for (key, ms) in [
-            ("torch_foreach", &r.torch_foreach),
-            ("torch_fused", &r.torch_fused),
-        ] {
-            if !ms.is_empty() {
-                sides.insert(
-                    key.into(),
-                    serde_json::json!({ "median_ms": median(ms), "adam_traffic_gbs": r.traffic(median(ms)), "samples_ms": ms }),
-                );
-            }
-        }
-        json_sizes.push(serde_json::json!({
-            "n": r.n,
-            "steps_per_round": r.steps,
-            "triad_gbs": r.bandwidth() / 1e9,
-            "bound_ms": bound,
-            "host_sides_bitwise_equal": r.bitwise,
-            "wgpu_sides_bitwise_equal": r.wgpu_bitwise,
-            "sides": sides,
-        }));
+        host_rows(&mut md, r);
     }
+    let json_sizes: Vec<serde_json::Value> = results.iter().map(size_json).collect();
     md.push_str("\nFused, pass-alone and Burn per-tensor parameters after the run, bit for bit: ");
     md.push_str(
         &results
@@ -773,7 +703,126 @@ fn report(
     );
     md.push_str(".\n\n");
 
-    // Targets, at the largest size measured (the targets are set at 50M).
+    let targets = targets(results, threads);
+    md.push_str("Targets:\n\n");
+    for (what, pass, detail) in &targets {
+        let verdict = match pass {
+            Some(true) => "PASS",
+            Some(false) => "FAIL",
+            None => "NOT RUN",
+        };
+        md.push_str(&format!("- {verdict}: {what}: {detail}\n"));
+    }
+
+    md.push_str(&wgpu_section(results, adapter));
+    if let Err(why) = torch {
+        md.push_str(&format!(
+            "\nPyTorch: not measured ({why}). To get the row: `{TORCH_INSTALL}`, then rerun, or \
+             `python3 {TORCH_SCRIPT} --threads {threads}`.\n"
+        ));
+    }
+    let json = serde_json::json!({
+        "cpu": cpu,
+        "cpus": cpus,
+        "memory_bytes": mem,
+        "threads": threads,
+        "avx2": avx2,
+        "rounds": rounds,
+        "warm_up_steps": WARM_UP,
+        "torch": torch_version,
+        "wgpu_adapter": adapter.as_ref().ok(),
+        "adam_bytes_per_param": ADAM_BYTES,
+        "triad_bytes_per_element": TRIAD_BYTES,
+        "sizes": json_sizes,
+        "targets": targets.iter().map(|(what, pass, detail)| serde_json::json!({
+            "target": what, "pass": pass, "detail": detail,
+        })).collect::<Vec<_>>(),
+    });
+    report::publish("optimizer", &md, Some(&json));
+}
+
+/// The host table's rows of one size: each host side, PyTorch's where it ran, and the bound.
+fn host_rows(md: &mut String, r: &SizeResult) {
+    let burn = r.median(Kind::Burn);
+    let torch_fused = median(&r.torch_fused);
+    let bound = r.bound_ms();
+    let row = |md: &mut String, name: &str, ms: f64, samples: Option<&Samples>| {
+        let heap = samples.map_or("—".into(), |s| bytes(s.alloc_per_step()));
+        let faults = samples.map_or("—".into(), |s| format!("{:.0}", s.faults_per_step()));
+        md.push_str(&format!(
+            "| {} | {name} | {} | {} | {} | {} | {} | {heap} | {faults} |\n",
+            label(r.n),
+            fmt(ms, 3),
+            fmt(r.traffic(ms), 1),
+            pct(bound / ms),
+            times(burn / ms),
+            times(torch_fused / ms),
+        ));
+    };
+    for kind in [Kind::Fused, Kind::Pass, Kind::Burn] {
+        row(md, kind.name(), r.median(kind), r.side(kind));
+    }
+    if !r.torch_foreach.is_empty() {
+        row(
+            md,
+            "PyTorch Adam(foreach=True)",
+            median(&r.torch_foreach),
+            None,
+        );
+        row(md, "PyTorch Adam(fused=True)", torch_fused, None);
+    }
+    row(
+        md,
+        &format!(
+            "bound: 28 B/param at the triad's {:.1} GB/s",
+            r.bandwidth() / 1e9
+        ),
+        bound,
+        None,
+    );
+}
+
+/// One size's results for the JSON report.
+fn size_json(r: &SizeResult) -> serde_json::Value {
+    let mut sides = serde_json::Map::new();
+    for (kind, s) in &r.sides {
+        sides.insert(
+            kind.key().into(),
+            serde_json::json!({
+                "name": kind.name(),
+                "median_ms": s.median(),
+                "adam_traffic_gbs": if *kind == Kind::Triad { f64::NAN } else { r.traffic(s.median()) },
+                "heap_bytes_per_step": s.alloc_per_step(),
+                "minor_faults_per_step": s.faults_per_step(),
+                "samples_ms": s.ms,
+            }),
+        );
+    }
+    for (key, ms) in [
+        ("torch_foreach", &r.torch_foreach),
+        ("torch_fused", &r.torch_fused),
+    ] {
+        if !ms.is_empty() {
+            sides.insert(
+                key.into(),
+                serde_json::json!({ "median_ms": median(ms), "adam_traffic_gbs": r.traffic(median(ms)), "samples_ms": ms }),
+            );
+        }
+    }
+    serde_json::json!({
+        "n": r.n,
+        "steps_per_round": r.steps,
+        "triad_gbs": r.bandwidth() / 1e9,
+        "bound_ms": r.bound_ms(),
+        "host_sides_bitwise_equal": r.bitwise,
+        "wgpu_sides_bitwise_equal": r.wgpu_bitwise,
+        "sides": sides,
+    })
+}
+
+/// The targets, at the largest size measured (they are set at 50M): what, PASS or FAIL (`None`:
+/// not run) and the figures.
+fn targets(results: &[SizeResult], threads: usize) -> Vec<(String, Option<bool>, String)> {
     let mut targets = Vec::new();
     if let Some(r) = results.iter().max_by_key(|r| r.n) {
         let fused = r.median(Kind::Fused);
@@ -821,21 +870,17 @@ fn report(
             },
         ));
     }
-    md.push_str("Targets:\n\n");
-    for (what, pass, detail) in &targets {
-        let verdict = match pass {
-            Some(true) => "PASS",
-            Some(false) => "FAIL",
-            None => "NOT RUN",
-        };
-        md.push_str(&format!("- {verdict}: {what}: {detail}\n"));
-    }
+    targets
+}
 
+/// The wgpu table, or why it was not measured.
+fn wgpu_section(results: &[SizeResult], adapter: &Result<String, String>) -> String {
+    let mut md = String::new();
     match adapter {
         Ok(name) => {
             md.push_str(&format!(
-                "\nwgpu ({name}; the plain `CubeBackend`, Burn's fusion off): `FusedAdam` is one launch of the \
-                 Adam kernel per step, Burn's Adam a dozen element-wise kernels.\n\n\
+                "\nwgpu ({name}; the plain `CubeBackend`, Burn's fusion off): `FusedAdam` is one \
+                 launch of the Adam kernel per step, Burn's Adam a dozen element-wise kernels.\n\n\
                  | size | side | median step ms | Adam traffic GB/s | vs Burn per-tensor, wgpu |\n\
                  |---|---|---|---|---|\n"
             ));
@@ -869,37 +914,14 @@ fn report(
             if !left.is_empty() {
                 md.push_str(&format!(
                     "Not run on wgpu: {} (above `OPTIMIZER_WGPU_MAX`; lavapipe refuses buffers \
-                     that large).\n",
+                 that large).\n",
                     left.join(", ")
                 ));
             }
         }
         Err(why) => md.push_str(&format!("\nwgpu: not measured ({why}).\n")),
     }
-    if let Err(why) = torch {
-        md.push_str(&format!(
-            "\nPyTorch: not measured ({why}). To get the row: `{TORCH_INSTALL}`, then rerun, or \
-             `python3 {TORCH_SCRIPT} --threads {threads}`.\n"
-        ));
-    }
-    let json = serde_json::json!({
-        "cpu": cpu,
-        "cpus": cpus,
-        "memory_bytes": mem,
-        "threads": threads,
-        "avx2": avx2,
-        "rounds": rounds,
-        "warm_up_steps": WARM_UP,
-        "torch": torch_version,
-        "wgpu_adapter": adapter.as_ref().ok(),
-        "adam_bytes_per_param": ADAM_BYTES,
-        "triad_bytes_per_element": TRIAD_BYTES,
-        "sizes": json_sizes,
-        "targets": targets.iter().map(|(what, pass, detail)| serde_json::json!({
-            "target": what, "pass": pass, "detail": detail,
-        })).collect::<Vec<_>>(),
-    });
-    report::publish("optimizer", &md, Some(&json));
+    md
 }
 
 fn fmt(x: f64, digits: usize) -> String {

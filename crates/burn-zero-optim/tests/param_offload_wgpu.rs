@@ -128,44 +128,7 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
     let layer = (WIDTH * WIDTH * 4) as u64;
     let shards = LAYERS as u64 * layer;
 
-    // Sharding a model whose parameters are still lazy: with the parameters offloaded, each is
-    // materialised on the device, cut and sent to the host before the next, so the device
-    // never holds the model; kept on the device, the shards are the whole model.
-    let sharding_peak = |config: ZeroConfig| {
-        let lazy = Stack::<Train>::new(&device);
-        let config = config
-            .with_stage(3)
-            .with_chunk_size(ChunkSize::PerParameter);
-        let (after, peak) = peak_device_memory::<Plain, _>(&device, EVERY, || {
-            let mut after =
-                launch::<Plain, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
-                    let (model, _zero) = shard(lazy.clone(), &ctx, &config)?;
-                    Plain::sync(ctx.device()).unwrap();
-                    // Read once more while the shards are alive: sharding may end between two of
-                    // the sampler's readings.
-                    let after = device_memory::<Plain>(ctx.device()).expect("a cubecl backend");
-                    drop(model);
-                    Ok(after.in_use)
-                })
-                .unwrap();
-            after.swap_remove(0)
-        });
-        peak.expect("a cubecl backend").in_use.max(after)
-    };
-    let kept = sharding_peak(ZeroConfig::new());
-    let offloaded = sharding_peak(ZeroConfig::new().with_offload_param_frac(1.0));
-    println!(
-        "sharding a lazy model of {shards} B: peak in use {kept} B kept, {offloaded} B offloaded"
-    );
-    assert!(
-        kept >= shards,
-        "kept on the device the shards are the model: {kept} B"
-    );
-    assert!(
-        offloaded <= 2 * layer,
-        "offloaded, sharding held {offloaded} B at its peak, more than two of the {LAYERS} \
-         layers ({layer} B each)"
-    );
+    check_lazy_sharding(&device, layer, shards);
 
     let base = Stack::<Train>::drawn(&device);
 
@@ -193,6 +156,58 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
     );
     assert!(params_bits_equal(&on_host.params, &on_device.params));
 
+    let auto = check_auto_placement(&base, &on_device, &on_host, layer);
+    check_uploads(&auto, &on_host, layer);
+    check_refused_capacities(&base, &on_host);
+}
+
+/// Sharding a lazy model holds at most two layers on the device with its parameters
+/// offloaded, and the whole model with them kept there.
+fn check_lazy_sharding(device: &WgpuDevice, layer: u64, shards: u64) {
+    // Sharding a model whose parameters are still lazy: with the parameters offloaded, each is
+    // materialised on the device, cut and sent to the host before the next, so the device
+    // never holds the model; kept on the device, the shards are the whole model.
+    let sharding_peak = |config: ZeroConfig| {
+        let lazy = Stack::<Train>::new(device);
+        let config = config
+            .with_stage(3)
+            .with_chunk_size(ChunkSize::PerParameter);
+        let (after, peak) = peak_device_memory::<Plain, _>(device, EVERY, || {
+            let mut after =
+                launch::<Plain, _, _, ZeroError>(1, std::slice::from_ref(device), |ctx| {
+                    let (model, _zero) = shard(lazy.clone(), &ctx, &config)?;
+                    Plain::sync(ctx.device()).unwrap();
+                    // Read once more while the shards are alive: sharding may end between two of
+                    // the sampler's readings.
+                    let after = device_memory::<Plain>(ctx.device()).expect("a cubecl backend");
+                    drop(model);
+                    Ok(after.in_use)
+                })
+                .unwrap();
+            after.swap_remove(0)
+        });
+        peak.expect("a cubecl backend").in_use.max(after)
+    };
+    let kept = sharding_peak(ZeroConfig::new());
+    let offloaded = sharding_peak(ZeroConfig::new().with_offload_param_frac(1.0));
+    println!(
+        "sharding a lazy model of {shards} B: peak in use {kept} B kept, {offloaded} B offloaded"
+    );
+    assert!(
+        kept >= shards,
+        "kept on the device the shards are the model: {kept} B"
+    );
+    assert!(
+        offloaded <= 2 * layer,
+        "offloaded, sharding held {offloaded} B at its peak, more than two of the {LAYERS} \
+         layers ({layer} B each)"
+    );
+}
+
+/// The auto placement under a capacity the all-on-device run goes over: it stays under it,
+/// places as many whole layers as its own measurement leaves room for, and trains the same
+/// bits. Returns its run.
+fn check_auto_placement(base: &Stack<Train>, on_device: &Run, on_host: &Run, layer: u64) -> Run {
     // A capacity that leaves room for one of the four layers' shards next to what the run
     // needs with every shard on the host and one layer more for the step (which holds one
     // chunk's old and new values), and that the run with every shard on the device goes over.
@@ -205,7 +220,7 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
     );
     let mib = capacity / 1048576.0;
     let auto = train(
-        &base,
+        base,
         ZeroConfig::new().with_auto_placement_capacity_mib(Some(mib)),
     )
     .unwrap();
@@ -238,6 +253,15 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
     assert!(fitting >= 1, "the room holds no layer's shard: {placed:?}");
     assert!(params_bits_equal(&auto.params, &on_device.params));
 
+    auto
+}
+
+/// The uploads of the auto placement's placed steps against its own report of kept shards,
+/// and what a GPU pays for against the run with every shard on the host.
+fn check_uploads(auto: &Run, on_host: &Run, layer: u64) {
+    let placed = auto
+        .placed
+        .expect("the warm-up ended and the shards were placed");
     // Uploads over the placed steps: without keeping, each host layer's shard is uploaded for
     // its forward and its backward gather, and each device layer's new shard once after the
     // optimizer's step on the host; each device layer's shard moved there once, when the
@@ -282,12 +306,16 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
     );
     assert!(auto_counts.host_read_bytes <= host_counts.host_read_bytes);
     assert!(auto_counts.syncs <= host_counts.syncs);
+}
 
+/// A capacity below what the run needs with every shard on the host, and a device capacity
+/// asked of wgpu, are named errors.
+fn check_refused_capacities(base: &Stack<Train>, on_host: &Run) {
     // Less than the run needs with every shard on the host: a named error, not an allocation
     // failure.
     let too_small = on_host.peak.in_use as f64 / 2.0 / 1048576.0;
     let error = match train(
-        &base,
+        base,
         ZeroConfig::new().with_auto_placement_capacity_mib(Some(too_small)),
     ) {
         Ok(_) => panic!("a capacity of {too_small} MiB was enough"),
@@ -300,7 +328,7 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
 
     // wgpu reports no device size: asking for it is refused, naming the option to use.
     let error = match train(
-        &base,
+        base,
         ZeroConfig::new().with_auto_placement_device_capacity(true),
     ) {
         Ok(_) => panic!("a capacity was read from a wgpu device"),
