@@ -421,6 +421,7 @@ impl<B: Backend> GradientReducer<B> {
             memory: store.memory(),
             to_host: &store.host_gradients(),
             counters: store.counters(),
+            at_peak: Some(&|| store.read_within_period()),
         })
     }
 

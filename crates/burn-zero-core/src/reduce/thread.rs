@@ -393,6 +393,9 @@ impl<B: Backend> Pass<B> {
                 memory: &memory,
                 to_host: &to_host,
                 counters: &counters,
+                // Left to the samplers: here the bucket and its gradients are held together
+                // for a whole collective across ranks, not for an instant.
+                at_peak: None,
             };
             let values = bucket::reduce(&ctx, &bucket, grads);
             Ok((bucket, values))
