@@ -21,7 +21,7 @@
 //! every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1` (CI) makes that a
 //! failure.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use burn::backend::Autodiff;
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
@@ -141,16 +141,23 @@ fn train(base: &Stack<Train>, stage: u8, chunk_size: ChunkSize, persist_below: u
     ranks.swap_remove(0)
 }
 
-#[test]
-fn a_chunk_costs_launches_per_chunk_not_per_member() {
-    let test = "a_chunk_costs_launches_per_chunk_not_per_member";
+/// The device to itself and the model to train, drawn on it; `None` (the test skipped)
+/// without a wgpu adapter.
+fn start(test: &str) -> Option<(MutexGuard<'static, ()>, Stack<Train>)> {
     LaunchLog::install();
     if !skip::wgpu_adapter(test) {
-        return;
+        return None;
     }
-    let _one = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
-    let device = WgpuDevice::default();
-    let base = Stack::<Train>::drawn(&device);
+    let one = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let base = Stack::<Train>::drawn(&WgpuDevice::default());
+    Some((one, base))
+}
+
+#[test]
+fn a_chunk_costs_launches_per_chunk_not_per_member() {
+    let Some((_one, base)) = start("a_chunk_costs_launches_per_chunk_not_per_member") else {
+        return;
+    };
     // Two chunks of a few layers each, and the whole model in one.
     let layer = WIDTH * WIDTH + WIDTH;
     let whole = train(&base, 0, ChunkSize::PerParameter, 0);
@@ -191,14 +198,11 @@ fn a_chunk_costs_launches_per_chunk_not_per_member() {
 
 #[test]
 fn a_replicated_chunk_joins_its_gradients_in_one_launch_per_16_members() {
-    let test = "a_replicated_chunk_joins_its_gradients_in_one_launch_per_16_members";
-    LaunchLog::install();
-    if !skip::wgpu_adapter(test) {
+    let Some((_one, base)) =
+        start("a_replicated_chunk_joins_its_gradients_in_one_launch_per_16_members")
+    else {
         return;
-    }
-    let _one = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
-    let device = WgpuDevice::default();
-    let base = Stack::<Train>::drawn(&device);
+    };
     let whole = LAYERS * (WIDTH * WIDTH + WIDTH);
     let reference = train(&base, 0, ChunkSize::PerParameter, 0);
     // A replicated chunk's gradients come member by member, in the order backward produced
