@@ -23,8 +23,9 @@
 //! targets (PASS or FAIL): the searched chunks with the fused Adam launch no more kernels per
 //! step than plain Burn, and no more than stage 0 with the fused Adam plus one launch per chunk
 //! for its gather and one for its reduction; stage 0's searched chunks launch no more than
-//! its one parameter per chunk; and a rank alone synchronises the device once per
-//! reduced bucket and for no gather (its collectives are answered in place). Writes `target/bench-reports/launches.md` and `launches.json`.
+//! its one parameter per chunk; and a rank alone synchronises the device once per reduced
+//! bucket and for no gather (its collectives are answered in place). Writes
+//! `target/bench-reports/launches.md` and `launches.json`.
 //!
 //! `cargo bench --bench launches --features wgpu` (about a minute after the build). Without a
 //! wgpu adapter it says how to get one and exits.
@@ -302,17 +303,17 @@ fn main() {
             ),
             searched.total() <= stage0.total() + 2 * chunks,
         ),
-    ];
-    targets.push((
-        format!(
-            "{}: {} launches a step, at most {}'s {}",
-            replicated.name,
-            replicated.total(),
-            stage0.name,
-            stage0.total()
+        (
+            format!(
+                "{}: {} launches a step, at most {}'s {}",
+                replicated.name,
+                replicated.total(),
+                stage0.name,
+                stage0.total()
+            ),
+            replicated.total() <= stage0.total(),
         ),
-        replicated.total() <= stage0.total(),
-    ));
+    ];
     let counted: Vec<Counts> = sides.iter().filter_map(|s| s.counts).collect();
     let syncs: u64 = counted.iter().map(|c| c.syncs).sum();
     let buckets: u64 = counted
