@@ -27,7 +27,7 @@ pub enum CommError {
         other_call: Box<CollectiveCall>,
     },
     /// Some ranks did not reach a collective within the group's timeout.
-    #[error("rank {rank} waited {waited:?} in {call}; rank(s) {missing:?} never arrived")]
+    #[error("rank {rank} waited {waited:?} in {call}{}", missing_suffix(.missing))]
     Timeout {
         /// The rank that gave up waiting.
         rank: usize,
@@ -122,6 +122,16 @@ pub enum CommError {
         /// How long it waited.
         waited: Duration,
     },
+    /// An MPI call failed (MPI's error code and its text).
+    #[error("rank {rank}: MPI failed in {during}: {detail}")]
+    Mpi {
+        /// The rank that saw it.
+        rank: usize,
+        /// What the rank was doing.
+        during: String,
+        /// MPI's error and its text.
+        detail: String,
+    },
     /// A library or device the engine needs is missing on this machine.
     #[error("engine unavailable: {0}")]
     Unavailable(String),
@@ -192,5 +202,15 @@ fn others_suffix(others: &[(usize, RankFailure)]) -> String {
     } else {
         let ranks: Vec<String> = others.iter().map(|(r, _)| r.to_string()).collect();
         format!(" (rank(s) {} stopped as a consequence)", ranks.join(", "))
+    }
+}
+
+/// `; rank(s) [..] never arrived`, or, when the engine cannot tell which ranks are missing
+/// (MPI), that not every rank arrived.
+fn missing_suffix(missing: &[usize]) -> String {
+    if missing.is_empty() {
+        "; not every rank arrived".into()
+    } else {
+        format!("; rank(s) {missing:?} never arrived")
     }
 }

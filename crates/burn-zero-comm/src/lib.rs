@@ -11,6 +11,8 @@
 //!   overlaps backward).
 //! - [`JobControl`]: a rank's side of the job-lifetime control connection (aborts that reach
 //!   every process, schedules compared across processes before data moves).
+//! - `mpi` (feature `mpi`): `MpiGroup`, the MPI engine for ranks in separate processes on any
+//!   backend, started by `mpirun`, `srun` or `zero-run`.
 //! - `nccl` (feature `cuda`): `NcclGroup`, the NCCL engine for Burn's CUDA backend (fused or
 //!   plain), within one process or across processes started by `zero-run`.
 //! - [`device_capacity`]: a CUDA device's total and free memory, from its driver.
@@ -46,9 +48,12 @@ pub mod error;
 pub mod launch;
 pub mod libraries;
 pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 pub mod ordered;
+mod plane;
 
 /// Locks that a panicking rank does not poison for the others.
 pub use burn_zero_launch::sync;
@@ -61,6 +66,8 @@ pub use error::{CommError, LaunchError, RankFailure};
 pub use launch::{LaunchOptions, RankContext, launch, launch_with};
 pub use libraries::{CudaLibrary, MissingLibrary};
 pub use local::{GroupOptions, LocalGroup};
+#[cfg(feature = "mpi")]
+pub use mpi::{MpiGroup, MpiOptions};
 #[cfg(feature = "cuda")]
 pub use nccl::{FusedCudaBackend, NcclGroup, NcclOptions, launch_nccl};
 pub use ordered::{OrderedComm, Pending, Reservation};

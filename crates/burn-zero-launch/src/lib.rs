@@ -14,6 +14,8 @@
 //!   environment, prefix their output with the rank, forward SIGINT/SIGTERM, and when ranks
 //!   fail stop the others, name the rank whose failure caused the rest (the control store's
 //!   record) and exit with its code.
+//! - [`name_server`]: Open MPI's name server, which `zero-run` runs for ranks that join one
+//!   MPI world although no MPI launcher started them.
 //! - [`sync`]: locks that a panicking rank does not poison for the others.
 //!
 //! ```no_run
@@ -27,6 +29,7 @@
 
 pub mod control;
 pub mod env;
+pub mod name_server;
 pub mod output;
 pub mod rendezvous;
 pub mod signals;

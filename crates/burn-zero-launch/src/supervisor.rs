@@ -26,6 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::control::{CAUSE_FILE_VAR, FirstCause};
 use crate::env::DistEnv;
+use crate::name_server::{NameServer, SERVER_URI_VAR};
 use crate::output::{self, Sink};
 use crate::signals::{self, SIGKILL, SIGTERM};
 
@@ -313,12 +314,30 @@ pub fn run(config: &RunConfig) -> Result<Outcome, SupervisorError> {
         })
         .ok();
     let cause_file = cause_dir.as_ref().map(CauseDir::file);
+    // Ranks that use MPI join through Open MPI's name server (see `name_server`); one node's
+    // ranks only: another node's zero-run has no way to learn its address.
+    let name_server = (config.nnodes == 1
+        && config.world_size() > 1
+        && std::env::var_os(SERVER_URI_VAR).is_none())
+    .then(|| {
+        cause_dir
+            .as_ref()
+            .and_then(|dir| NameServer::start(&dir.path))
+    })
+    .flatten();
+    let extra_env: Vec<(&str, OsString)> = name_server.iter().map(NameServer::env).collect();
 
     let mut ranks: Vec<Rank> = Vec::with_capacity(config.nproc_per_node);
     let mut forwarders: Vec<JoinHandle<()>> = Vec::new();
     for local_rank in 0..config.nproc_per_node {
         let env = config.rank_env(local_rank);
-        match spawn_rank(config, &env, cause_file.as_deref(), &mut forwarders) {
+        match spawn_rank(
+            config,
+            &env,
+            cause_file.as_deref(),
+            &extra_env,
+            &mut forwarders,
+        ) {
             Ok(child) => ranks.push(Rank {
                 rank: env.rank,
                 child,
@@ -456,11 +475,15 @@ fn spawn_rank(
     config: &RunConfig,
     env: &DistEnv,
     cause_file: Option<&Path>,
+    extra_env: &[(&str, OsString)],
     forwarders: &mut Vec<JoinHandle<()>>,
 ) -> io::Result<Child> {
     let mut command = Command::new(&config.program);
     command.args(&config.args).stdin(Stdio::null());
     for (var, value) in env.to_vars() {
+        command.env(var, value);
+    }
+    for (var, value) in extra_env {
         command.env(var, value);
     }
     if let Some(file) = cause_file {

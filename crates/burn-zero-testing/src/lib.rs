@@ -1,9 +1,11 @@
 //! Fixtures shared by burn-zero's tests: a transformer block with a tied output head, its
 //! micro-batches, and world-size-1 unsharded references (gradients averaged in rank order);
-//! [`skip`], how a test that needs absent hardware says so; [`alloc`], heap bytes counted
+//! [`skip`], how a test that needs absent hardware says so; [`processes`], rank processes
+//! (`mpirun`, Open MPI's name server, built programs); [`alloc`], heap bytes counted
 //! outside the library; and [`recording`], a communicator that logs the calls it issues.
 
 pub mod alloc;
+pub mod processes;
 pub mod recording;
 pub mod skip;
 

@@ -3,7 +3,6 @@
 //! loops over host memory on CPU backends (Flex, NdArray), whose results go into buffers
 //! reused from call to call.
 
-mod host;
 mod rendezvous;
 
 use std::sync::Arc;
@@ -15,7 +14,7 @@ use burn::tensor::{DType, Tensor, backend::Backend};
 use crate::call::{CollectiveCall, CollectiveOp, ReduceOp, dtype_name};
 use crate::communicator::Communicator;
 use crate::error::CommError;
-use host::HostPlane;
+use crate::plane::{HostPlane, block_bounds, fold_parts};
 use rendezvous::Rendezvous;
 
 /// Settings of a [`LocalGroup`].
@@ -211,36 +210,15 @@ impl<B: Backend> LocalGroup<B> {
         op: ReduceOp,
         device: &B::Device,
     ) -> Tensor<B, 1> {
-        let mut parts = buffers.iter().map(|buffer| {
+        let parts = buffers.iter().map(|buffer| {
             buffer
                 .clone()
                 .unwrap_or_else(|| unreachable!("every rank deposits a buffer"))
                 .slice(range.clone())
                 .to_device(device)
         });
-        let first = parts
-            .next()
-            .unwrap_or_else(|| unreachable!("a group has a rank"));
-        let folded = parts.fold(first, |acc, part| match op {
-            ReduceOp::Sum | ReduceOp::Mean => acc + part,
-            ReduceOp::Max => acc.max_pair(part),
-            ReduceOp::Min => acc.min_pair(part),
-        });
-        match op {
-            ReduceOp::Mean if buffers.len() > 1 => folded.div_scalar(buffers.len() as f64),
-            _ => folded,
-        }
+        fold_parts(parts, op)
     }
-}
-
-/// Bounds of block `index` when `numel` elements are split into `parts` nearly equal blocks
-/// (the first `numel % parts` blocks get one element more).
-fn block_bounds(numel: usize, parts: usize, index: usize) -> std::ops::Range<usize> {
-    let base = numel / parts;
-    let extra = numel % parts;
-    let start = index * base + index.min(extra);
-    let len = base + usize::from(index < extra);
-    start..start + len
 }
 
 impl<B: Backend> Communicator<B> for LocalGroup<B> {
@@ -397,26 +375,5 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
 impl<B: Backend> Drop for LocalGroup<B> {
     fn drop(&mut self) {
         self.leave();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::block_bounds;
-
-    #[test]
-    fn blocks_cover_the_buffer_in_order() {
-        for numel in 0..20 {
-            for parts in 1..6 {
-                let mut next = 0;
-                for index in 0..parts {
-                    let range = block_bounds(numel, parts, index);
-                    assert_eq!(range.start, next);
-                    assert!(range.len() == numel / parts || range.len() == numel / parts + 1);
-                    next = range.end;
-                }
-                assert_eq!(next, numel);
-            }
-        }
     }
 }

@@ -698,6 +698,30 @@ impl ControlClient {
         })
     }
 
+    /// Rank 0's connection to a store it starts itself, for a job whose ranks already reach
+    /// one another some other way than the TCP rendezvous (an MPI world, where rank 0
+    /// broadcasts the store's port): the store listens on every interface, on a port the
+    /// system picks ([`ControlClient::store_port`]), writes the job's first cause to the file
+    /// [`CAUSE_FILE_VAR`] names when the environment sets it, and closes when this client is
+    /// dropped (after the others left, or a grace period).
+    pub fn serve(world_size: usize, timeout: Duration) -> Result<Self, ControlError> {
+        if world_size == 1 {
+            return Ok(ControlClient::solo());
+        }
+        let server =
+            ControlServer::start_with_cause_file("127.0.0.1", world_size, cause_file_from_env())?;
+        let mut client =
+            ControlClient::connect("127.0.0.1", server.port(), 0, world_size, timeout)?;
+        client.server = Some(server);
+        Ok(client)
+    }
+
+    /// The port of the store this client started ([`ControlClient::serve`], or rank 0's
+    /// connection made by [`establish`]); `None` for the other ranks.
+    pub fn store_port(&self) -> Option<u16> {
+        self.server.as_ref().map(ControlServer::port)
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank

@@ -1,15 +1,16 @@
-//! `LocalGroup`'s data movement on host memory, for CPU backends (Flex, NdArray).
+//! Data movement on host memory, for CPU backends (Flex, NdArray).
 //!
-//! On these backends every rank's tensors live in the same process memory, so a collective is
-//! a loop over slices: each rank reads the other ranks' buffers in place and writes its result
-//! into a buffer of its own pool, reused from call to call (see [`BufferPool`]). The
-//! arithmetic is [`HostFloat`]'s, which reproduces the backends' own tensor ops, and the
-//! reduction order is rank order, so results are bitwise those of the Burn-ops path.
+//! On these backends a collective is a loop over slices: `LocalGroup`'s ranks read each
+//! other's buffers in place (every rank's tensors live in the same process memory), and
+//! `MpiGroup` reads what MPI received; either writes its result into a buffer of the rank's
+//! own pool, reused from call to call (see [`BufferPool`]). The arithmetic is
+//! [`HostFloat`]'s, which reproduces the backends' own tensor ops, and the reduction order is
+//! rank order, so results are bitwise those of the Burn-ops path ([`super::device`]).
 
 use std::ops::Range;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorPrimitive};
 use burn_zero_kernels::host::{
     BufferPool, FloatVisitor, HostBackend, HostFloat, HostTensor, visit,
 };
@@ -22,7 +23,7 @@ use crate::call::ReduceOp;
 const CHUNK: usize = 4096;
 
 /// One rank's host data plane: which backend, and the pool its results are written into.
-pub(super) struct HostPlane {
+pub(crate) struct HostPlane {
     backend: HostBackend,
     pool: BufferPool,
 }
@@ -34,6 +35,62 @@ impl HostPlane {
             backend: HostBackend::of::<B>()?,
             pool: BufferPool::default(),
         })
+    }
+
+    /// `tensor` as contiguous host memory; `None` (use the Burn-ops path) when it is not a
+    /// host tensor of a dtype this backend stores.
+    pub fn view<B: Backend>(&self, tensor: &Tensor<B, 1>) -> Option<HostTensor> {
+        self.views(std::iter::once(tensor))?.pop()
+    }
+
+    /// A buffer of `numel` elements of `dtype` from the pool, no other tensor sharing it
+    /// (`None` for a dtype this backend does not store); give it back with
+    /// [`HostPlane::keep`] once written.
+    pub fn take(&self, dtype: DType, numel: usize) -> Option<HostTensor> {
+        if !self.backend.supports(dtype) {
+            return None;
+        }
+        visit(
+            dtype,
+            Take {
+                backend: self.backend,
+                pool: &self.pool,
+                numel,
+            },
+        )
+    }
+
+    /// Remembers a buffer of [`HostPlane::take`] for reuse once every tensor made from it is
+    /// dropped.
+    pub fn keep(&self, buffer: &HostTensor) {
+        self.pool.keep(buffer);
+    }
+
+    /// A tensor of `B` from a buffer of this plane.
+    pub fn tensor<B: Backend>(host: HostTensor) -> Tensor<B, 1> {
+        Tensor::from_primitive(TensorPrimitive::Float(host.into_primitive::<B>()))
+    }
+
+    /// The `parts` (equal, consecutive ranges of `buffer`, one per rank) reduced element by
+    /// element in rank order into a pooled buffer: what `LocalGroup::reduce_scatter` computes
+    /// from the ranks' buffers, from their blocks received end to end. `None` when `buffer`
+    /// is not of a dtype this plane reduces.
+    pub fn reduce_parts(
+        &self,
+        buffer: &HostTensor,
+        parts: usize,
+        op: ReduceOp,
+    ) -> Option<HostTensor> {
+        visit(
+            buffer.dtype(),
+            ReduceParts {
+                backend: self.backend,
+                pool: &self.pool,
+                buffer,
+                parts,
+                op,
+            },
+        )?
     }
 
     /// The tensors as contiguous host memory; `None` (use the Burn-ops path) when one is not
@@ -51,11 +108,6 @@ impl HostPlane {
                     .then(|| host.into_contiguous())
             })
             .collect()
-    }
-
-    /// A tensor of `B` from a result of this plane.
-    fn tensor<B: Backend>(host: HostTensor) -> Tensor<B, 1> {
-        Tensor::from_primitive(TensorPrimitive::Float(host.into_primitive::<B>()))
     }
 
     /// The parts in order, end to end (absent ones are empty): all-gather's result, and
@@ -124,6 +176,46 @@ impl FloatVisitor for Concat<'_> {
         for part in parts {
             dst[start..start + part.len()].copy_from_slice(part);
             start += part.len();
+        }
+        self.pool.keep(&out);
+        Some(out)
+    }
+}
+
+/// Takes a pooled buffer of element type `E`.
+struct Take<'a> {
+    backend: HostBackend,
+    pool: &'a BufferPool,
+    numel: usize,
+}
+
+impl FloatVisitor for Take<'_> {
+    type Output = HostTensor;
+
+    fn visit<E: HostFloat>(self) -> HostTensor {
+        self.pool.take::<E>(self.backend, self.numel)
+    }
+}
+
+/// Reduces the consecutive parts of one buffer into a pooled buffer of their element type.
+struct ReduceParts<'a> {
+    backend: HostBackend,
+    pool: &'a BufferPool,
+    buffer: &'a HostTensor,
+    parts: usize,
+    op: ReduceOp,
+}
+
+impl FloatVisitor for ReduceParts<'_> {
+    type Output = Option<HostTensor>;
+
+    fn visit<E: HostFloat>(self) -> Option<HostTensor> {
+        let all = self.buffer.as_slice::<E>()?;
+        let len = all.len() / self.parts.max(1);
+        let inputs: Vec<&[E]> = all.chunks_exact(len.max(1)).take(self.parts).collect();
+        let mut out = self.pool.take::<E>(self.backend, len);
+        if len > 0 {
+            reduce_into(out.as_mut_slice::<E>()?, &inputs, self.op);
         }
         self.pool.keep(&out);
         Some(out)
