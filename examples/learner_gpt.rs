@@ -17,7 +17,7 @@
 //! plain renderer prints progress, and the metrics go to `<dir>/train` and `<dir>/valid`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::DataLoaderBuilder;
@@ -27,9 +27,11 @@ use burn::optim::lr_scheduler::cosine::CosineAnnealingLrSchedulerConfig;
 use burn::tensor::backend::Backend;
 use burn_train::metric::{AccuracyMetric, LearningRateMetric, LossMetric};
 use burn_train::{Learner, SupervisedTraining, TrainingStrategy};
+use burn_zero::comm::sync::lock;
 use burn_zero::{Zero, ZeroConfig, ZeroOptimizer};
 use burn_zero_gpt::learner::{TextGpt, WindowBatcher, windows};
-use burn_zero_gpt::{Corpus, Materialise, Preset, TEXT};
+use burn_zero_gpt::train::process::{ProcessRank, Timeouts};
+use burn_zero_gpt::{Corpus, Materialise, Preset, TEXT, param_values, params_digest};
 use burn_zero_train::ZeroStrategy;
 use clap::Parser;
 
@@ -41,7 +43,8 @@ struct Args {
     /// one process per GPU under zero-run, else --world-size GPUs of this process).
     #[arg(long, value_enum, default_value_t = BackendArg::Flex)]
     backend: BackendArg,
-    /// Ranks (threads of this process; under zero-run the job's size is used).
+    /// Ranks (threads of this process; under a launcher, mpirun, srun or zero-run, this
+    /// process is one rank and the job's size is used).
     #[arg(long, default_value_t = 2)]
     world_size: usize,
     /// ZeRO stage, 0 to 3.
@@ -94,10 +97,8 @@ fn main() {
         .with_stage(args.stage)
         .with_persist_below_numel(1024);
     let result = match args.backend {
-        BackendArg::Flex => {
-            let strategy = ZeroStrategy::<Flex>::new(args.world_size, Default::default(), config);
-            run::<Flex>(&args, args.world_size, Default::default(), strategy)
-        }
+        BackendArg::Flex => flex_strategy(&args, config)
+            .and_then(|(world, strategy)| run::<Flex>(&args, world, Default::default(), strategy)),
         #[cfg(feature = "cuda")]
         BackendArg::Cuda => cuda_strategy(&args, config)
             .and_then(|(world, device, strategy)| run(&args, world, device, strategy)),
@@ -110,6 +111,31 @@ fn main() {
         eprintln!("learner_gpt: {error}");
         std::process::exit(1);
     }
+}
+
+/// The CPU ranks: this process's one rank of a job a launcher started (mpirun, srun or
+/// zero-run; through MPI), or `--world-size` threads of this process.
+fn flex_strategy(args: &Args, config: ZeroConfig) -> Result<(usize, ZeroStrategy<Flex>), String> {
+    let Some(process) = ProcessRank::<Flex>::from_launcher("flex", Timeouts::default())? else {
+        let strategy = ZeroStrategy::<Flex>::new(args.world_size, Default::default(), config);
+        return Ok((args.world_size, strategy));
+    };
+    let world = process.world_size();
+    let rank = Mutex::new(Some(process.into_context()));
+    let strategy = ZeroStrategy::<Flex>::this_process(
+        move || {
+            lock(&rank)
+                .take()
+                .ok_or("this process's rank is already connected")
+        },
+        config,
+    )
+    // Rank 0's metrics count every rank's items, as with ranks on threads.
+    .with_items_from_every_rank::<
+        burn_train::ClassificationOutput<Autodiff<Zero<Flex>>>,
+        burn_train::ClassificationOutput<Zero<Flex>>,
+    >();
+    Ok((world, strategy))
 }
 
 /// The CUDA ranks: this process's one rank of a zero-run job (NCCL), or one thread per GPU of
@@ -268,6 +294,10 @@ fn run<B: Backend>(
     );
     let loss = result.model.classify(probe).loss.into_scalar();
     println!("learner_gpt: the trained model's loss on 4 validation windows: {loss:.4}");
+    println!(
+        "learner_gpt: final parameters: {}",
+        params_digest(&param_values(&result.model))
+    );
     println!(
         "learner_gpt: metrics under {}",
         args.dir.join("train").display()

@@ -14,7 +14,7 @@
 //! second and its memory accounting; at the end every rank generates the same sample in
 //! lockstep, and a table gives each rank's memory, throughput and losses.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use burn::backend::{Flex, NdArray, Wgpu};
 use burn::tensor::DType;
@@ -25,10 +25,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use burn_zero::ChunkSize;
 #[cfg(feature = "cuda")]
 use burn_zero_gpt::train::cuda;
+use burn_zero_gpt::train::process::{ProcessRank, Timeouts};
 use burn_zero_gpt::train::{
-    PROMPT, RankFn, RankOutcome, RunConfig, StepInfo, local_ranks, train_with,
+    Fault, PROMPT, RankFn, RankOutcome, RunConfig, StepInfo, local_ranks, train_with,
 };
-use burn_zero_gpt::{Corpus, Preset, TEXT};
+use burn_zero_gpt::{Corpus, Preset, TEXT, params_digest};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BackendArg {
@@ -68,8 +69,9 @@ fn defaults() -> RunConfig {
 #[derive(Parser, Debug)]
 #[command(about = "Character-level GPT trained with ZeRO-sharded data parallelism (burn-zero)")]
 struct Args {
-    /// Ranks (one thread each, in-process communicator; with `--backend cuda` one GPU each,
-    /// and under `zero-run` the job's world size).
+    /// Ranks (one thread each, in-process communicator; with `--backend cuda` one GPU each).
+    /// Under a launcher (mpirun, srun, zero-run) this process is one rank, and the job's size
+    /// is used.
     #[arg(long, default_value_t = defaults().world_size)]
     world_size: usize,
     /// ZeRO stage: 0 plain data parallel, 1 optimizer state, 2 + gradients, 3 + parameters.
@@ -165,6 +167,17 @@ struct Args {
     /// Resume from the latest checkpoint in --checkpoint-dir (saved at any world size/stage).
     #[arg(long)]
     resume: bool,
+    /// Ranks in separate processes (started by mpirun, srun or zero-run): seconds a
+    /// collective waits for the other ranks before the job fails naming it.
+    #[arg(long, default_value_t = 600.0)]
+    timeout: f64,
+    /// Ranks in separate processes: seconds the ranks may take to meet at the start.
+    #[arg(long, default_value_t = 300.0)]
+    rendezvous_timeout: f64,
+    /// Fail on purpose: rank RANK panics or is killed (`RANK:STEP:panic`, `RANK:STEP:kill`)
+    /// in the middle of step STEP; for testing how a job of several processes stops.
+    #[arg(long, hide = true)]
+    fail_at: Option<Fault>,
 }
 
 impl Args {
@@ -205,35 +218,20 @@ impl Args {
             checkpoint_dir: self.checkpoint_dir.clone(),
             save_every: self.save_every,
             resume: self.resume,
+            fault: self.fail_at,
         }
     }
 }
 
 fn main() {
     let args = Args::parse();
-    let world = args.world_size;
     let result = match args.backend {
-        BackendArg::Flex => run::<Flex>(
-            &args,
-            world,
-            Default::default(),
-            local_ranks::<Flex>(world, Default::default()),
-        ),
-        BackendArg::Ndarray => run::<NdArray>(
-            &args,
-            world,
-            Default::default(),
-            local_ranks::<NdArray>(world, Default::default()),
-        ),
-        BackendArg::Wgpu => run::<Wgpu>(
-            &args,
-            world,
-            Default::default(),
-            local_ranks::<Wgpu>(world, Default::default()),
-        ),
+        BackendArg::Flex => run_ranks::<Flex>(&args, "flex"),
+        BackendArg::Ndarray => run_ranks::<NdArray>(&args, "ndarray"),
+        BackendArg::Wgpu => run_ranks::<Wgpu>(&args, "wgpu"),
         // NCCL between GPUs: this process's ranks, or its one rank of a zero-run job.
         #[cfg(feature = "cuda")]
-        BackendArg::Cuda => cuda::CudaRanks::new(world).and_then(|ranks| {
+        BackendArg::Cuda => cuda::CudaRanks::new(args.world_size).and_then(|ranks| {
             let (world, device) = (ranks.world_size(), ranks.device());
             run::<cuda::Backend>(&args, world, device, |rank_fn| ranks.run(rank_fn))
         }),
@@ -248,7 +246,31 @@ fn main() {
     }
 }
 
-/// The command-line names of the backend and the dtype.
+/// Trains on `B`: this process's rank of a job a launcher started (one rank per process,
+/// through MPI), or `--world-size` ranks on threads of this process.
+fn run_ranks<B: Backend>(args: &Args, name: &str) -> Result<(), String> {
+    let seconds = |flag: &str, value: f64| {
+        (value.is_finite() && value > 0.0)
+            .then(|| Duration::from_secs_f64(value))
+            .ok_or_else(|| format!("{flag} {value} must be a positive number of seconds"))
+    };
+    let timeouts = Timeouts {
+        collective: seconds("--timeout", args.timeout)?,
+        rendezvous: seconds("--rendezvous-timeout", args.rendezvous_timeout)?,
+    };
+    match ProcessRank::<B>::from_launcher(name, timeouts)? {
+        Some(process) => {
+            let (world, device) = (process.world_size(), process.device());
+            run::<B>(args, world, device, |rank_fn| process.run(rank_fn))
+        }
+        None => {
+            let world = args.world_size;
+            let device = B::Device::default();
+            run::<B>(args, world, device.clone(), local_ranks::<B>(world, device))
+        }
+    }
+}
+
 /// `--chunk-size`: `auto`, `param`, `search`, elements, or MiB with the suffix `MiB`.
 fn parse_chunk_size(text: &str) -> Result<ChunkSize, String> {
     match text {
@@ -278,6 +300,7 @@ fn parse_chunk_size(text: &str) -> Result<ChunkSize, String> {
     }
 }
 
+/// The command-line names of the backend and the dtype.
 fn names(args: &Args) -> (String, String) {
     let name = |value: Option<clap::builder::PossibleValue>| {
         value.map(|v| v.get_name().to_string()).unwrap_or_default()
@@ -392,6 +415,9 @@ fn run<B: Backend>(
         return Err("ranks ended with different parameters".into());
     }
     println!("every rank holds the same final parameters");
+    if let Some(params) = &first.params {
+        println!("final parameters: {}", params_digest(params));
+    }
     if let Some(path) = &args.memory_report {
         write_report(path, args, &config, &ranks)?;
         println!(
@@ -435,10 +461,11 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
     let counts = first.step_counts;
     let chunks = first.chunks;
     println!(
-        "rank 0's last step: {} all-gathers, {} reduce-scatters, {} all-reduces, {} other \
+        "rank {}'s last step: {} all-gathers, {} reduce-scatters, {} all-reduces, {} other \
          collectives ({} of them answered in place); {} device synchronisations; {} host reads \
          ({}), {} host writes ({}); chunks: {} sharded, {} replicated, {} padding elements per \
          rank",
+        first.rank,
         counts.all_gathers,
         counts.reduce_scatters,
         counts.all_reduces,
@@ -455,8 +482,9 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
     );
     if let Some(placed) = first.memory.as_ref().and_then(|m| m.auto_placement) {
         println!(
-            "rank 0 placed parameter shards automatically: {} chunks on the device, {} on the \
+            "rank {} placed parameter shards automatically: {} chunks on the device, {} on the \
              host (capacity {}, warm-up peak {}, room {})",
+            first.rank,
             placed.device_chunks,
             placed.host_chunks,
             bytes(placed.capacity_bytes),
@@ -468,8 +496,9 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
         && let Some(m) = &first.memory
     {
         println!(
-            "rank 0 stepped the optimizer state of {} chunks on the host: masters {}, state {} \
+            "rank {} stepped the optimizer state of {} chunks on the host: masters {}, state {} \
              there (device: masters {}, state {})",
+            first.rank,
             first.optimizer_host_chunks,
             bytes(m.host_master_weights.current),
             bytes(m.host_optimizer_state.current),
@@ -479,14 +508,15 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
     }
     if let Some(kept) = first.memory.as_ref().and_then(|m| m.kept_shards) {
         println!(
-            "rank 0 kept host shards on the device between gathers: {} uploads saved, {} shards              kept, {} evicted, {} gathers off the recorded order",
-            kept.kept_uses, kept.kept, kept.evicted, kept.off_schedule
+            "rank {} kept host shards on the device between gathers: {} uploads saved, {} shards kept, {} evicted, {} gathers off the recorded order",
+            first.rank, kept.kept_uses, kept.kept, kept.evicted, kept.off_schedule
         );
     }
     let gathers = first.gathers;
     if gathers.gathers > 0 {
         println!(
-            "rank 0 gathered parameters {} times ({} prefetched); waited {:.1} ms for gathers",
+            "rank {} gathered parameters {} times ({} prefetched); waited {:.1} ms for gathers",
+            first.rank,
             gathers.gathers,
             gathers.prefetched,
             gathers.exposed.as_secs_f64() * 1e3
@@ -584,6 +614,8 @@ fn write_report(
                 "tokens_per_s": r.tokens_per_s,
                 "first_loss": r.losses.first(),
                 "last_loss": r.losses.last(),
+                "losses": r.losses,
+                "params_digest": r.params.as_deref().map(params_digest),
                 "memory": r.memory,
             })
         })

@@ -372,3 +372,27 @@ pub fn param_values<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<f32>> {
     module.visit(&mut values);
     values.0
 }
+
+/// A fingerprint of parameter values, bit for bit: `fnv1a64:` and the 64-bit FNV-1a hash of
+/// every value's bits (little-endian), parameter by parameter in order, each parameter's
+/// length first. Two runs end with the same parameters exactly when (but for a collision of
+/// 2⁻⁶⁴) their digests are equal, so runs on different machines or numbers of processes can
+/// be compared by one line of output.
+pub fn params_digest(params: &[Vec<f32>]) -> String {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET;
+    let mut eat = |bytes: &[u8]| {
+        for &byte in bytes {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(PRIME);
+        }
+    };
+    for param in params {
+        eat(&(param.len() as u64).to_le_bytes());
+        for value in param {
+            eat(&value.to_bits().to_le_bytes());
+        }
+    }
+    format!("fnv1a64:{hash:016x}")
+}

@@ -124,9 +124,9 @@ impl<B: Backend> MpiGroup<B> {
             return Err(CommError::Unavailable(format!(
                 "rank {rank} of {world_size} was started as a program of its own, not by an MPI \
                  launcher, and separately started MPI processes meet only through Open MPI's \
-                 name server: start the ranks with `mpirun -np {world_size}` (or srun), or with \
-                 zero-run, which runs `ompi-server` for its ranks when Open MPI is installed and \
-                 sets {SERVER_URI_VAR}"
+                 name server: start the ranks with `mpirun -np {world_size}`, with `srun --mpi=pmix`, \
+                 or with zero-run, which runs `ompi-server` for its ranks when Open MPI is \
+                 installed and sets {SERVER_URI_VAR}"
             )));
         }
         // One port per joining rank: processes connecting to one port at the same moment can

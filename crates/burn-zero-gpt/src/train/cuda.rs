@@ -8,10 +8,10 @@
 
 use std::sync::Arc;
 
+use burn_zero_comm::Communicator;
 use burn_zero_comm::nccl::{
     CudaBackend, CudaDevice, NcclGroup, NcclOptions, cuda_device_count, launch_nccl,
 };
-use burn_zero_comm::{Communicator, RankContext};
 use burn_zero_launch::DistEnv;
 
 use super::{RankFn, RankOutcome};
@@ -74,12 +74,7 @@ impl CudaRanks {
             CudaRanks::Process(group) => {
                 let device = group.device().clone();
                 let comm: Arc<dyn Communicator<Backend>> = Arc::new(*group);
-                let outcome = rank_fn(RankContext::new(device, comm.clone()));
-                if let Err(error) = &outcome {
-                    // The other processes must not wait out the timeout for this rank.
-                    comm.abort(&error.to_string());
-                }
-                outcome.map(|o| vec![o]).map_err(|e| e.to_string())
+                super::process::run_one(device, comm, rank_fn)
             }
             CudaRanks::Devices(devices) => {
                 launch_nccl::<f32, i32, u8, _, _, _>(&devices, &NcclOptions::default(), rank_fn)

@@ -7,7 +7,9 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod fault;
 mod optimizer;
+pub mod process;
 mod rank;
 mod sample;
 
@@ -23,6 +25,7 @@ use burn_zero_comm::{RankContext, launch};
 use burn_zero_core::{ChunkSize, GatherStats, MemoryReport, Zero, ZeroConfig, ZeroError};
 
 use crate::{CastParams, Corpus, Gpt, Materialise, Preset, TEXT};
+pub use fault::{Fault, FaultKind};
 use rank::Run;
 pub use sample::PROMPT;
 
@@ -94,6 +97,8 @@ pub struct RunConfig {
     /// Resume from the latest complete checkpoint in `checkpoint_dir` (saved at any world
     /// size and stage) instead of starting from the seed's model.
     pub resume: bool,
+    /// A failure injected on purpose (tests of the process path); `None` normally.
+    pub fault: Option<Fault>,
 }
 
 impl Default for RunConfig {
@@ -133,6 +138,7 @@ impl RunConfig {
             checkpoint_dir: None,
             save_every: 0,
             resume: false,
+            fault: None,
         }
     }
 

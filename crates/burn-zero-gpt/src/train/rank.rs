@@ -127,6 +127,9 @@ impl<B: Backend> Run<'_, B> {
             loss_sum += scalar(loss.clone());
             let scaled = loss.mul_scalar(rank.optimizer.loss_scale());
             let grads = GradientsParams::from_grads(scaled.backward(), &model);
+            if let Some(fault) = config.fault {
+                fault.strike(rank.ctx.rank(), step);
+            }
             model = rank.optimizer.step(config.lr, model, grads);
         }
         Ok((model, loss_sum / config.accumulation as f32))
