@@ -394,3 +394,52 @@ fn optimizer_state_on_the_host_trains_and_resumes_the_same_bits() {
         assert!(error.contains("--offload-optim-frac"), "{frac}: {error}");
     }
 }
+
+#[test]
+fn a_launched_run_without_an_engine_between_processes_is_refused_by_name() {
+    // Two torchrun-style ranks of one job, started as zero-run would but without its name
+    // server: each must refuse at once, saying what to do, rather than train the whole job
+    // alone and write a checkpoint beside the other.
+    let program = burn_zero_testing::processes::built(
+        "TRAIN_GPT",
+        "examples/train_gpt",
+        "cargo build --example train_gpt",
+    );
+    let dir = scratch("refused");
+    let port = burn_zero_testing::processes::free_port();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            std::process::Command::new(&program)
+                .args(["--steps", "2", "--batch-size", "8", "--seq-len", "32"])
+                .arg("--checkpoint-dir")
+                .arg(&dir)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("LOCAL_RANK", rank.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env_remove("OMPI_MCA_pmix_server_uri")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in ranks {
+        let output = child.wait_with_output().unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(output.status.code(), Some(1), "{said}");
+        assert!(!said.contains("GPT 'tiny'"), "it trained:\n{said}");
+        let told = if cfg!(feature = "mpi") {
+            said.contains("mpirun -np 2") && said.contains("zero-run")
+        } else {
+            said.contains("--features mpi") && said.contains("--world-size 2")
+        };
+        assert!(told, "{said}");
+    }
+    assert!(!dir.exists(), "a checkpoint was written");
+}

@@ -323,11 +323,8 @@ impl<B: Backend> MpiGroup<B> {
         // their heap storage in place, and stay alive until the request completes (or forever,
         // if it does not: `complete` leaks them).
         let request = unsafe {
-            self.comm.all_to_all(
-                send.bytes().as_ptr(),
-                recv.bytes_mut().as_mut_ptr(),
-                &layout,
-            )
+            self.comm
+                .all_to_all(send.address(), recv.address(), &layout)
         };
         let posted = request.map(|request| Posted {
             request,
@@ -388,10 +385,7 @@ impl<B: Backend> Communicator<B> for MpiGroup<B> {
         let mut recv = Incoming::new(self.plane(), dtype, call.numel * self.world_size);
         let bytes = send.bytes().len() as i32; // Checked against 2 GiB in `validate`.
         // SAFETY: as in `reduce_blocks`.
-        let request = unsafe {
-            self.comm
-                .all_gather(send.bytes().as_ptr(), bytes, recv.bytes_mut().as_mut_ptr())
-        };
+        let request = unsafe { self.comm.all_gather(send.address(), bytes, recv.address()) };
         let posted = request.map(|request| Posted {
             request,
             send: Some(send),
@@ -438,12 +432,8 @@ impl<B: Backend> Communicator<B> for MpiGroup<B> {
         let bytes = send.bytes().len() as i32;
         // SAFETY: as in `reduce_blocks`.
         let request = unsafe {
-            self.comm.all_gather_varying(
-                send.bytes().as_ptr(),
-                bytes,
-                recv.bytes_mut().as_mut_ptr(),
-                &layout,
-            )
+            self.comm
+                .all_gather_varying(send.address(), bytes, recv.address(), &layout)
         };
         let posted = request.map(|request| Posted {
             request,
@@ -467,10 +457,11 @@ impl<B: Backend> Communicator<B> for MpiGroup<B> {
         if self.rank == root {
             let send = self.outgoing(&buffer)?;
             // SAFETY: as in `reduce_blocks`; at the root MPI_Ibcast only reads the buffer, so
-            // handing it the tensor's own (shared) memory as writable is sound.
+            // handing it the tensor's own (shared) memory, or the static of no bytes, as
+            // writable is sound.
             let request = unsafe {
                 self.comm
-                    .broadcast(send.bytes().as_ptr().cast_mut(), bytes, root_rank)
+                    .broadcast(send.address().cast_mut(), bytes, root_rank)
             };
             let posted = request.map(|request| Posted {
                 request,
@@ -483,10 +474,7 @@ impl<B: Backend> Communicator<B> for MpiGroup<B> {
         }
         let mut recv = Incoming::new(self.plane(), dtype, call.numel);
         // SAFETY: as in `reduce_blocks`.
-        let request = unsafe {
-            self.comm
-                .broadcast(recv.bytes_mut().as_mut_ptr(), bytes, root_rank)
-        };
+        let request = unsafe { self.comm.broadcast(recv.address(), bytes, root_rank) };
         let posted = request.map(|request| Posted {
             request,
             send: None,

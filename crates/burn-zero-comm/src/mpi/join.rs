@@ -37,6 +37,11 @@ impl<B: Backend> MpiGroup<B> {
     /// documentation): `mpirun` and `srun`, or `zero-run`. A process that no launcher started
     /// is a job of one rank.
     pub fn from_env(options: &MpiOptions) -> Result<Self, CommError> {
+        // Open MPI crashes or hangs in MPI_Init when the name server it is pointed at is not
+        // there: check first.
+        if let Some(uri) = std::env::var_os(SERVER_URI_VAR) {
+            check_name_server(&uri.to_string_lossy())?;
+        }
         let process = MpiProcess::acquire()?;
         let world = Comm::world();
         let size = world.size().map_err(|f| setup_error(0, f))?;
@@ -170,6 +175,32 @@ impl<B: Backend> MpiGroup<B> {
             process,
         )
     }
+}
+
+/// Whether the name server `uri` (`file:<path>` or the address itself, as Open MPI takes it)
+/// answers: its address file exists and its first TCP address accepts a connection.
+fn check_name_server(uri: &str) -> Result<(), CommError> {
+    let unusable = |why: String| {
+        CommError::Unavailable(format!(
+            "{SERVER_URI_VAR}={uri}: {why} (Open MPI's name server, which zero-run starts for its \
+             ranks, must run while they start)"
+        ))
+    };
+    let address = match uri.strip_prefix("file:") {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| unusable(format!("cannot read {path}: {e}")))?,
+        None => uri.to_string(),
+    };
+    let endpoint = address
+        .split(';')
+        .find_map(|part| part.trim().strip_prefix("tcp://"))
+        .ok_or_else(|| unusable(format!("no tcp:// address in {address:?}")))?;
+    let socket: std::net::SocketAddr = endpoint
+        .parse()
+        .map_err(|_| unusable(format!("{endpoint:?} is not an address")))?;
+    std::net::TcpStream::connect_timeout(&socket, Duration::from_secs(5))
+        .map(drop)
+        .map_err(|e| unusable(format!("the server at {socket} does not answer: {e}")))
 }
 
 /// Joins `world_size` singleton processes into one communicator ordered by `rank`: rank `k`

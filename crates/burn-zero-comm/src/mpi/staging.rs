@@ -49,6 +49,11 @@ impl Outgoing {
             Outgoing::Bytes(data) => data.as_bytes(),
         }
     }
+
+    /// Where MPI reads the bytes ([`address`]).
+    pub fn address(&self) -> *const u8 {
+        address(self.bytes())
+    }
 }
 
 /// Where MPI writes a result: a pooled host buffer or plain bytes.
@@ -72,6 +77,11 @@ impl Incoming {
             Incoming::Host(tensor) => host_bytes_mut(tensor),
             Incoming::Bytes(bytes) => bytes,
         }
+    }
+
+    /// Where MPI writes the bytes ([`address`]).
+    pub fn address(&mut self) -> *mut u8 {
+        address(self.bytes_mut()).cast_mut()
     }
 
     /// The received values as a tensor of `dtype` on `device`.
@@ -118,6 +128,19 @@ impl Incoming {
             (0..parts).map(|part| all.clone().slice(part * len..(part + 1) * len)),
             op,
         )
+    }
+}
+
+/// The address of `bytes` for MPI. An empty slice's address is a dangling placeholder, which
+/// for bytes is 1: Open MPI's `MPI_IN_PLACE`, which would turn the call into another. MPI
+/// neither reads nor writes a buffer of no bytes, so any real address does; this one is a
+/// static's.
+fn address(bytes: &[u8]) -> *const u8 {
+    static NOTHING: [u8; 16] = [0; 16];
+    if bytes.is_empty() {
+        NOTHING.as_ptr()
+    } else {
+        bytes.as_ptr()
     }
 }
 

@@ -9,8 +9,10 @@
 
 use std::ops::Range;
 
+#[cfg(feature = "mpi")]
+use burn::tensor::DType;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{Tensor, TensorPrimitive};
 use burn_zero_kernels::host::{
     BufferPool, FloatVisitor, HostBackend, HostFloat, HostTensor, visit,
 };
@@ -39,6 +41,7 @@ impl HostPlane {
 
     /// `tensor` as contiguous host memory; `None` (use the Burn-ops path) when it is not a
     /// host tensor of a dtype this backend stores.
+    #[cfg(feature = "mpi")]
     pub fn view<B: Backend>(&self, tensor: &Tensor<B, 1>) -> Option<HostTensor> {
         self.views(std::iter::once(tensor))?.pop()
     }
@@ -46,6 +49,7 @@ impl HostPlane {
     /// A buffer of `numel` elements of `dtype` from the pool, no other tensor sharing it
     /// (`None` for a dtype this backend does not store); give it back with
     /// [`HostPlane::keep`] once written.
+    #[cfg(feature = "mpi")]
     pub fn take(&self, dtype: DType, numel: usize) -> Option<HostTensor> {
         if !self.backend.supports(dtype) {
             return None;
@@ -62,6 +66,7 @@ impl HostPlane {
 
     /// Remembers a buffer of [`HostPlane::take`] for reuse once every tensor made from it is
     /// dropped.
+    #[cfg(feature = "mpi")]
     pub fn keep(&self, buffer: &HostTensor) {
         self.pool.keep(buffer);
     }
@@ -75,6 +80,7 @@ impl HostPlane {
     /// element in rank order into a pooled buffer: what `LocalGroup::reduce_scatter` computes
     /// from the ranks' buffers, from their blocks received end to end. `None` when `buffer`
     /// is not of a dtype this plane reduces.
+    #[cfg(feature = "mpi")]
     pub fn reduce_parts(
         &self,
         buffer: &HostTensor,
@@ -183,12 +189,14 @@ impl FloatVisitor for Concat<'_> {
 }
 
 /// Takes a pooled buffer of element type `E`.
+#[cfg(feature = "mpi")]
 struct Take<'a> {
     backend: HostBackend,
     pool: &'a BufferPool,
     numel: usize,
 }
 
+#[cfg(feature = "mpi")]
 impl FloatVisitor for Take<'_> {
     type Output = HostTensor;
 
@@ -198,6 +206,7 @@ impl FloatVisitor for Take<'_> {
 }
 
 /// Reduces the consecutive parts of one buffer into a pooled buffer of their element type.
+#[cfg(feature = "mpi")]
 struct ReduceParts<'a> {
     backend: HostBackend,
     pool: &'a BufferPool,
@@ -206,6 +215,7 @@ struct ReduceParts<'a> {
     op: ReduceOp,
 }
 
+#[cfg(feature = "mpi")]
 impl FloatVisitor for ReduceParts<'_> {
     type Output = Option<HostTensor>;
 

@@ -145,8 +145,9 @@ fn collectives<B: Backend>(options: &MpiOptions, dtypes: &[DType]) -> Result<Str
     for (case, (name, collective)) in cases.iter().enumerate() {
         for (d, &dtype) in dtypes.iter().enumerate() {
             // Lengths that divide by every group size up to 4 (the reduce-scatters of the whole
-            // group and of its halves), and one that does not.
-            for len in [12 * 1031, 12, 12 * 8191, 5] {
+            // group and of its halves), one that does not, and one shorter than the group (an
+            // all-reduce's empty blocks).
+            for len in [12 * 1031, 12, 12 * 8191, 5, 1] {
                 if name.starts_with("reduce_scatter") && len % 12 != 0 {
                     continue;
                 }
