@@ -49,7 +49,14 @@ fn a_tied_embedding_sharing_a_chunk_trains_bitwise_under_any_gather_budget() {
     let base = base_model_on::<Flex>(&device);
     let default_budget = ZeroConfig::new().max_live_gathered_bytes;
     for world in [2, 4] {
-        let (want, tolerance) = common::measure_reference::<Flex>(&base, world, STEPS, &device, 2);
+        let (want, tolerance) = common::measure_reference::<Flex>(
+            &base,
+            world,
+            STEPS,
+            &device,
+            2,
+            common::Claim::Bitwise,
+        );
         assert_eq!(tolerance, common::Tolerance::Bitwise);
         for budget in [default_budget, SMALL_CACHE, 0] {
             for prefetch in [0, 2] {

@@ -22,8 +22,14 @@ fn chunked_training_matches_single_rank_training_bitwise() {
     let base = base_model_on::<Flex>(&device);
     for chunk_size in [ChunkSize::default_search(), ChunkSize::Elements(256)] {
         for world_size in [1, 2, 4] {
-            let (want, tolerance) =
-                common::measure_reference::<Flex>(&base, world_size, 10, &device, 2);
+            let (want, tolerance) = common::measure_reference::<Flex>(
+                &base,
+                world_size,
+                10,
+                &device,
+                2,
+                common::Claim::Bitwise,
+            );
             assert_eq!(tolerance, common::Tolerance::Bitwise);
             for config in with_chunks(chunk_size) {
                 let got = common::sharded::<Flex>(&base, world_size, 10, &config, &device);

@@ -31,7 +31,14 @@ fn offloaded_training_matches_single_rank_training_bitwise() {
     let device = Default::default();
     let base = base_model_on::<Flex>(&device);
     for world_size in [1, 2] {
-        let (want, tolerance) = common::measure_reference::<Flex>(&base, world_size, 6, &device, 2);
+        let (want, tolerance) = common::measure_reference::<Flex>(
+            &base,
+            world_size,
+            6,
+            &device,
+            2,
+            common::Claim::Bitwise,
+        );
         assert_eq!(tolerance, common::Tolerance::Bitwise);
         for chunk_size in [ChunkSize::PerParameter, ChunkSize::Elements(256)] {
             for frac in [0.5, 1.0] {

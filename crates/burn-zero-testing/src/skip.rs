@@ -176,3 +176,13 @@ pub fn test_names(source: &str) -> Vec<String> {
     }
     names
 }
+
+/// Says how a test checked what it checked (bitwise, or within a measured tolerance) on the
+/// process's standard output, where the test harness does not capture it: the run's log then
+/// shows which mode each claim was tested in.
+pub fn note(line: impl Display) {
+    let line = format!("{line}\n");
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(line.as_bytes());
+    let _ = stdout.flush();
+}
