@@ -8,9 +8,7 @@
 //!
 //! Sides, each counted on its third step (the first two make the optimizer's state and the
 //! first shards a step writes):
-//! - plain Burn: the model unsharded under `Autodiff<Zero<_>>` (Burn's autodiff needs a backend
-//!   with distributed operations in this workspace; `Zero` forwards every op of an unsharded
-//!   tensor) with Burn's Adam;
+//! - plain Burn: `Autodiff<CubeBackend<WgpuRuntime>>` with Burn's Adam, no burn-zero;
 //! - stage 0 and stage 3 with one parameter per chunk, and stage 3 with the searched chunk
 //!   size, every parameter sharded, each with `ZeroOptimizer` over Burn's Adam and with the
 //!   fused Adam (`ZeroOptimizer::adam`);
@@ -42,7 +40,7 @@ use std::collections::BTreeMap;
 use burn::backend::Autodiff;
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_zero::comm::{Counts, launch};
 use burn_zero::{ChunkSize, Zero, ZeroConfig, ZeroOptimizer, shard};
 use burn_zero_gpt::{Corpus, Gpt};
@@ -51,6 +49,8 @@ use serde_json::json;
 
 type Inner = CubeBackend<WgpuRuntime, f32, i32, u32>;
 type Train = Autodiff<Zero<Inner>>;
+/// Plain Burn: its autodiff straight over the same backend, no burn-zero.
+type Plain = Autodiff<Inner>;
 
 /// The windows of a step.
 const WINDOWS: [&str; 3] = ["forward", "backward", "step"];
@@ -88,8 +88,8 @@ type Windows = [BTreeMap<String, usize>; 3];
 
 /// Steps `model` twice, then counts the launches of a third step's windows, and what
 /// `counts` (burn-zero's, on a sharded side) grew by in it.
-fn counted_step<O: Optimizer<Gpt<Train>, Train>>(
-    mut model: Gpt<Train>,
+fn counted_step<AB: AutodiffBackend<Device = WgpuDevice>, O: Optimizer<Gpt<AB>, AB>>(
+    mut model: Gpt<AB>,
     optimizer: &mut O,
     corpus: &Corpus,
     device: &WgpuDevice,
@@ -251,7 +251,7 @@ fn main() {
     let device = WgpuDevice::default();
     let corpus = workload::corpus();
     let plain = {
-        let model = workload::model::<Train>(&corpus, &device);
+        let model = workload::model::<Plain>(&corpus, &device);
         let mut adam = AdamConfig::new().init();
         let (windows, _) = counted_step(model, &mut adam, &corpus, &device, &Counts::default);
         Side {
