@@ -1,9 +1,12 @@
 //! Nothing is lost: a save killed midway leaves the previous checkpoint loadable and the partial
-//! one reported incomplete; a full disk is a clear error with the previous checkpoint intact;
+//! one reported incomplete; a full disk is a clear error with the previous checkpoint intact,
+//! both on a small filesystem that really fills up (a tmpfs, where this process may mount one;
+//! skipped by name elsewhere) and under a file-size limit;
 //! corrupted and truncated files and mismatched models are refused by name; old checkpoints
 //! are rotated out.
 //!
-//! The kill and the full disk run in a child process (this test binary, re-run on one test).
+//! The kill and the file-size limit run in a child process (this test binary, re-run on one
+//! test).
 
 mod common;
 
@@ -230,6 +233,103 @@ fn a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays_loadable() {
         String::from_utf8_lossy(&output.stderr)
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A small filesystem of its own, unmounted when dropped.
+struct SmallDisk {
+    path: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    /// A tmpfs of `bytes` mounted at a fresh folder; `None` where this process may not mount
+    /// one (not root, or a container without the capability).
+    fn mount(name: &str, bytes: u64) -> Option<Self> {
+        let path = scratch(name);
+        std::fs::create_dir_all(&path).ok()?;
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&path)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        if !mounted {
+            std::fs::remove_dir_all(&path).ok();
+            return None;
+        }
+        Some(SmallDisk { path })
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+        std::fs::remove_dir_all(&self.path).ok();
+    }
+}
+
+/// The bytes of every file under `dir`.
+fn bytes_under(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|entry| match entry.metadata() {
+                    Ok(meta) if meta.is_dir() => bytes_under(&entry.path()),
+                    Ok(meta) => meta.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_filesystem_that_fills_up_is_a_clear_error_and_the_previous_checkpoint_stays_loadable() {
+    let test =
+        "a_filesystem_that_fills_up_is_a_clear_error_and_the_previous_checkpoint_stays_loadable";
+    // How much one checkpoint takes, saved where there is room.
+    let roomy = scratch("roomy");
+    let first = |dir: &Path| {
+        launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
+            let (model, zero) = shard(Wide::<Train>::new(512, ctx.device()), &ctx, &config(3))?;
+            let mut optim = adam(&zero);
+            let model = step(model, &mut optim, 1);
+            save(dir, 1, &model, &optim, &SaveOptions::default())?;
+            Ok(param_values(&model))
+        })
+    };
+    first(&roomy).unwrap();
+    let one = bytes_under(&roomy);
+    std::fs::remove_dir_all(&roomy).ok();
+    // Room for the first checkpoint and half of the second.
+    let Some(disk) = SmallDisk::mount("small-disk", (one * 3 / 2).div_ceil(4096) * 4096) else {
+        burn_zero_testing::skip::skip(test, "this process may not mount a tmpfs (needs root)");
+        return;
+    };
+    let dir = disk.path.join("checkpoints");
+    let values = first(&dir).unwrap();
+    let errors = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
+        let (model, zero) = shard(Wide::<Train>::new(512, ctx.device()), &ctx, &config(3))?;
+        let (model, mut optim, _) = load(&dir, model, adam(&zero))?;
+        let model = step(model, &mut optim, 2);
+        let error = save(&dir, 2, &model, &optim, &SaveOptions::default())
+            .expect_err("the second checkpoint cannot fit");
+        Ok(error.to_string())
+    })
+    .unwrap();
+    assert!(
+        errors.iter().any(|e| e.contains("no space left")),
+        "{errors:?}"
+    );
+    assert_eq!(latest(&dir).unwrap().map(|d| d.step), Some(1));
+    assert!(!dir.join("step-00000002").join(METADATA_FILE).exists());
+    let reloaded = launch::<Flex, _, _, Failure>(WORLD, &[Default::default()], |ctx| {
+        let (model, zero) = shard(Wide::<Train>::new(512, ctx.device()), &ctx, &config(3))?;
+        let (model, _, _) = load(&dir, model, adam(&zero))?;
+        Ok(param_values(&model))
+    })
+    .unwrap();
+    assert!(params_bits_equal(&values[0], &reloaded[0]));
 }
 
 /// Saves one step of the tiny block at two ranks; returns the checkpoint directory.
