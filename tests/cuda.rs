@@ -10,7 +10,7 @@ mod training;
 #[cfg(not(feature = "cuda"))]
 burn_zero_testing::skipped_without_feature!(
     "cuda",
-    zero_on_nccl_trains_like_local_group_at_world_size_one,
+    zero_on_cuda_trains_like_local_group_at_world_size_one,
     zero_on_nccl_trains_like_local_group_on_every_gpu,
     the_auto_placement_plans_for_the_gpus_own_capacity,
     train_gpt_runs_one_process_per_gpu_under_zero_run,

@@ -90,9 +90,12 @@ fn nccl_against_local_group(devices: Vec<CudaDevice>) {
     }
 }
 
+/// At world size 1 a rank alone answers its collectives in place: no NCCL call is made, so
+/// this checks training on CUDA (the kernels, chunks, the fused step) against `LocalGroup`, not
+/// NCCL. NCCL's training path needs two ranks: the test on every GPU below.
 #[test]
-fn zero_on_nccl_trains_like_local_group_at_world_size_one() {
-    let test = "zero_on_nccl_trains_like_local_group_at_world_size_one";
+fn zero_on_cuda_trains_like_local_group_at_world_size_one() {
+    let test = "zero_on_cuda_trains_like_local_group_at_world_size_one";
     if skip::cuda_devices(test, 1).is_none() {
         return;
     }

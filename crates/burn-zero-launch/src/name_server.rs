@@ -35,7 +35,10 @@ impl NameServer {
     pub fn start(dir: &Path) -> Option<Self> {
         let program = find_on_path(PROGRAM)?;
         let uri_file = dir.join("ompi-server.uri");
+        // Its session folder goes under `dir` (zero-run's private folder, removed at the end),
+        // not the user's temporary folder.
         let child = Command::new(&program)
+            .env("TMPDIR", dir)
             .arg("--no-daemonize")
             .arg("--report-uri")
             .arg(&uri_file)
