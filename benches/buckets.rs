@@ -15,7 +15,7 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Tensor;
 use burn_zero::comm::launch;
 use burn_zero::core::ReductionStats;
-use burn_zero::{Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
+use burn_zero::{PerTensor, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 mod common;
 
 use common::{Deep, WIDTH};
@@ -43,7 +43,8 @@ fn run(bucket_mb: f64, overlap: bool, iters: u64) -> Duration {
         // A backward pass uses up the parameters' gradient marks and the optimizer's step
         // renews them: without a step between two backward passes, the second reduces nothing.
         // The step (Adam, learning rate 0: the model stays as it is) is outside the timing.
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let mut stats = Vec::new();
         // Each sample shards a new model, whose first backward fills the buckets' buffer pools
         // with fresh (page-faulting) memory; a training job pays that once, in its first step.

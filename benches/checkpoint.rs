@@ -18,7 +18,7 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Tensor;
 use burn_zero::checkpoint::{OutputDtype, SaveOptions, consolidate, load, save};
 use burn_zero::comm::launch;
-use burn_zero::{Zero, ZeroConfig, ZeroOptimizer, shard};
+use burn_zero::{PerTensor, Zero, ZeroConfig, ZeroOptimizer, shard};
 use burn_zero_testing::alloc::CountingAllocator;
 use common::{Deep, WIDTH};
 
@@ -54,7 +54,7 @@ fn save_and_load(dir: &Path, world: usize) -> Vec<(u64, f64, u64, f64)> {
     let config = ZeroConfig::new().with_persist_below_numel(0);
     launch::<Flex, _, _, Failure>(world, &[Default::default()], |ctx| {
         let (model, zero) = shard(Deep::<Train>::new(ctx.device()), &ctx, &config)?;
-        let mut optim = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optim = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let x = Tensor::<Train, 2>::ones([1, WIDTH], ctx.device());
         let grads = GradientsParams::from_grads(model.forward(x).mean().backward(), &model);
         let model = optim.step(1e-3, model, grads);
@@ -67,7 +67,7 @@ fn save_and_load(dir: &Path, world: usize) -> Vec<(u64, f64, u64, f64)> {
         drop((model, optim));
 
         let (model, zero) = shard(Deep::<Train>::new(ctx.device()), &ctx, &config)?;
-        let optim = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let optim = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         ctx.comm().barrier()?;
         let started = Instant::now();
         let (_model, _optim, loaded) = load(dir, model, optim)?;

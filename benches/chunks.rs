@@ -58,7 +58,9 @@ use burn::optim::{AdamConfig, Optimizer};
 use burn::tensor::backend::Backend;
 use burn_zero::comm::{Counts, RankContext, launch};
 use burn_zero::core::chunk::{ChunkKind, ChunkLayout};
-use burn_zero::{ChunkSize, MemoryReport, Zero, ZeroConfig, ZeroOptimizer, ZeroState, shard};
+use burn_zero::{
+    ChunkSize, MemoryReport, PerTensor, Zero, ZeroConfig, ZeroOptimizer, ZeroState, shard,
+};
 use burn_zero_gpt::{Corpus, Gpt, Preset};
 use serde_json::{Value, json};
 
@@ -380,7 +382,7 @@ fn run<B: Backend>(
             let (model, zero) = shard(model, &ctx, &side.config()).map_err(|e| e.to_string())?;
             runners.push(Runner {
                 model: Some(model),
-                optimizer: ZeroOptimizer::new(&zero, AdamConfig::new().build()),
+                optimizer: ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap(),
                 zero,
                 counts: Counts::default(),
                 step_counts: None,

@@ -25,7 +25,7 @@ use burn_zero::comm::nccl::{
 };
 use burn_zero::comm::{Communicator, RankContext};
 use burn_zero::core::chunk::ChunkKind;
-use burn_zero::{ChunkSize, Zero, ZeroConfig, ZeroOptimizer, shard};
+use burn_zero::{ChunkSize, PerTensor, Zero, ZeroConfig, ZeroOptimizer, shard};
 use burn_zero_kernels::LaunchLog;
 use clap::Parser;
 
@@ -86,7 +86,7 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
         .with_persist_below_numel(0)
         .with_chunk_size(args.chunk_size);
     let (model, zero) = shard(model, &ctx, &config).map_err(|e| format!("shard: {e}"))?;
-    let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+    let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
     // burn-zero's counts over the timed steps (the runner's synchronisation after each step is
     // Burn's own, not counted).
     let mut before = None;

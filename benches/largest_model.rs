@@ -11,8 +11,8 @@
 //!   sharded side, with no gather cache (`max_live_gathered_bytes` 0): each op gathers the
 //!   parameter it uses and drops it after, where the default cache (512 MiB) would keep every
 //!   gathered parameter from forward to backward, a second copy of the parameters;
-//! - stage 3, optimizer on the host: `ZeroOptimizer::offloaded` with the fused Adam on Flex
-//!   (`Offload<Flex>`): the device holds parameters and gradients, the host the fp32 masters and
+//! - stage 3, optimizer on the host (`Placement::fractions(0, 1)`) with the fused Adam on Flex:
+//!   the device holds parameters and gradients, the host the fp32 masters and
 //!   both moments;
 //! - stage 3, parameters on the host too: the same optimizer, and every parameter shard in host
 //!   memory (`offload_param_frac` 1): the device holds a parameter only while an op uses it,
@@ -67,16 +67,14 @@ mod report;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use burn::backend::Autodiff;
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
-use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_fusion::Fusion;
 use burn_zero::comm::launch;
-use burn_zero::optim::FusedAdam;
-use burn_zero::optim::{Offload, SplitZeroOptimizer};
-use burn_zero::{Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
+use burn_zero::{Capacity, Placement, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 use burn_zero_gpt::{Corpus, Gpt, GptConfig, Materialise, TEXT};
 use burn_zero_kernels::peak_device_memory;
 use serde_json::{Value, json};
@@ -266,13 +264,17 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
                 let stage3 = ZeroConfig::new()
                     .with_stage(3)
                     .with_max_live_gathered_bytes(0);
-                let config = match side {
-                    Side::Stage3ParametersOnHost => stage3.with_offload_param_frac(1.0),
-                    Side::Stage3AutoPlacement | Side::Stage3AutoPlacementMargin => {
-                        stage3.with_auto_placement_capacity_mib(Some(mib(budget())))
-                    }
-                    _ => stage3,
+                let auto = Placement::auto(Capacity::MiB(mib(budget())));
+                let placement = match side {
+                    Side::Stage3 => Placement::device(),
+                    Side::Stage3OptimizerOnHost => Placement::fractions(0.0, 1.0),
+                    Side::Stage3ParametersOnHost => Placement::fractions(1.0, 1.0),
+                    Side::Stage3AutoPlacement => auto,
+                    // Every chunk's state starts on the host; after the placement, those that
+                    // fit in 0.8 of the room it left move to the device.
+                    _ => auto.with_gpu_margin_mem_ratio(MARGIN_RATIO),
                 };
+                let config = stage3.with_placement(placement);
                 let mut ranks =
                     launch::<B, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
                         // Built lazily and sharded one parameter at a time: where parameters
@@ -287,33 +289,10 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
                         let parameters = model.num_params();
                         let adam = AdamConfig::new();
                         let mut timed_from = zero.counts();
-                        let mut margin = None;
                         let timing = || timed_from = zero.counts();
-                        let seconds = if side == Side::Stage3 {
-                            let mut optimizer =
-                                ZeroOptimizer::adam(&zero, &adam).expect("valid config");
-                            train(model, &mut optimizer, &corpus, ctx.device(), timing)
-                        } else if side == Side::Stage3AutoPlacementMargin {
-                            // Every chunk's state starts on the host; after the placement, those
-                            // that fit in 0.8 of the room it left move to the device.
-                            let fused = FusedAdam::new(&adam).expect("valid config");
-                            let mut optimizer =
-                                SplitZeroOptimizer::<_, _, Flex>::new(&zero, fused, 1.0)
-                                    .expect("a fraction of 1")
-                                    .with_one_pass()
-                                    .with_gpu_margin_mem_ratio(MARGIN_RATIO)
-                                    .expect("under the auto placement");
-                            let seconds =
-                                train(model, &mut optimizer, &corpus, ctx.device(), timing);
-                            margin = optimizer.margin_report();
-                            seconds
-                        } else {
-                            let fused = FusedAdam::new(&adam).expect("valid config");
-                            let mut optimizer =
-                                ZeroOptimizer::<_, _, Offload<Flex>>::offloaded(&zero, fused)
-                                    .with_one_pass();
-                            train(model, &mut optimizer, &corpus, ctx.device(), timing)
-                        };
+                        let mut optimizer = ZeroOptimizer::new(&zero, adam)?;
+                        let seconds = train(model, &mut optimizer, &corpus, ctx.device(), timing);
+                        let margin = optimizer.margin_report();
                         // What crossed between host and device per timed step, and what the
                         // auto placement kept on the device between gathers over the run.
                         let timed = zero.counts() - timed_from;

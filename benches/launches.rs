@@ -42,7 +42,7 @@ use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_zero::comm::{Counts, launch};
-use burn_zero::{ChunkSize, Zero, ZeroConfig, ZeroOptimizer, shard};
+use burn_zero::{ChunkSize, PerTensor, Zero, ZeroConfig, ZeroOptimizer, shard};
 use burn_zero_gpt::{Corpus, Gpt};
 use burn_zero_kernels::LaunchLog;
 use serde_json::json;
@@ -147,10 +147,11 @@ fn sharded(
         let counts = || zero.counts();
         let (windows, counts) = if fused {
             let mut optimizer =
-                ZeroOptimizer::adam(&zero, &AdamConfig::new()).map_err(|e| e.to_string())?;
+                ZeroOptimizer::new(&zero, AdamConfig::new().clone()).map_err(|e| e.to_string())?;
             counted_step(model, &mut optimizer, corpus, ctx.device(), &counts)
         } else {
-            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+            let mut optimizer =
+                ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
             counted_step(model, &mut optimizer, corpus, ctx.device(), &counts)
         };
         Ok((chunks, windows, counts))

@@ -10,8 +10,7 @@ use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::{DType, Tensor};
 use burn_zero::comm::launch;
-use burn_zero::optim::Offload;
-use burn_zero::{Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
+use burn_zero::{PerTensor, Placement, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 use common::{Deep, WIDTH};
 
 type Train = Autodiff<Zero<Flex>>;
@@ -44,7 +43,8 @@ fn main() {
             let model = Deep::<Train>::new(ctx.device()).map(&mut ToF16);
             let psi: usize = model.num_params();
             let (mut model, zero) = shard(model, &ctx, &config)?;
-            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+            let mut optimizer =
+                ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
             let x = Tensor::<Train, 2>::ones([1, WIDTH], (ctx.device(), DType::F16));
             let loss = model.forward(x).mean();
             let grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -93,22 +93,16 @@ fn placements(config: &ZeroConfig) -> String {
     for offload in [false, true] {
         let per_rank = launch::<Flex, _, _, ZeroError>(RANKS, &[Default::default()], |ctx| {
             let model = Deep::<Train>::new(ctx.device()).map(&mut ToF16);
-            let (mut model, zero) = shard(model, &ctx, config)?;
-            let mut on_device = ZeroOptimizer::new(&zero, AdamConfig::new().build());
-            let mut offloaded = ZeroOptimizer::<_, Flex, Offload<Flex>>::offloaded(
-                &zero,
-                AdamConfig::new().build(),
-            );
+            let placement = Placement::fractions(0.0, if offload { 1.0 } else { 0.0 });
+            let config = config.clone().with_placement(placement);
+            let (mut model, zero) = shard(model, &ctx, &config)?;
+            let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))?;
             let mut reports = Vec::new();
             for _ in 0..2 {
                 let x = Tensor::<Train, 2>::ones([1, WIDTH], (ctx.device(), DType::F16));
                 let grads = GradientsParams::from_grads(model.forward(x).mean().backward(), &model);
                 let gap = zero.memory_report();
-                model = if offload {
-                    offloaded.step(1e-3, model, grads)
-                } else {
-                    on_device.step(1e-3, model, grads)
-                };
+                model = optimizer.step(1e-3, model, grads);
                 reports.push((gap, zero.memory_report()));
             }
             drop(model);
@@ -121,9 +115,9 @@ fn placements(config: &ZeroConfig) -> String {
         out += &format!(
             "| {} | {} → {} MB | {} → {} MB | {} MB | {} MB | {} |\n",
             if offload {
-                "`offloaded::<Flex>`"
+                "on the host (`offload_optim_frac` 1, Flex)"
             } else {
-                "`new` (on device)"
+                "on the device"
             },
             mb(gap.parameter_shards.current as usize),
             mb(after.parameter_shards.current as usize),

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use burn::backend::{Autodiff, Flex};
 use burn::optim::AdamConfig;
 use burn_zero::comm::launch;
-use burn_zero::{Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
+use burn_zero::{PerTensor, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 
 type Train = Autodiff<Zero<Flex>>;
 
@@ -47,7 +47,8 @@ fn run(config: &ZeroConfig) -> Sample {
         let corpus = workload::corpus();
         let model = workload::model::<Train>(&corpus, ctx.device());
         let (mut model, zero) = shard(model, &ctx, config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let (rank, n) = (ctx.rank(), ctx.world_size());
         for step in 0..WARM_UP_STEPS {
             model = workload::step(model, &mut optimizer, &corpus, step, rank, n, ctx.device());

@@ -39,7 +39,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorMetadata};
 use burn_zero::comm::{CommError, Communicator, RankContext, ReduceOp, launch};
 use burn_zero::core::ReductionStats;
-use burn_zero::{MemoryReport, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
+use burn_zero::{MemoryReport, PerTensor, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 use criterion::{BenchmarkId, Criterion, SamplingMode};
 use serde_json::{Value, json};
 
@@ -365,7 +365,8 @@ impl Session {
                 let ctx = RankContext::new(*ctx.device(), counting);
                 let (rank, device) = (ctx.rank(), ctx.device());
                 let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-                let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+                let mut optimizer =
+                    ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
                 // Step 0 creates the fp32 masters and Adam's state.
                 model = workload::step(model, &mut optimizer, &corpus, 0, rank, world_size, device);
 

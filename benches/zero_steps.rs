@@ -14,7 +14,7 @@ mod workload;
 use burn::backend::{Autodiff, Flex};
 use burn::optim::AdamConfig;
 use burn_zero::comm::launch;
-use burn_zero::{Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
+use burn_zero::{PerTensor, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
 
 type Train = Autodiff<Zero<Flex>>;
 
@@ -37,7 +37,8 @@ fn main() {
         let corpus = workload::corpus();
         let model = workload::model::<Train>(&corpus, ctx.device());
         let (model, zero) = shard(model, &ctx, &config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let mut model = workload::step(model, &mut optimizer, &corpus, 0, 0, 1, ctx.device());
         for step in 1..=steps {
             model = workload::step(model, &mut optimizer, &corpus, step, 0, 1, ctx.device());

@@ -28,7 +28,7 @@ use burn::tensor::backend::Backend;
 use burn_train::metric::{AccuracyMetric, LearningRateMetric, LossMetric};
 use burn_train::{Learner, SupervisedTraining, TrainingStrategy};
 use burn_zero::comm::sync::lock;
-use burn_zero::{Zero, ZeroConfig, ZeroOptimizer};
+use burn_zero::{PerTensor, Zero, ZeroConfig, ZeroOptimizer};
 use burn_zero_gpt::learner::{TextGpt, WindowBatcher, windows};
 use burn_zero_gpt::train::process::{ProcessRank, Timeouts};
 use burn_zero_gpt::{Corpus, Materialise, Preset, TEXT, param_values, params_digest};
@@ -255,8 +255,9 @@ fn run<B: Backend>(
         .with_min_lr(args.lr / 10.0)
         .init()
         .map_err(|e| format!("the learning-rate schedule: {e}"))?;
-    let optimizer =
-        ZeroOptimizer::unbound(AdamConfig::new().build()).with_accumulation(args.accumulation);
+    let optimizer = ZeroOptimizer::unbound(PerTensor(AdamConfig::new().build()))
+        .unwrap()
+        .with_accumulation(args.accumulation);
     let learner = Learner::new(model, optimizer, scheduler);
 
     // The strategy: ranks and ZeRO settings (from `main`), data deal, sharded checkpoints.

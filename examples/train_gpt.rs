@@ -22,12 +22,12 @@ use burn::tensor::backend::Backend;
 use clap::{ArgAction, Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use burn_zero::ChunkSize;
+use burn_zero::{Capacity, ChunkSize, Placement};
 #[cfg(feature = "cuda")]
 use burn_zero_gpt::train::cuda;
 use burn_zero_gpt::train::process::{ProcessRank, Timeouts};
 use burn_zero_gpt::train::{
-    Fault, PROMPT, RankFn, RankOutcome, RunConfig, StepInfo, local_ranks, train_with,
+    Fault, OptimizerKind, PROMPT, RankFn, RankOutcome, RunConfig, StepInfo, local_ranks, train_with,
 };
 use burn_zero_gpt::{Corpus, Preset, TEXT, params_digest};
 
@@ -42,6 +42,14 @@ enum BackendArg {
     /// `CubeBackend<CudaRuntime>` with NCCL (needs the `cuda` feature): one GPU per rank, ranks
     /// on threads, or one process per GPU under `zero-run`.
     Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OptimizerArg {
+    /// burn-zero's fused Adam.
+    FusedAdam,
+    /// Burn's own Adam, tensor by tensor.
+    BurnAdam,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -115,13 +123,13 @@ struct Args {
     chunk_size: ChunkSize,
     /// Stage 3: the fraction (0 to 1) of the sharded chunks' bytes whose parameter shards live
     /// in host memory, uploaded for each gather (parameter offload; 0: all on the device).
-    #[arg(long, default_value_t = defaults().offload_param_frac)]
+    #[arg(long, default_value_t = 0.0)]
     offload_param_frac: f64,
     /// The fraction (0 to 1) of the trainable chunks' optimizer state (fp32 masters, Adam's
-    /// moments) kept in host memory and stepped there on the CPU, whole chunks in layout order;
-    /// the rest stays on the device (0: all on the device).
-    #[arg(long, default_value_t = defaults().offload_optim_frac)]
-    offload_optim_frac: f64,
+    /// moments) kept in host memory and stepped there on the CPU (Flex), whole chunks in layout
+    /// order; the rest stays on the device. 0 by default; 1 under the auto placement.
+    #[arg(long)]
+    offload_optim_frac: Option<f64>,
     /// Stage 3: place parameter shards by measurement under this device capacity in MiB (a
     /// two-step warm-up with every shard on the host, then the shards that fit move to the
     /// device); needs a device backend (wgpu, CUDA).
@@ -129,8 +137,16 @@ struct Args {
     auto_placement_mib: Option<f64>,
     /// Stage 3: the same placement under the capacity the CUDA driver reports (free memory
     /// when the model is sharded, plus what cubecl holds reserved); CUDA only.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "auto_placement_mib")]
     auto_placement_device: bool,
+    /// Under the auto placement: the fraction (0 to 1) of the device memory it leaves over
+    /// that host chunks' optimizer state may take, moving there once to step on the device.
+    #[arg(long, default_value_t = 0.0)]
+    gpu_margin_mem_ratio: f64,
+    /// The optimizer: `fused-adam` (one pass, one kernel launch per chunk) or `burn-adam`
+    /// (Burn's Adam tensor by tensor, for comparison); the same bits on Flex, NdArray and wgpu.
+    #[arg(long, value_enum, default_value_t = OptimizerArg::FusedAdam)]
+    optimizer: OptimizerArg,
     /// Optimizer steps.
     #[arg(long, default_value_t = defaults().steps)]
     steps: usize,
@@ -181,6 +197,28 @@ struct Args {
 }
 
 impl Args {
+    /// The placement the flags ask for: the auto policy with a capacity, else the static
+    /// fractions (everything on the device when both are 0). Bad values are refused by name
+    /// when the run's configuration is checked.
+    fn placement(&self) -> Placement {
+        let capacity = match (self.auto_placement_mib, self.auto_placement_device) {
+            (Some(mib), _) => Some(Capacity::MiB(mib)),
+            (None, true) => Some(Capacity::Device),
+            (None, false) => None,
+        };
+        let placement = match capacity {
+            Some(capacity) => Placement::auto(capacity),
+            None => Placement::device(),
+        };
+        let placement = match self.offload_optim_frac {
+            Some(fraction) => placement.with_offload_optim_frac(fraction),
+            None => placement,
+        };
+        placement
+            .with_offload_param_frac(self.offload_param_frac)
+            .with_gpu_margin_mem_ratio(self.gpu_margin_mem_ratio)
+    }
+
     fn run_config(&self) -> RunConfig {
         RunConfig {
             world_size: self.world_size,
@@ -202,10 +240,11 @@ impl Args {
             shard_group_size: self.shard_group_size,
             prefetch: self.prefetch,
             chunk_size: self.chunk_size,
-            offload_param_frac: self.offload_param_frac,
-            offload_optim_frac: self.offload_optim_frac,
-            auto_placement_mib: self.auto_placement_mib,
-            auto_placement_device: self.auto_placement_device,
+            placement: self.placement(),
+            optimizer: match self.optimizer {
+                OptimizerArg::FusedAdam => OptimizerKind::FusedAdam,
+                OptimizerArg::BurnAdam => OptimizerKind::BurnAdam,
+            },
             steps: self.steps,
             batch_size: self.batch_size,
             accumulation: self.accumulation,
@@ -602,10 +641,8 @@ fn write_report(
                 "reduced_bytes_per_step": r.reduced_bytes,
                 "gathers": r.gathers,
                 "chunk_size": format!("{:?}", config.chunk_size),
-                "offload_param_frac": config.offload_param_frac,
-                "offload_optim_frac": config.offload_optim_frac,
-                "auto_placement_mib": config.auto_placement_mib,
-                "auto_placement_device": config.auto_placement_device,
+                "placement": config.placement,
+                "optimizer": format!("{:?}", config.optimizer),
                 "chunks": r.chunks,
                 "last_step_counts": r.step_counts,
                 "backend": backend,

@@ -12,7 +12,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::{Tensor, TensorData, activation::tanh, backend::Backend};
 use burn_zero::comm::{ReduceOp, launch};
-use burn_zero::{Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard, unshard};
+use burn_zero::{PerTensor, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard, unshard};
 use clap::Parser;
 
 /// The backend every rank computes on, and the training backend.
@@ -136,7 +136,8 @@ fn main() {
     let result = launch::<Inner, _, _, ZeroError>(args.world_size, &[Default::default()], |ctx| {
         let device = ctx.device();
         let (mut model, zero) = shard(Mlp::<Train>::new(args.hidden, device), &ctx, &config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let mut losses = Vec::with_capacity(args.steps);
         for step in 0..args.steps {
             let rows = ctx.rank() * local..(ctx.rank() + 1) * local;

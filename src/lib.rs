@@ -14,8 +14,9 @@ pub use burn_zero_checkpoint as checkpoint;
 pub use burn_zero_comm as comm;
 pub use burn_zero_core as core;
 pub use burn_zero_core::{
-    ChunkSearch, ChunkSize, MemoryReport, Zero, ZeroConfig, ZeroError, ZeroState, shard, unshard,
+    Capacity, ChunkSearch, ChunkSize, MemoryReport, Placement, Zero, ZeroConfig, ZeroError,
+    ZeroState, shard, unshard,
 };
 pub use burn_zero_launch as launcher;
 pub use burn_zero_optim as optim;
-pub use burn_zero_optim::ZeroOptimizer;
+pub use burn_zero_optim::{OptimizerConfig, PerTensor, ZeroOptimizer};

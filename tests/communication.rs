@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use burn::backend::Flex;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn_zero::comm::{Communicator, LocalGroup, RankContext};
-use burn_zero::{ZeroConfig, ZeroOptimizer, shard};
+use burn_zero::{PerTensor, ZeroConfig, ZeroOptimizer, shard};
 use burn_zero_gpt::train::Train;
 use burn_zero_gpt::{Corpus, Gpt, Preset, TEXT};
 use burn_zero_testing::recording::{CallLog, RecordingComm};
@@ -136,7 +136,8 @@ fn count(setup: Setup, world_size: usize) -> (Vec<usize>, Vec<(String, usize)>) 
                     let comm = Arc::new(RecordingComm::new(engine, log.clone()));
                     let ctx = RankContext::new(Default::default(), comm);
                     let (mut model, zero) = shard(base, &ctx, &setup.config()).expect("sharded");
-                    let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+                    let mut optimizer =
+                        ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
                     let rank = ctx.rank();
                     for step in 0..2 {
                         log.lock().unwrap().clear();

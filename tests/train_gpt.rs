@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
+use burn_zero::{Capacity, Placement};
 use burn_zero_gpt::train::{RankOutcome, RunConfig, train};
 
 /// The tiny model on short sequences: a few seconds per run.
@@ -288,7 +289,7 @@ fn parameters_on_the_host_train_the_same_bits_and_bad_fractions_are_refused() {
     let run = |offload_param_frac| {
         let config = RunConfig {
             world_size: 2,
-            offload_param_frac,
+            placement: Placement::fractions(offload_param_frac, 0.0),
             keep_params: true,
             ..short(3)
         };
@@ -310,7 +311,7 @@ fn parameters_on_the_host_train_the_same_bits_and_bad_fractions_are_refused() {
     }
     for (frac, stage) in [(1.5, 3), (-0.5, 3), (f64::NAN, 3), (0.5, 2)] {
         let config = RunConfig {
-            offload_param_frac: frac,
+            placement: Placement::fractions(frac, 0.0),
             stage,
             ..short(1)
         };
@@ -324,25 +325,21 @@ fn parameters_on_the_host_train_the_same_bits_and_bad_fractions_are_refused() {
         (64.0, 3, 0.5),
     ] {
         let config = RunConfig {
-            auto_placement_mib: Some(mib),
+            placement: Placement::auto(Capacity::MiB(mib)).with_offload_param_frac(frac),
             stage,
-            offload_param_frac: frac,
             ..short(1)
         };
         let error = config.validate().unwrap_err();
         assert!(error.contains("--auto-placement-mib"), "{mib}: {error}");
     }
-    let both = RunConfig {
-        auto_placement_mib: Some(64.0),
-        auto_placement_device: true,
-        stage: 3,
+    // A margin is shared out of the auto placement's room: without it, it is refused.
+    let margin = RunConfig {
+        placement: Placement::fractions(0.0, 1.0).with_gpu_margin_mem_ratio(0.5),
         ..short(1)
     };
-    let error = both.validate().unwrap_err();
+    let error = margin.validate().unwrap_err();
     assert!(
-        error.contains("--auto-placement-mib")
-            && error.contains("--auto-placement-device")
-            && error.contains("set one of the two"),
+        error.contains("--gpu-margin-mem-ratio") && error.contains("--auto-placement-mib"),
         "{error}"
     );
 }
@@ -358,7 +355,7 @@ fn optimizer_state_on_the_host_trains_and_resumes_the_same_bits() {
         let config = RunConfig {
             world_size,
             accumulation,
-            offload_optim_frac,
+            placement: Placement::fractions(0.0, offload_optim_frac),
             ..checkpointed(dir, resume)
         };
         train::<Flex>(&config, Default::default(), |_| {}).unwrap()
@@ -387,7 +384,7 @@ fn optimizer_state_on_the_host_trains_and_resumes_the_same_bits() {
 
     for frac in [1.5, -0.1, f64::NAN] {
         let config = RunConfig {
-            offload_optim_frac: frac,
+            placement: Placement::fractions(0.0, frac),
             ..short(1)
         };
         let error = config.validate().unwrap_err();

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 
 use burn_zero::comm::launch;
 use burn_zero::comm::nccl::CudaDevice;
+use burn_zero::{Capacity, Placement};
 use burn_zero_testing::skip;
 
 use burn_zero_gpt::train::cuda::{Backend, CudaRanks};
@@ -135,7 +136,7 @@ fn the_auto_placement_plans_for_the_gpus_own_capacity() {
         .unwrap()
     };
     let placed = run(&RunConfig {
-        auto_placement_device: true,
+        placement: Placement::auto(Capacity::Device).with_offload_optim_frac(0.0),
         ..short(1, 3)
     });
     let on_device = run(&short(1, 3));

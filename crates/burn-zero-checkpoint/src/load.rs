@@ -12,7 +12,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 use burn_zero_core::store::BlockLayout;
 use burn_zero_core::{ShardedView, Zero, ZeroState, ZeroTensor};
-use burn_zero_optim::{MasterEntry, Placement, ZeroOptimizer, ZeroOptimizerRecord};
+use burn_zero_optim::{MasterEntry, ZeroOptimizer, ZeroOptimizerRecord};
 
 use crate::dir::{read_metadata, resolve};
 use crate::error::CheckpointError;
@@ -38,11 +38,11 @@ pub struct Loaded {
 
 /// What [`load`] returns: the model and optimizer holding the checkpoint's state, and what it
 /// found.
-pub type Resumed<M, O, B, P> = (M, ZeroOptimizer<O, B, P>, Loaded);
+pub type Resumed<M, B, O, H> = (M, ZeroOptimizer<B, O, H>, Loaded);
 
 /// What [`load_record`] returns: the model holding the checkpoint's parameters, the optimizer's
 /// state as a record, and what it found.
-pub type ResumedRecord<M, O, B, P> = (M, ZeroOptimizerRecord<O, B, P>, Loaded);
+pub type ResumedRecord<M, B, O, H> = (M, ZeroOptimizerRecord<B, O, H>, Loaded);
 
 /// Loads a checkpoint into `model` (sharded with `shard`, at any world size and stage) and
 /// `optimizer` (built with the same settings as when saving). A collective: call it on every
@@ -53,20 +53,20 @@ pub type ResumedRecord<M, O, B, P> = (M, ZeroOptimizerRecord<O, B, P>, Loaded);
 /// (verifying their checksums), through one read buffer of at most 64 MiB. A model whose
 /// parameters differ from the saved ones (missing, extra, reshaped) is refused by name; a
 /// parameter saved in another float dtype is converted.
-pub fn load<AB, B, M, O, P>(
+pub fn load<AB, B, M, O, H>(
     path: &Path,
     model: M,
-    optimizer: ZeroOptimizer<O, B, P>,
-) -> Result<Resumed<M, O, B, P>, CheckpointError>
+    optimizer: ZeroOptimizer<B, O, H>,
+) -> Result<Resumed<M, B, O, H>, CheckpointError>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
     M: Module<AB>,
-    P: Placement<B>,
-    O: SimpleOptimizer<P::Host>,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
     let zero = optimizer.zero_state().ok_or_else(unbound)?.clone();
-    let (model, record, loaded) = load_record::<AB, B, M, O, P>(path, model, &zero)?;
+    let (model, record, loaded) = load_record::<AB, B, M, O, H>(path, model, &zero)?;
     Ok((model, optimizer.restore(record), loaded))
 }
 
@@ -74,17 +74,17 @@ where
 /// [`ZeroState`]), to be restored into an optimizer built with the same settings as when
 /// saving (`ZeroOptimizer::restore`, or burn-train's `Learner::load_optim`, which only takes
 /// records).
-pub fn load_record<AB, B, M, O, P>(
+pub fn load_record<AB, B, M, O, H>(
     path: &Path,
     model: M,
     zero: &ZeroState<B>,
-) -> Result<ResumedRecord<M, O, B, P>, CheckpointError>
+) -> Result<ResumedRecord<M, B, O, H>, CheckpointError>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
     M: Module<AB>,
-    P: Placement<B>,
-    O: SimpleOptimizer<P::Host>,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
     let params = collect::<AB, B, M>(&model, zero)?;
     let zero = params.zero.clone();
@@ -94,7 +94,7 @@ where
             check_model(&meta, &params)?;
             let mut files = RankFiles::new(&dir, &meta);
             let values = read_values(&meta, &params, &mut files)?;
-            let record = read_optimizer::<B, O, P>(&meta, &params, &mut files)?;
+            let record = read_optimizer::<B, O, H>(&meta, &params, &mut files)?;
             let loaded = Loaded {
                 dir: dir.clone(),
                 step: meta.step,
@@ -272,20 +272,20 @@ fn read_values<B: Backend>(
 
 /// This rank's part of the optimizer's masters, state and accumulators, cut again for its
 /// group.
-fn read_optimizer<B, O, P>(
+fn read_optimizer<B, O, H>(
     meta: &Metadata,
     params: &RankParams<B>,
     files: &mut RankFiles<'_>,
-) -> Result<ZeroOptimizerRecord<O, B, P>, CheckpointError>
+) -> Result<ZeroOptimizerRecord<B, O, H>, CheckpointError>
 where
     B: Backend,
-    P: Placement<B>,
-    O: SimpleOptimizer<P::Host>,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
     let zero = &params.zero;
     let (rank, world) = (zero.rank(), zero.world_size());
-    let host = P::host_device(zero.device());
-    let mut masters: Vec<MasterEntry<O, P::Host>> = Vec::new();
+    let host = H::Device::default();
+    let mut masters: Vec<MasterEntry<O, H>> = Vec::new();
     let mut accumulated = Vec::new();
     for param in &params.params {
         // A parameter frozen in this module has no optimizer state, whatever the checkpoint
@@ -300,9 +300,7 @@ where
         // whole parameter when they are all-reduced.
         let (range, len) = wanted(numel, rank, world, zero.gradient_is_sharded(key));
         let master_name = tensor_name(TensorKind::Master, path, None);
-        if let Some(values) =
-            read_flat::<P::Host>(meta, files, &master_name, range, len, None, &host)?
-        {
+        if let Some(values) = read_flat::<H>(meta, files, &master_name, range, len, None, &host)? {
             let state = match meta.optimizer.states.get(path.as_str()) {
                 Some(skeleton) => {
                     let fail = |reason: String| CheckpointError::OptimizerState {
@@ -325,15 +323,17 @@ where
                     if let Some(error) = error {
                         return Err(error);
                     }
-                    Some(from_tree::<P::Host, O::State<1>>(tree, &host).map_err(fail)?)
+                    Some(
+                        from_tree::<H, <O as SimpleOptimizer<H>>::State<1>>(tree, &host)
+                            .map_err(fail)?,
+                    )
                 }
                 None => None,
             };
             masters.push((key, values, state));
         }
         let accum_name = tensor_name(TensorKind::Accumulator, path, None);
-        if let Some(sum) = read_flat::<P::Host>(meta, files, &accum_name, range, len, None, &host)?
-        {
+        if let Some(sum) = read_flat::<H>(meta, files, &accum_name, range, len, None, &host)? {
             accumulated.push((key, sum));
         }
     }

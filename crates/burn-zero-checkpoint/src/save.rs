@@ -11,7 +11,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 use burn_zero_core::store::BlockLayout;
 use burn_zero_core::{Zero, ZeroState};
-use burn_zero_optim::{Placement, ZeroOptimizer, ZeroOptimizerRecord};
+use burn_zero_optim::{ZeroOptimizer, ZeroOptimizerRecord};
 use safetensors::Dtype;
 
 use crate::dir::rotate;
@@ -59,41 +59,41 @@ impl Default for SaveOptions {
 /// as they were; every rank returns the error (its own, or [`CheckpointError::OtherRank`]).
 ///
 /// Returns the checkpoint's directory.
-pub fn save<AB, B, M, O, P>(
+pub fn save<AB, B, M, O, H>(
     root: &Path,
     step: u64,
     model: &M,
-    optimizer: &ZeroOptimizer<O, B, P>,
+    optimizer: &ZeroOptimizer<B, O, H>,
     options: &SaveOptions,
 ) -> Result<PathBuf, CheckpointError>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
     M: Module<AB>,
-    P: Placement<B>,
-    O: SimpleOptimizer<P::Host>,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
     let zero = optimizer.zero_state().ok_or_else(unbound)?.clone();
-    save_record::<AB, B, M, O, P>(root, step, model, &zero, optimizer.record(), options)
+    save_record::<AB, B, M, O, H>(root, step, model, &zero, optimizer.record(), options)
 }
 
 /// [`save`] with the optimizer's state given as its record ([`ZeroOptimizer::record`]) and
 /// the module's [`ZeroState`] given apart, for callers that hold the record but not the
 /// optimizer (burn-train's `Learner` keeps its optimizer private and hands out records only).
-pub fn save_record<AB, B, M, O, P>(
+pub fn save_record<AB, B, M, O, H>(
     root: &Path,
     step: u64,
     model: &M,
     zero: &ZeroState<B>,
-    optimizer: ZeroOptimizerRecord<O, B, P>,
+    optimizer: ZeroOptimizerRecord<B, O, H>,
     options: &SaveOptions,
 ) -> Result<PathBuf, CheckpointError>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
     M: Module<AB>,
-    P: Placement<B>,
-    O: SimpleOptimizer<P::Host>,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
     let params = collect::<AB, B, M>(model, zero)?;
     let zero = params.zero.clone();
@@ -117,18 +117,18 @@ where
 }
 
 /// The save of one shard group's ranks: each writes its file, rank 0 commits the metadata.
-fn save_shard_group<B, O, P>(
+fn save_shard_group<B, O, H>(
     dir: &Path,
     root: &Path,
     step: u64,
     params: &RankParams<B>,
-    optimizer: ZeroOptimizerRecord<O, B, P>,
+    optimizer: ZeroOptimizerRecord<B, O, H>,
     options: &SaveOptions,
 ) -> Result<(), CheckpointError>
 where
     B: Backend,
-    P: Placement<B>,
-    O: SimpleOptimizer<P::Host>,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
     let zero = &params.zero;
     let rank = zero.rank();
@@ -141,7 +141,7 @@ where
     };
     agree(zero, prepared, "save")?;
 
-    let written = write_rank::<B, O, P>(dir, params, optimizer);
+    let written = write_rank::<B, O, H>(dir, params, optimizer);
     let (optimizer_entry, param_entries) = agree(zero, written, "save")?;
 
     let committed = if rank == 0 {
@@ -508,27 +508,27 @@ impl<'a, O: SimpleOptimizer<H> + 'a, H: Backend> Planner<'a, O, H> {
 
 /// Writes this rank's file and index; returns (on every rank) the optimizer's scalar state and
 /// the parameter list for the metadata.
-fn write_rank<B, O, P>(
+fn write_rank<B, O, H>(
     dir: &Path,
     params: &RankParams<B>,
-    record: ZeroOptimizerRecord<O, B, P>,
+    record: ZeroOptimizerRecord<B, O, H>,
 ) -> Result<(OptimizerEntry, Vec<ParamEntry>), CheckpointError>
 where
     B: Backend,
-    P: Placement<B>,
-    O: SimpleOptimizer<P::Host>,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
     let zero: &ZeroState<B> = &params.zero;
     let (rank, world) = (zero.rank(), zero.world_size());
-    let masters: Masters<O, P::Host> = record
+    let masters: Masters<O, H> = record
         .masters
         .into_iter()
         .map(|(key, values, state)| (key, (values, state)))
         .collect();
-    let accumulated: BTreeMap<usize, Tensor<P::Host, 1>> = record.accumulated.into_iter().collect();
+    let accumulated: BTreeMap<usize, Tensor<H, 1>> = record.accumulated.into_iter().collect();
     // The state tree currently being written (its tensors are written one after the other).
     let state_cache = RefCell::new(None);
-    let mut planner: Planner<'_, O, P::Host> = Planner {
+    let mut planner: Planner<'_, O, H> = Planner {
         rank,
         world,
         source: StateSource {

@@ -7,11 +7,11 @@
 mod common;
 
 use burn::backend::Flex;
-use burn::optim::{Adam, AdamConfig};
+use burn::optim::Adam;
 use burn_zero_checkpoint::{SaveOptions, load, load_record, save, save_record};
 use burn_zero_comm::launch;
-use burn_zero_core::{ChunkSize, ZeroConfig, ZeroState, shard};
-use burn_zero_optim::{LossScalerConfig, Offload, SplitZeroOptimizer};
+use burn_zero_core::{ChunkSize, Placement, ZeroConfig, ZeroState, shard};
+use burn_zero_optim::LossScalerConfig;
 use burn_zero_testing::{Block, Train, base_model, param_values, params_bits_equal};
 use common::{Failure, adam, config, scratch, train, train_on};
 
@@ -304,29 +304,30 @@ fn hybrid_sharding_saves_one_copy_and_resumes_bitwise() {
     );
 }
 
-/// A split optimizer's record is its whole state on the host backend, so it saves as any
-/// offloaded optimizer's does: saved by 2 ranks with half the chunks' state on the host, it
-/// resumes on 1 rank with a quarter there, bitwise like the same save and resume with the
-/// optimizer whole on the device.
+/// The optimizer's record is its whole state on the host backend whatever the placement, so a
+/// checkpoint saved by 2 ranks with half the chunks' state on the host resumes on 1 rank with a
+/// quarter there, bitwise like the same save and resume with the optimizer whole on the
+/// device.
 #[test]
-fn a_split_optimizer_resumes_on_other_ranks_with_another_fraction_bitwise() {
-    type Split = SplitZeroOptimizer<Adam, Flex, Flex>;
+fn a_placed_optimizer_resumes_on_other_ranks_with_another_fraction_bitwise() {
     const BEFORE: usize = 3;
     const AFTER: usize = 3;
     let base = base_model(&Default::default());
     let config = config(3).with_chunk_size(ChunkSize::Elements(256));
     let want = reshard_with(&base, 2, &config, 1, &config, "split-reference");
-    let split = |zero: &ZeroState<Flex>, frac: f64| {
-        Split::new(zero, AdamConfig::new().build(), frac).unwrap()
+    let placed = |frac: f64| {
+        config
+            .clone()
+            .with_placement(Placement::fractions(0.0, frac))
     };
     let dir = scratch("split");
     launch::<Flex, _, _, Failure>(2, &[Default::default()], |ctx| {
-        let (model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optim = split(&zero, 0.5);
+        let (model, zero) = shard(base.clone(), &ctx, &placed(0.5))?;
+        let mut optim = adam(&zero);
         assert!(!optim.host_chunks().is_empty());
         let model = train(model, &mut optim, ctx.rank(), 2, 0..BEFORE);
         let options = SaveOptions::default();
-        save_record::<Train, Flex, _, Adam, Offload<Flex>>(
+        save_record::<Train, Flex, _, Adam, Flex>(
             &dir,
             BEFORE as u64,
             &model,
@@ -338,10 +339,9 @@ fn a_split_optimizer_resumes_on_other_ranks_with_another_fraction_bitwise() {
     })
     .unwrap();
     let got = launch::<Flex, _, _, Failure>(1, &[Default::default()], |ctx| {
-        let (model, zero) = shard(base_model(&Default::default()), &ctx, &config)?;
-        let (model, record, _) =
-            load_record::<Train, Flex, _, Adam, Offload<Flex>>(&dir, model, &zero)?;
-        let mut optim = split(&zero, 0.25).restore(record);
+        let (model, zero) = shard(base_model(&Default::default()), &ctx, &placed(0.25))?;
+        let (model, record, _) = load_record::<Train, Flex, _, Adam, Flex>(&dir, model, &zero)?;
+        let mut optim = adam(&zero).restore(record);
         let model = train(model, &mut optim, 0, 1, BEFORE..BEFORE + AFTER);
         Ok(param_values(&model))
     })
@@ -349,6 +349,6 @@ fn a_split_optimizer_resumes_on_other_ranks_with_another_fraction_bitwise() {
     std::fs::remove_dir_all(&dir).ok();
     assert!(
         params_bits_equal(&got[0], &want[0]),
-        "the split optimizer resumed differently from the optimizer whole on the device"
+        "the placed optimizer resumed differently from the optimizer whole on the device"
     );
 }

@@ -4,6 +4,7 @@ use burn::config::Config;
 use burn::tensor::DType;
 
 use crate::chunk::ChunkSize;
+use crate::placement::Placement;
 
 /// How [`crate::shard()`] partitions a module and how the decorator gathers it.
 ///
@@ -95,34 +96,12 @@ pub struct ZeroConfig {
     /// searched size on device backends and one parameter per chunk on Flex and NdArray.
     #[config(default = "ChunkSize::Auto")]
     pub chunk_size: ChunkSize,
-    /// Stage 3: the fraction (0 to 1) of the sharded chunks' bytes whose parameter shards live
-    /// in host memory instead of on the device (Gemini's `offload_param_frac`; ZeRO-Infinity's
-    /// parameter offload). Chunks are taken in layout order, whole, while they fit in the
-    /// fraction; an offloaded shard is uploaded for each all-gather and the upload freed with
-    /// the gathered parameter, so the device holds only the gathered parameters in use. 0
-    /// (the default) keeps every shard on the device; 1 moves them all.
-    #[config(default = 0.0)]
-    pub offload_param_frac: f64,
-    /// Stage 3: place parameter shards by measurement under this device capacity, in MiB (the
-    /// auto policy of ColossalAI Gemini's `placement_policy`). The first two passes (the
-    /// warm-up: the optimizer makes its state at the end of the first) run with every shard in
-    /// host memory while the device's bytes in use are read at each gather and at the end of
-    /// each pass (cubecl's own count, every stream summed); then the shards of chunks in layout
-    /// order move to the device while they fit in 0.9 × capacity less the warm-up's peak and
-    /// one chunk's shard (a step holds one device chunk's old and new values at once), and
-    /// stay there. A warm-up reading above the capacity stops training with an error that says
-    /// what was needed and what was available. Needs a backend whose memory cubecl reports
-    /// (wgpu, CUDA, with burn-zero's `wgpu`/`cuda` features); replaces `offload_param_frac`.
-    #[config(default = "None")]
-    pub auto_placement_capacity_mib: Option<f64>,
-    /// Stage 3: the auto placement of `auto_placement_capacity_mib`, with the capacity read
-    /// from the device when the model is sharded instead of given: on CUDA, the memory the
-    /// driver reports free then plus the bytes cubecl already holds reserved there (so memory
-    /// other processes hold is not planned for). Other backends report no capacity (cubecl
-    /// 0.10 counts its own bytes, not the device's size): `shard` refuses it there, naming
-    /// `auto_placement_capacity_mib`.
-    #[config(default = false)]
-    pub auto_placement_device_capacity: bool,
+    /// Where parameter shards, fp32 masters and optimizer state live: everything on the
+    /// device (the default), fixed fractions of the chunks in host memory, or parameter shards
+    /// placed by measurement under a device capacity (see [`Placement`]). The optimizer built
+    /// from the sharded module's state places its part from the same value.
+    #[config(default = "Placement::device()")]
+    pub placement: Placement,
 }
 
 impl ZeroConfig {
@@ -151,38 +130,6 @@ impl ZeroConfig {
         }
     }
 
-    /// The auto placement's own rules, under whichever of its two options turned it on.
-    fn validate_auto_placement(&self) -> Result<(), String> {
-        let option = match (
-            self.auto_placement_capacity_mib.is_some(),
-            self.auto_placement_device_capacity,
-        ) {
-            (false, false) => return Ok(()),
-            (true, true) => {
-                return Err("auto_placement_capacity_mib gives the capacity and \
-                            auto_placement_device_capacity reads it from the device: set one \
-                            of the two"
-                    .into());
-            }
-            (true, false) => "auto_placement_capacity_mib",
-            (false, true) => "auto_placement_device_capacity",
-        };
-        if self.stage != 3 {
-            return Err(format!(
-                "{option} needs stage 3 (parameters sharded and gathered at use), not stage {}",
-                self.stage
-            ));
-        }
-        if self.offload_param_frac > 0.0 {
-            return Err(format!(
-                "{option} places parameter shards by measurement; offload_param_frac {} would \
-                 place them by fraction: set one of the two",
-                self.offload_param_frac
-            ));
-        }
-        Ok(())
-    }
-
     /// Checks the values that cannot work.
     pub fn validate(&self) -> Result<(), String> {
         if self.stage > 3 {
@@ -206,27 +153,7 @@ impl ZeroConfig {
             ));
         }
         self.chunk_size.validate(1)?;
-        if !(0.0..=1.0).contains(&self.offload_param_frac) {
-            return Err(format!(
-                "offload_param_frac must be a fraction from 0 to 1, not {}",
-                self.offload_param_frac
-            ));
-        }
-        if let Some(capacity) = self.auto_placement_capacity_mib
-            && !(capacity.is_finite() && capacity > 0.0)
-        {
-            return Err(format!(
-                "auto_placement_capacity_mib must be a positive number of MiB, not {capacity}"
-            ));
-        }
-        self.validate_auto_placement()?;
-        if self.offload_param_frac > 0.0 && self.stage != 3 {
-            return Err(format!(
-                "offload_param_frac needs stage 3 (parameters sharded and gathered at use), not \
-                 stage {}",
-                self.stage
-            ));
-        }
+        self.placement.validate(self.stage)?;
         if !self.bucket_size_mb.is_finite() {
             return Err(format!(
                 "bucket_size_mb must be finite, not {}",

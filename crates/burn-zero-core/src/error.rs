@@ -21,4 +21,7 @@ pub enum ZeroError {
     /// A module that is already sharded.
     #[error("parameter {0} is already sharded")]
     AlreadySharded(String),
+    /// The optimizer cannot be made as asked (its configuration, or the placement).
+    #[error("optimizer: {0}")]
+    Optimizer(String),
 }

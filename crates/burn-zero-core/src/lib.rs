@@ -24,6 +24,7 @@ pub mod config;
 pub mod error;
 pub mod memory;
 mod ops;
+pub mod placement;
 pub mod reduce;
 pub mod shard;
 pub mod state;
@@ -38,6 +39,7 @@ pub use error::ZeroError;
 pub use memory::{
     AutoPlacementReport, ChunkCounts, KeptShardStats, MemoryKind, MemoryReport, Usage,
 };
+pub use placement::{Capacity, Placement};
 pub use reduce::{GradientReducer, ReductionStats};
 pub use shard::{shard, unshard};
 pub use state::ZeroState;

@@ -161,7 +161,7 @@ pub struct MemoryReport {
     pub host_gradient_accumulators: Usage,
     /// The chunk layout in numbers.
     pub chunks: ChunkCounts,
-    /// What the auto placement measured and decided (`auto_placement_capacity_mib`), once its
+    /// What the auto placement measured and decided (`Placement::auto`), once its
     /// warm-up has ended.
     pub auto_placement: Option<AutoPlacementReport>,
     /// What the auto placement's host shards kept on the device between uses did, once it

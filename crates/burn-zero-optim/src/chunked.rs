@@ -25,8 +25,8 @@ use burn_zero_core::{ParamStore, ShardedView, ZeroTensor};
 use burn_zero_kernels::{KernelError, PackPath, join};
 
 use crate::master::{Master, cast_to};
-use crate::optimizer::{Grad, Taken, ZeroOptimizer, flat};
-use crate::placement::Placement;
+use crate::place::Place;
+use crate::side::{Grad, Side, Taken, flat};
 use crate::state_tree::{join_states, split_state};
 
 /// New values by parameter key, while a step writes them.
@@ -98,7 +98,7 @@ pub(crate) struct ChunkGrad<H: Backend> {
     pub grad: Tensor<H, 1>,
 }
 
-impl<O, B: Backend, P: Placement<B>> ZeroOptimizer<O, B, P>
+impl<O, B: Backend, P: Place<B>> Side<O, B, P>
 where
     O: SimpleOptimizer<P::Host>,
 {

@@ -18,8 +18,8 @@
 //!
 //! Their records are Burn's, so checkpoints move between the fused and the per-tensor path.
 //!
-//! Both are [`OnePass`] optimizers: inside `ZeroOptimizer` (built with `ZeroOptimizer::adam`
-//! or `adamw`, or told `with_one_pass`), the gradient's multiplier (loss-scale unscaling,
+//! Both are [`OnePass`] optimizers: inside `ZeroOptimizer` (built from `AdamConfig` or
+//! `AdamWConfig`, its default), the gradient's multiplier (loss-scale unscaling,
 //! clipping) and, for a half-precision parameter, the cast of the new values to its dtype are
 //! done by the same pass or launch (`adam_step_copying`, `adam_step_kernel_copying`), bitwise
 //! equal to a separate multiply before the step and Burn's cast after it.

@@ -1,5 +1,5 @@
-//! Saving and loading a [`ZeroOptimizer`]: each rank records its own part — fp32 master shards,
-//! optimizer state, gradient accumulators and the loss scaler — with no gathering.
+//! Saving and loading a [`crate::ZeroOptimizer`]: each rank records its own part — fp32 master
+//! shards, optimizer state, gradient accumulators and the loss scaler — with no gathering.
 
 use std::marker::PhantomData;
 
@@ -11,23 +11,25 @@ use burn_zero_core::{Zero, ZeroState};
 use serde::{Deserialize, Serialize};
 
 use crate::master::Master;
-use crate::optimizer::{ZeroOptimizer, keep_host_gradients};
-use crate::placement::{OnDevice, Placement};
+use crate::place::Place;
+use crate::side::{Side, keep_host_gradients};
 
-/// One rank's optimizer state: a Burn [`Record`] of the autodiff backend, so Burn's recorders
-/// save it (`BinFileRecorder`, `NamedMpkFileRecorder`, … with `FullPrecisionSettings` to keep
-/// the masters in fp32). Save one file per rank and load it into the same rank of a group of
-/// the same size: the optimizer refuses anything else at its next step.
-pub struct ZeroOptimizerRecord<O, B: Backend, P: Placement<B> = OnDevice>
+/// One rank's optimizer state, every parameter's entry on the host backend `H` whichever side
+/// stepped it: a Burn [`Record`] of the autodiff backend, so Burn's recorders save it
+/// (`BinFileRecorder`, `NamedMpkFileRecorder`, … with `FullPrecisionSettings` to keep the
+/// masters in fp32). Save one file per rank and load it into the same rank of a group of the
+/// same size (the optimizer refuses anything else at its next step), under any placement; a
+/// sharded checkpoint (`burn-zero-checkpoint`) also resumes it at another world size.
+pub struct ZeroOptimizerRecord<B: Backend, O, H: Backend>
 where
-    O: SimpleOptimizer<P::Host>,
+    O: SimpleOptimizer<H>,
 {
     /// Rank and world size of the group the state belongs to (`None` before the first step).
     pub placement: Option<(usize, usize)>,
     /// Per parameter key: the fp32 master part and the optimizer's state for it.
-    pub masters: Vec<MasterEntry<O, P::Host>>,
+    pub masters: Vec<MasterEntry<O, H>>,
     /// Per parameter key: fp32 gradient sums of the current accumulation window.
-    pub accumulated: Vec<(usize, Tensor<P::Host, 1>)>,
+    pub accumulated: Vec<(usize, Tensor<H, 1>)>,
     /// Micro-steps taken in the current accumulation window.
     pub micro_steps: usize,
     /// Loss scaler state: scale, clean steps since the last change, overflows counted towards
@@ -42,16 +44,16 @@ where
     _model: PhantomData<B>,
 }
 
-impl<O, B: Backend, P: Placement<B>> ZeroOptimizerRecord<O, B, P>
+impl<B: Backend, O, H: Backend> ZeroOptimizerRecord<B, O, H>
 where
-    O: SimpleOptimizer<P::Host>,
+    O: SimpleOptimizer<H>,
 {
     /// A record from its parts, for state assembled elsewhere (a sharded checkpoint re-chunked
     /// for another group): `placement` is the rank and world size it is for.
     pub fn new(
         placement: Option<(usize, usize)>,
-        masters: Vec<MasterEntry<O, P::Host>>,
-        accumulated: Vec<(usize, Tensor<P::Host, 1>)>,
+        masters: Vec<MasterEntry<O, H>>,
+        accumulated: Vec<(usize, Tensor<H, 1>)>,
         micro_steps: usize,
         scaler: Option<(f64, usize, usize)>,
         skipped: usize,
@@ -69,12 +71,12 @@ where
     }
 }
 
-impl<O, B: Backend, P: Placement<B>> ZeroOptimizerRecord<O, B, P>
+impl<B: Backend, O, H: Backend> ZeroOptimizerRecord<B, O, H>
 where
-    O: SimpleOptimizer<P::Host>,
+    O: SimpleOptimizer<H>,
 {
     /// A record with no state that, loaded into an optimizer made with
-    /// [`ZeroOptimizer::unbound`], binds it to `zero`, the state `shard` returned on this
+    /// [`crate::ZeroOptimizer::unbound`], binds it to `zero`, the state `shard` returned on this
     /// rank: the way a training framework that owns the optimizer (burn-train's `Learner`,
     /// through `load_optim`) hands it the sharded module it steps.
     pub fn binding(zero: &ZeroState<B>) -> Self {
@@ -119,14 +121,14 @@ struct MasterItem<O: SimpleOptimizer<H>, H: Backend, S: PrecisionSettings> {
     state: Option<<O::State<1> as Record<H>>::Item<S>>,
 }
 
-impl<AB, O, B, P> Record<AB> for ZeroOptimizerRecord<O, B, P>
+impl<AB, B, O, H> Record<AB> for ZeroOptimizerRecord<B, O, H>
 where
     AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = Device<B>>,
     B: Backend,
-    P: Placement<B>,
-    O: SimpleOptimizer<P::Host>,
+    H: Backend,
+    O: SimpleOptimizer<H>,
 {
-    type Item<S: PrecisionSettings> = ZeroOptimizerRecordItem<O, P::Host, S>;
+    type Item<S: PrecisionSettings> = ZeroOptimizerRecordItem<O, H, S>;
 
     fn into_item<S: PrecisionSettings>(self) -> Self::Item<S> {
         ZeroOptimizerRecordItem {
@@ -136,14 +138,14 @@ where
                 .into_iter()
                 .map(|(key, values, state)| MasterItem {
                     key,
-                    values: Record::<P::Host>::into_item::<S>(values),
-                    state: state.map(|s| Record::<P::Host>::into_item::<S>(s)),
+                    values: Record::<H>::into_item::<S>(values),
+                    state: state.map(|s| Record::<H>::into_item::<S>(s)),
                 })
                 .collect(),
             accumulated: self
                 .accumulated
                 .into_iter()
-                .map(|(key, sum)| (key, Record::<P::Host>::into_item::<S>(sum)))
+                .map(|(key, sum)| (key, Record::<H>::into_item::<S>(sum)))
                 .collect(),
             micro_steps: self.micro_steps,
             scaler: self.scaler,
@@ -151,19 +153,19 @@ where
         }
     }
 
-    fn from_item<S: PrecisionSettings>(item: Self::Item<S>, device: &AB::Device) -> Self {
-        let host = P::host_device(device);
+    fn from_item<S: PrecisionSettings>(item: Self::Item<S>, _device: &AB::Device) -> Self {
+        // The entries live on the host backend's default device, as the optimizer keeps them.
+        let host = H::Device::default();
         Self {
             placement: item.placement,
             masters: item
                 .masters
                 .into_iter()
                 .map(|m| {
-                    let values =
-                        <Tensor<P::Host, 1> as Record<P::Host>>::from_item(m.values, &host);
+                    let values = <Tensor<H, 1> as Record<H>>::from_item(m.values, &host);
                     let state = m
                         .state
-                        .map(|s| <O::State<1> as Record<P::Host>>::from_item(s, &host));
+                        .map(|s| <O::State<1> as Record<H>>::from_item(s, &host));
                     (m.key, values, state)
                 })
                 .collect(),
@@ -171,7 +173,7 @@ where
                 .accumulated
                 .into_iter()
                 .map(|(key, sum)| {
-                    let sum = <Tensor<P::Host, 1> as Record<P::Host>>::from_item(sum, &host);
+                    let sum = <Tensor<H, 1> as Record<H>>::from_item(sum, &host);
                     (key, sum)
                 })
                 .collect(),
@@ -184,12 +186,12 @@ where
     }
 }
 
-impl<O, B: Backend, P: Placement<B>> ZeroOptimizer<O, B, P>
+impl<O, B: Backend, P: Place<B>> Side<O, B, P>
 where
     O: SimpleOptimizer<P::Host>,
 {
-    /// This rank's state as a record (no communication).
-    pub fn record(&self) -> ZeroOptimizerRecord<O, B, P> {
+    /// This side's state as a record of entries where it keeps them (no communication).
+    pub(crate) fn record(&self) -> ZeroOptimizerRecord<B, O, P::Host> {
         ZeroOptimizerRecord {
             placement: self.placement,
             masters: {
@@ -222,7 +224,7 @@ where
     /// Replaces this rank's state with `record`. The optimizer's own settings (the wrapped
     /// optimizer, clipping, accumulation, loss-scaler knobs) stay; a recorded loss-scaler state
     /// is restored only into an optimizer that has a scaler.
-    pub fn restore(mut self, record: ZeroOptimizerRecord<O, B, P>) -> Self {
+    pub(crate) fn restore(mut self, record: ZeroOptimizerRecord<B, O, P::Host>) -> Self {
         if let Some(zero) = record.binding {
             keep_host_gradients::<B, P>(&zero, &self.owned);
             self.zero = Some(zero);

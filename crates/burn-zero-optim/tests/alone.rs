@@ -14,7 +14,7 @@ use burn::backend::Flex;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn_zero_comm::{Counts, LaunchOptions, RankContext, launch_with};
 use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::recording::{CallLog, RecordingComm};
 use burn_zero_testing::{Block, base_model_on, micro_batch, param_values, params_bits_equal};
 
@@ -54,7 +54,8 @@ fn train_alone(base: &Block<Train<Flex>>, config: &ZeroConfig) -> Run {
         let recorder = RecordingComm::new(ctx.engine().clone(), log.clone());
         let ctx = RankContext::new(*ctx.device(), Arc::new(recorder));
         let (mut model, zero) = shard(base.clone(), &ctx, config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let (mut calls, mut counted) = (0, Counts::default());
         for step in 0..STEPS {
             if step == 1 {

@@ -18,7 +18,7 @@ use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::alloc::CountingAllocator;
 use burn_zero_testing::{Materialise, Train, param_values};
 
@@ -33,7 +33,8 @@ static ALLOCATOR: CountingAllocator = CountingAllocator::new();
 fn train(base: &Stack<Train>, config: &ZeroConfig, steps: usize) -> (Vec<usize>, Vec<Vec<f32>>) {
     let mut runs = launch::<Flex, _, _, ZeroError>(1, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let mut peaks = Vec::new();
         for step in 0..steps {
             let loss = model.loss(input(step, 0, ctx.device()));

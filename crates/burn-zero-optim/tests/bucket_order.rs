@@ -19,7 +19,7 @@ use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn_zero_comm::launch;
 use burn_zero_core::{ChunkSize, ReductionStats, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{Materialise, Train, param_values};
 
 #[path = "common/normed.rs"]
@@ -40,7 +40,8 @@ struct RankRun {
 fn train(base: &NormedStack<Train>, config: &ZeroConfig) -> Vec<RankRun> {
     launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let mut stats = Vec::new();
         for step in 0..STEPS {
             let grads = model.loss(input(step, ctx.rank(), ctx.device())).backward();

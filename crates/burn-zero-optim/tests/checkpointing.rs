@@ -27,7 +27,7 @@ use burn::tensor::{Tensor, TensorData};
 use burn_zero_comm::{RankContext, launch};
 use burn_zero_core::chunk::{ChunkKind, ChunkLayout};
 use burn_zero_core::{ChunkSize, Zero, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::alloc::CountingAllocator;
 use burn_zero_testing::recording::{CallLog, RecordingComm};
 use burn_zero_testing::{Block, base_model, micro_batch, param_values, params_bits_equal};
@@ -83,7 +83,8 @@ where
         let ctx = RankContext::new(*ctx.device(), recorder);
         let base = with_values(Block::<AB>::new(ctx.device()), values);
         let (mut model, zero) = shard(base, &ctx, config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let mut gathers = Vec::new();
         for step in 0..STEPS {
             let before = log.lock().unwrap().len();

@@ -23,7 +23,7 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn_zero_comm::launch;
 use burn_zero_core::chunk::{ChunkKind, ChunkLayout};
 use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{Train, base_model_on, micro_batch};
 
 const STEPS: usize = 6;
@@ -74,7 +74,8 @@ fn gathers_per_step(config: &ZeroConfig) -> Vec<(Vec<u64>, ChunkLayout)> {
     let base = base_model_on::<Flex>(&Default::default());
     launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let mut per_step = Vec::new();
         for step in 0..3 {
             let before = zero.counts();

@@ -110,7 +110,7 @@ fn train(base: &Stack<Train>, stage: u8, chunk_size: ChunkSize, persist_below: u
     let mut ranks = launch::<Plain, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
         let chunks = zero.store().chunks().chunks().len();
-        let mut optimizer = ZeroOptimizer::adam(&zero, &AdamConfig::new()).expect("valid");
+        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().clone()).expect("valid");
         let (mut forward, mut step) = (Vec::new(), Vec::new());
         for index in 0..STEPS {
             let input = input::<Train>(index, ctx.device());

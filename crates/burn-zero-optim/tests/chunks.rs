@@ -52,7 +52,7 @@ fn a_step_issues_one_collective_per_chunk_and_counts_them() {
     use burn_zero_comm::{RankContext, launch};
     use burn_zero_core::chunk::ChunkKind;
     use burn_zero_core::{ZeroError, shard};
-    use burn_zero_optim::ZeroOptimizer;
+    use burn_zero_optim::{PerTensor, ZeroOptimizer};
     use burn_zero_testing::recording::{CallLog, RecordingComm};
     use burn_zero_testing::{Train, micro_batch};
 
@@ -66,7 +66,8 @@ fn a_step_issues_one_collective_per_chunk_and_counts_them() {
         let recorder = RecordingComm::new(ctx.engine().clone(), log.clone());
         let ctx = RankContext::new(*ctx.device(), Arc::new(recorder));
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let mut step = |model, index| {
             let (tokens, targets) = micro_batch::<Train>(index, ctx.device());
             let grads = GradientsParams::from_grads(

@@ -23,7 +23,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_zero_comm::{RankContext, launch};
 use burn_zero_core::chunk::ChunkKind;
 use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::recording::{CallLog, RecordingComm};
 use burn_zero_testing::{
     Block, Train, base_model, bits_equal, micro_batch, param_values, step_mean_grads,
@@ -104,7 +104,8 @@ fn a_frozen_base_trains_bitwise_like_single_rank_burn_and_never_moves() {
                 .with_chunk_size(chunk_size);
             let got = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
                 let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-                let mut optimizer = ZeroOptimizer::new(&zero, AdamWConfig::new().build());
+                let mut optimizer =
+                    ZeroOptimizer::new(&zero, PerTensor(AdamWConfig::new().build())).unwrap();
                 for step in 0..STEPS {
                     let (tokens, targets) =
                         micro_batch::<Train>(step * world_size + ctx.rank(), ctx.device());
@@ -155,7 +156,8 @@ fn never_reduced(chunk_size: ChunkSize) {
         let recorder = Arc::new(RecordingComm::new(ctx.comm().clone(), log.clone()));
         let ctx = RankContext::new(*ctx.device(), recorder);
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let mut reduced_per_step = Vec::new();
         for step in 0..STEPS {
             let before = log.lock().unwrap().len();
@@ -342,7 +344,8 @@ fn refused_step(change: impl FnMut(usize) -> bool + Clone + Sync) -> String {
     let messages = launch::<Flex, _, _, ZeroError>(1, &[Default::default()], |ctx| {
         let (model, zero) = shard(frozen_base(), &ctx, &ZeroConfig::new().with_stage(3))?;
         let model = with_trainable(model, change.clone());
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let (tokens, targets) = micro_batch::<Train>(0, ctx.device());
         let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
         let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -128,7 +128,7 @@ fn a_negative_or_non_finite_learning_rate_is_refused_before_anything_changes() {
     let base = base_model(&Default::default());
     let messages = launch::<Flex, _, _, ZeroError>(1, &[Default::default()], |ctx| {
         let (model, zero) = shard(base.clone(), &ctx, &ZeroConfig::new())?;
-        let mut optim = ZeroOptimizer::adam(&zero, &AdamConfig::new()).expect("fusable");
+        let mut optim = ZeroOptimizer::new(&zero, AdamConfig::new().clone()).expect("fusable");
         let before = param_values(&model);
         let mut messages = Vec::new();
         let mut model = model;

@@ -6,7 +6,7 @@
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn_zero_comm::{CommError, launch};
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{
     Block, Train, base_model, micro_batch, param_values, params_bits_equal, step_mean_grads,
 };
@@ -38,7 +38,8 @@ fn an_optimizer_stepped_on_another_thread_trains_bitwise_like_single_rank_burn()
             .with_bucket_size_mb(0.001);
         let per_rank = launch::<_, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
             let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+            let mut optimizer =
+                ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
             for step in 0..STEPS {
                 // Forward and backward on the rank's thread (autodiff's hooks run here) ...
                 let (tokens, targets) =
@@ -75,7 +76,8 @@ fn an_optimizer_refuses_a_module_another_shard_call_sharded() {
     let result = launch::<_, _, _, CommError>(1, &[Default::default()], |ctx| {
         let (_first, zero) = shard(base.clone(), &ctx, &config).expect("sharded");
         let (second, _second_zero) = shard(base.clone(), &ctx, &config).expect("sharded");
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let (tokens, targets) = micro_batch::<Train>(0, ctx.device());
         let grads = GradientsParams::from_grads(second.loss(tokens, targets).backward(), &second);
         optimizer.step(LR, second, grads);
@@ -96,7 +98,7 @@ fn an_unbound_optimizer_bound_through_a_record_trains_bitwise_like_single_rank_b
     let want = reference(&base);
     let config = ZeroConfig::new().with_stage(3).with_persist_below_numel(12);
     // Made before sharding, as a training framework takes it; bound on each rank afterwards.
-    let unbound = ZeroOptimizer::unbound(AdamConfig::new().build());
+    let unbound = ZeroOptimizer::unbound(PerTensor(AdamConfig::new().build())).unwrap();
     let per_rank = launch::<_, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
         let mut optimizer = unbound.clone().restore(ZeroOptimizerRecord::binding(&zero));
@@ -122,7 +124,7 @@ fn an_unbound_optimizer_refuses_to_step_and_says_how_to_bind_it() {
     let config = ZeroConfig::new().with_persist_below_numel(0);
     let result = launch::<_, _, _, CommError>(1, &[Default::default()], |ctx| {
         let (model, _zero) = shard(base.clone(), &ctx, &config).expect("sharded");
-        let mut optimizer = ZeroOptimizer::unbound(AdamConfig::new().build());
+        let mut optimizer = ZeroOptimizer::unbound(PerTensor(AdamConfig::new().build())).unwrap();
         let (tokens, targets) = micro_batch::<Train>(0, ctx.device());
         let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
         optimizer.step(LR, model, grads);
@@ -149,7 +151,8 @@ fn a_second_backward_before_a_step_is_refused_by_name() {
         let messages =
             launch::<burn::backend::Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
                 let (model, zero) = shard(base.clone(), &ctx, &config)?;
-                let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+                let mut optimizer =
+                    ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
                 let (tokens, targets) = micro_batch::<Train>(ctx.rank(), ctx.device());
                 let first = model.loss(tokens.clone(), targets.clone()).backward();
                 drop(first);

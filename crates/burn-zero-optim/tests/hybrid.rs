@@ -22,7 +22,7 @@ use burn::tensor::Tensor;
 use burn_zero_comm::{CommError, Communicator, RankContext, ReduceOp, launch};
 use burn_zero_core::chunk::{Chunk, ChunkKind};
 use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{
     Block, Inner, Train, base_model, micro_batch, param_values, params_bits_equal,
 };
@@ -88,7 +88,8 @@ fn reference(base: &Block<Train>, world: usize, shard: usize) -> Vec<Vec<f32>> {
 fn sharded(base: &Block<Train>, world: usize, config: &ZeroConfig) -> Vec<Vec<Vec<f32>>> {
     launch::<Flex, _, _, ZeroError>(world, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         for step in 0..STEPS {
             let (tokens, targets) = micro_batch::<Train>(step * world + ctx.rank(), ctx.device());
             let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
@@ -302,7 +303,8 @@ fn bytes_and_model_state(chunk_size: ChunkSize) {
         });
         let ctx = RankContext::new(*ctx.device(), counting);
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let mut step = |model: Block<Train>, index: usize| {
             let (tokens, targets) = micro_batch::<Train>(index * world + ctx.rank(), ctx.device());
             let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);

@@ -12,7 +12,7 @@ use burn::backend::Flex;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn_zero_comm::{LaunchOptions, launch_with};
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::alloc::CountingAllocator;
 use burn_zero_testing::{Train, base_model, micro_batch};
 
@@ -56,7 +56,7 @@ fn shard_train_drop(
         .with_overlap_comm(true)
         .with_prefetch(2);
     let (model, zero) = shard(base.clone(), ctx, &config)?;
-    let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+    let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
     let (tokens, targets) = micro_batch::<Train>(ctx.rank(), ctx.device());
     let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
     let model = optimizer.step(1e-3, model, grads);

@@ -14,7 +14,7 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::{DType, Tensor, activation::relu};
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::alloc::CountingAllocator;
 use burn_zero_testing::{CastParams, Train};
 
@@ -70,7 +70,8 @@ fn model_state_measured_by_the_allocator_matches_the_tracer_and_the_formula() {
         let freed = AtomicUsize::new(0);
         let per_rank = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
             let (model, zero) = shard(base.clone(), &ctx, &config)?;
-            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+            let mut optimizer =
+                ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
             let x = Tensor::<Train, 2>::ones([2, WIDTH], ctx.device()).cast(DType::F16);
             let grads = GradientsParams::from_grads(model.forward(x).mean().backward(), &model);
             let model = optimizer.step(1e-3, model, grads);

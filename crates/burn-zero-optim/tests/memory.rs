@@ -8,7 +8,7 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::DType;
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{CastParams, Train, base_model, micro_batch};
 
 #[test]
@@ -23,7 +23,8 @@ fn stage3_mixed_precision_adam_holds_sixteen_bytes_per_parameter_over_n() {
     for world_size in [1, 2, 4] {
         let per_rank = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
             let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+            let mut optimizer =
+                ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
             let (tokens, targets) = micro_batch::<Train>(ctx.rank(), ctx.device());
             let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
             model = optimizer.step(1e-3, model, grads);

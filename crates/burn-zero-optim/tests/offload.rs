@@ -1,33 +1,40 @@
-//! Offload: master shards, optimizer state and gradient accumulators on a host backend while
-//! the model computes on `Zero<Flex>`. With the same backend on both sides the only change is
-//! the round trip through host memory, so training is bitwise unchanged; with NdArray as the
-//! host, Adam's arithmetic runs in another backend and agrees to float rounding.
+//! Offload (`Placement::fractions(0, 1)`): master shards, optimizer state and gradient
+//! accumulators on the optimizer's host backend while the model computes on `Zero<Flex>`. With
+//! the same backend on both sides the only change is the round trip through host memory, so
+//! training is bitwise unchanged; with NdArray as the host, Adam's arithmetic runs in another
+//! backend and agrees to float rounding.
 
 use burn::backend::{Flex, NdArray};
-use burn::optim::{AdamConfig, GradientsParams};
+use burn::optim::{Adam, AdamConfig, GradientsParams};
+use burn::tensor::backend::Backend;
 use burn_zero_comm::{Counts, launch};
-use burn_zero_core::{ZeroConfig, ZeroError, ZeroState, shard};
-use burn_zero_optim::{Offload, Placement, ZeroOptimizer};
+use burn_zero_core::{Placement, ZeroConfig, ZeroError, shard};
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
 
 const WORLD: usize = 2;
 const STEPS: usize = 6;
 const LR: f64 = 1e-2;
 
-/// Final parameters of every rank, and rank 0's master and state bytes.
-fn train<P: Placement<Flex>>(
+/// The optimizer state of `offload_optim_frac` of the chunks on the host.
+fn placed(offload_optim_frac: f64) -> Placement {
+    Placement::fractions(0.0, offload_optim_frac)
+}
+
+/// Final parameters of every rank, and rank 0's master and state bytes, the optimizer state
+/// placed by `placement` with `H` as the host backend.
+fn train<H: Backend>(
     base: &Block<Train>,
-    optim: impl Fn(&ZeroState<Flex>) -> ZeroOptimizer<burn::optim::Adam, Flex, P> + Sync,
-) -> (Vec<Vec<Vec<f32>>>, (usize, usize))
-where
-    burn::optim::Adam: burn::optim::SimpleOptimizer<P::Host>,
-    <burn::optim::Adam as burn::optim::SimpleOptimizer<P::Host>>::State<1>:
-        burn_zero_optim::StateBytes,
-{
-    let config = ZeroConfig::new().with_persist_below_numel(12);
+    placement: Placement,
+) -> (Vec<Vec<Vec<f32>>>, (usize, usize)) {
+    let config = ZeroConfig::new()
+        .with_persist_below_numel(12)
+        .with_placement(placement);
     let per_rank = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer = optim(&zero).with_accumulation(2);
+        let mut optimizer =
+            ZeroOptimizer::<Flex, Adam, H>::with_host(&zero, PerTensor(AdamConfig::new().build()))?
+                .with_accumulation(2);
         for step in 0..STEPS {
             let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
             let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
@@ -55,12 +62,8 @@ fn max_relative_difference(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f32 {
 #[test]
 fn offloading_to_the_same_backend_is_bitwise_unchanged() {
     let base = base_model(&Default::default());
-    let (on_device, device_bytes) = train(&base, |zero| {
-        ZeroOptimizer::new(zero, AdamConfig::new().build())
-    });
-    let (offloaded, host_bytes) = train(&base, |zero| {
-        ZeroOptimizer::<_, Flex, Offload<Flex>>::offloaded(zero, AdamConfig::new().build())
-    });
+    let (on_device, device_bytes) = train::<Flex>(&base, placed(0.0));
+    let (offloaded, host_bytes) = train::<Flex>(&base, placed(1.0));
     assert!(device_bytes.0 > 0 && device_bytes.1 == 2 * device_bytes.0);
     assert_eq!(device_bytes, host_bytes, "the same state, somewhere else");
     for rank in 0..WORLD {
@@ -74,12 +77,8 @@ fn offloading_to_the_same_backend_is_bitwise_unchanged() {
 #[test]
 fn offloading_to_ndarray_agrees_to_rounding() {
     let base = base_model(&Default::default());
-    let (on_device, _) = train(&base, |zero| {
-        ZeroOptimizer::new(zero, AdamConfig::new().build())
-    });
-    let (offloaded, _) = train(&base, |zero| {
-        ZeroOptimizer::<_, Flex, Offload<NdArray>>::offloaded(zero, AdamConfig::new().build())
-    });
+    let (on_device, _) = train::<NdArray>(&base, placed(0.0));
+    let (offloaded, _) = train::<NdArray>(&base, placed(1.0));
     // The masters' type is `Tensor<NdArray, 1>`: the steps ran in NdArray's Adam.
     let difference = max_relative_difference(&on_device, &offloaded);
     println!("max relative difference, Flex masters vs NdArray masters: {difference:e}");
@@ -87,21 +86,19 @@ fn offloading_to_ndarray_agrees_to_rounding() {
 }
 
 /// Rank by rank, the memory report right after the second backward (before its step) and the
-/// counts of that backward, the optimizer built by `optim` on a stage-3 module.
-fn reports_after_backward<P: Placement<Flex>>(
+/// counts of that backward, the optimizer state placed by `placement` on a stage-3 module.
+fn reports_after_backward(
     base: &Block<Train>,
     overlap: bool,
-    optim: impl Fn(&ZeroState<Flex>) -> ZeroOptimizer<burn::optim::Adam, Flex, P> + Sync,
-) -> Vec<(burn_zero_core::MemoryReport, Counts)>
-where
-    burn::optim::Adam: burn::optim::SimpleOptimizer<P::Host>,
-{
+    placement: Placement,
+) -> Vec<(burn_zero_core::MemoryReport, Counts)> {
     let config = ZeroConfig::new()
         .with_persist_below_numel(12)
-        .with_overlap_comm(overlap);
+        .with_overlap_comm(overlap)
+        .with_placement(placement);
     launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer = optim(&zero);
+        let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))?;
         let mut report = None;
         for step in 0..2 {
             let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
@@ -125,12 +122,8 @@ where
 fn an_offloaded_optimizer_takes_gradient_shards_to_the_host_during_backward() {
     let base = base_model(&Default::default());
     for overlap in [true, false] {
-        let on_device = reports_after_backward(&base, overlap, |zero| {
-            ZeroOptimizer::new(zero, AdamConfig::new().build())
-        });
-        let on_host = reports_after_backward(&base, overlap, |zero| {
-            ZeroOptimizer::<_, Flex, Offload<Flex>>::offloaded(zero, AdamConfig::new().build())
-        });
+        let on_device = reports_after_backward(&base, overlap, placed(0.0));
+        let on_host = reports_after_backward(&base, overlap, placed(1.0));
         for (rank, ((device, on_device), (host, on_host))) in
             on_device.iter().zip(&on_host).enumerate()
         {

@@ -1,4 +1,4 @@
-//! Parameter offload (`ZeroConfig::offload_param_frac`): the shards of the first chunks live in
+//! Parameter offload (`Placement::offload_param_frac`): the shards of the first chunks live in
 //! host memory and are uploaded for each all-gather. Where the bytes sit changes, not one
 //! value: training is bitwise equal to single-rank training with Burn's Adam, with a part or
 //! all of the chunks offloaded, one parameter per chunk or several, with and without prefetch.
@@ -13,8 +13,8 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn_zero_comm::Counts;
 use burn_zero_comm::launch;
 use burn_zero_core::chunk::ChunkKind;
-use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::{Offload, OnDevice, Placement, StateBytes, ZeroOptimizer};
+use burn_zero_core::{Capacity, ChunkSize, Placement, ZeroConfig, ZeroError, shard};
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{Block, base_model_on, micro_batch, param_values};
 use common::Train;
 
@@ -23,7 +23,7 @@ fn offloaded(frac: f64, chunk_size: ChunkSize) -> ZeroConfig {
         .with_stage(3)
         .with_persist_below_numel(12)
         .with_chunk_size(chunk_size)
-        .with_offload_param_frac(frac)
+        .with_placement(Placement::fractions(frac, 0.0))
 }
 
 #[test]
@@ -93,7 +93,8 @@ fn the_accounting_moves_exactly_the_offloaded_chunks_shards_to_the_host() {
                 }
             }
             let after_shard = zero.memory_report();
-            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+            let mut optimizer =
+                ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
             for step in 0..2 {
                 let (tokens, targets) = micro_batch(step * 2 + ctx.rank(), ctx.device());
                 let grads =
@@ -135,45 +136,48 @@ fn the_accounting_moves_exactly_the_offloaded_chunks_shards_to_the_host() {
 fn bad_fractions_capacities_stages_and_backends_are_refused_by_name() {
     let device = Default::default();
     let base = base_model_on::<Flex>(&device);
+    let placed = |placement: Placement| ZeroConfig::new().with_placement(placement);
+    let auto = |mib| Placement::auto(Capacity::MiB(mib));
     let cases = [
-        (ZeroConfig::new().with_offload_param_frac(-0.1), "-0.1"),
-        (ZeroConfig::new().with_offload_param_frac(1.5), "1.5"),
-        (ZeroConfig::new().with_offload_param_frac(f64::NAN), "NaN"),
         (
-            ZeroConfig::new().with_stage(2).with_offload_param_frac(0.5),
-            "stage 2",
+            placed(Placement::fractions(-0.1, 0.0)),
+            "offload_param_frac must be a fraction",
         ),
         (
-            ZeroConfig::new().with_auto_placement_capacity_mib(Some(-1.0)),
-            "auto_placement_capacity_mib must be a positive number of MiB, not -1",
+            placed(Placement::fractions(1.5, 0.0)),
+            "offload_param_frac must be a fraction",
         ),
         (
-            ZeroConfig::new()
-                .with_auto_placement_capacity_mib(Some(64.0))
-                .with_offload_param_frac(0.5),
+            placed(Placement::fractions(f64::NAN, 0.0)),
+            "offload_param_frac must be a fraction",
+        ),
+        (
+            placed(Placement::fractions(0.0, 2.0)),
+            "offload_optim_frac must be a fraction",
+        ),
+        (
+            placed(Placement::fractions(0.5, 0.0)).with_stage(2),
+            "offload_param_frac needs stage 3",
+        ),
+        (
+            placed(auto(-1.0)),
+            "capacity must be a positive number of MiB, not -1",
+        ),
+        (
+            placed(auto(64.0).with_offload_param_frac(0.5)),
             "set one of the two",
         ),
         (
-            ZeroConfig::new()
-                .with_auto_placement_capacity_mib(Some(64.0))
-                .with_auto_placement_device_capacity(true),
-            "set one of the two",
+            placed(Placement::auto(Capacity::Device)).with_stage(2),
+            "the auto placement needs stage 3",
         ),
         (
-            ZeroConfig::new()
-                .with_stage(2)
-                .with_auto_placement_device_capacity(true),
-            "auto_placement_device_capacity needs stage 3",
+            placed(Placement::fractions(0.0, 1.0).with_gpu_margin_mem_ratio(0.5)),
+            "gpu_margin_mem_ratio shares out the device memory the auto placement leaves over",
         ),
         // Flex's memory is the host's: there is no device count to place by.
-        (
-            ZeroConfig::new().with_auto_placement_capacity_mib(Some(64.0)),
-            "burn_flex",
-        ),
-        (
-            ZeroConfig::new().with_auto_placement_device_capacity(true),
-            "burn_flex",
-        ),
+        (placed(auto(64.0)), "burn_flex"),
+        (placed(Placement::auto(Capacity::Device)), "burn_flex"),
     ];
     for (config, named) in cases {
         let errors = launch::<Flex, _, _, String>(1, &[device], |ctx| {
@@ -186,11 +190,7 @@ fn bad_fractions_capacities_stages_and_backends_are_refused_by_name() {
         let error = errors[0]
             .clone()
             .unwrap_or_else(|| panic!("{named}: accepted"));
-        assert!(
-            (error.contains("offload_param_frac") || error.contains("auto_placement"))
-                && error.contains(named),
-            "{named}: {error}"
-        );
+        assert!(error.contains(named), "{named}: {error}");
     }
 }
 
@@ -215,7 +215,7 @@ fn transfers_are_counted_one_per_gather_and_step_of_an_offloaded_chunk() {
         for prefetch in [0, 2] {
             let what = format!("{chunk_size:?}, prefetch {prefetch}");
             let config = |frac| offloaded(frac, chunk_size).with_prefetch(prefetch);
-            for r in check(steady_step::<OnDevice>(&base, config(1.0)), &what) {
+            for r in check(steady_step(&base, config(1.0)), &what) {
                 let c = r.counts;
                 assert!(c.all_gathers > 0, "{what}");
                 assert_eq!(
@@ -224,24 +224,28 @@ fn transfers_are_counted_one_per_gather_and_step_of_an_offloaded_chunk() {
                     "{what}"
                 );
             }
-            for r in check(steady_step::<OnDevice>(&base, config(0.5)), &what) {
+            for r in check(steady_step(&base, config(0.5)), &what) {
                 let c = r.counts;
                 assert!(
                     c.host_writes > 0 && c.host_writes < c.all_gathers,
                     "{what}: {c:?}"
                 );
             }
-            for r in check(steady_step::<OnDevice>(&base, config(0.0)), &what) {
+            for r in check(steady_step(&base, config(0.0)), &what) {
                 assert_eq!(
                     (r.counts.host_writes, r.counts.host_reads),
                     (0, 0),
                     "{what}"
                 );
             }
-            for r in check(steady_step::<Offload<Flex>>(&base, config(0.0)), &what) {
+            let optimizer_on_host = |config: ZeroConfig| {
+                let param = config.placement.offload_param_frac;
+                config.with_placement(Placement::fractions(param, 1.0))
+            };
+            for r in check(steady_step(&base, optimizer_on_host(config(0.0))), &what) {
                 assert_eq!(r.counts.host_writes, r.sharded + r.replicated, "{what}");
             }
-            for r in check(steady_step::<Offload<Flex>>(&base, config(1.0)), &what) {
+            for r in check(steady_step(&base, optimizer_on_host(config(1.0))), &what) {
                 let c = r.counts;
                 assert_eq!(c.host_writes, c.all_gathers + r.replicated, "{what}");
             }
@@ -258,8 +262,8 @@ struct Steady {
     params: Vec<Vec<f32>>,
 }
 
-/// Each of 2 Flex ranks' third step with masters placed by `P`.
-fn steady_step<P: Placement<Flex>>(base: &Block<Train<Flex>>, config: ZeroConfig) -> Vec<Steady> {
+/// Each of 2 Flex ranks' third step, everything placed by `config`.
+fn steady_step(base: &Block<Train<Flex>>, config: ZeroConfig) -> Vec<Steady> {
     launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
         let trainable = |kind| {
@@ -270,9 +274,7 @@ fn steady_step<P: Placement<Flex>>(base: &Block<Train<Flex>>, config: ZeroConfig
             trainable(ChunkKind::Sharded),
             trainable(ChunkKind::Replicated),
         );
-        let adam = AdamConfig::new().build();
-        let mut optimizer =
-            ZeroOptimizer::<_, _, P>::with_placement(&zero, adam, StateBytes::state_bytes);
+        let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))?;
         let mut before = zero.counts();
         for step in 0..3 {
             before = zero.counts();

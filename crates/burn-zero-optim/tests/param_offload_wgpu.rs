@@ -3,7 +3,7 @@
 //! its optimizer on Flex (`Offload<Flex>`) in both runs, without a gather cache and with the
 //! reduction after backward (the same memory over time in every run), with every
 //! parameter shard on the device and then with every shard in host memory
-//! (`offload_param_frac` 1). What the device holds is read from cubecl's own count
+//! (`Placement::fractions(1, 1)`). What the device holds is read from cubecl's own count
 //! (`burn_zero_kernels::device_memory`, every stream summed), not from burn-zero's accounting.
 //! The count is the whole device's, so it includes the unsharded model the runs start from
 //! (four layers, 16 MiB, drawn on the device and kept by the test): the same in every run, so
@@ -15,7 +15,7 @@
 //!   layer's weight is on the device while an op uses it, on top of the gradients);
 //! - both runs end with bitwise the same parameters.
 //!
-//! Then the auto placement (`auto_placement_capacity_mib`) with a capacity between the two
+//! Then the auto placement (`Placement::auto`) with a capacity between the two
 //! runs' peaks, leaving room for one or two of the four layers' shards: its peak stays within
 //! the capacity that the all-on-device run exceeds, it moves as many layers' shards to the
 //! device as its measured room holds (at least one), it keeps host layers' shards on the
@@ -38,16 +38,16 @@
 
 use std::time::Duration;
 
-use burn::backend::Flex;
 use burn::backend::wgpu::WgpuDevice;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::Backend;
 use burn_zero_comm::{Counts, launch};
 use burn_zero_core::{
-    AutoPlacementReport, ChunkSize, KeptShardStats, ZeroConfig, ZeroError, shard,
+    AutoPlacementReport, Capacity, ChunkSize, KeptShardStats, Placement, ZeroConfig, ZeroError,
+    shard,
 };
 use burn_zero_kernels::{DeviceMemory, device_memory, peak_device_memory};
-use burn_zero_optim::{Offload, ZeroOptimizer};
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{param_values, params_bits_equal};
 
 #[path = "common/stack.rs"]
@@ -76,19 +76,26 @@ struct Run {
 }
 
 /// Trains `base` at stage 3 with `config`'s placement; `Err` with the rank's failure.
+/// A configuration with `placement`.
+fn placed(placement: Placement) -> ZeroConfig {
+    ZeroConfig::new().with_placement(placement)
+}
+
 fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
     let device = WgpuDevice::default();
     // Gradients reduced when backward ends, on the training thread: without a communication
     // thread racing backward, each run's memory over time is the same from run to run.
+    // The optimizer's state on the host in every run.
+    let placement = config.placement.with_offload_optim_frac(1.0);
     let config = config
         .with_stage(3)
         .with_chunk_size(ChunkSize::PerParameter)
         .with_max_live_gathered_bytes(0)
-        .with_overlap_comm(false);
+        .with_overlap_comm(false)
+        .with_placement(placement);
     let mut ranks = launch::<Plain, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer =
-            ZeroOptimizer::<_, _, Offload<Flex>>::offloaded(&zero, AdamConfig::new().build());
+        let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))?;
         let mut placed_from = Counts::default();
         let mut placed_counts = Counts::default();
         let (model, peak) = peak_device_memory::<Plain, _>(ctx.device(), EVERY, || {
@@ -134,7 +141,7 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
 
     // Every shard on the device, then every shard on the host.
     let on_device = train(&base, ZeroConfig::new()).unwrap();
-    let on_host = train(&base, ZeroConfig::new().with_offload_param_frac(1.0)).unwrap();
+    let on_host = train(&base, placed(Placement::fractions(1.0, 1.0))).unwrap();
     println!(
         "shards {shards} B; between steps in use {} → {} B; peak in use {} → {} B",
         on_device.between.in_use,
@@ -189,7 +196,7 @@ fn check_lazy_sharding(device: &WgpuDevice, layer: u64, shards: u64) {
         peak.expect("a cubecl backend").in_use.max(after)
     };
     let kept = sharding_peak(ZeroConfig::new());
-    let offloaded = sharding_peak(ZeroConfig::new().with_offload_param_frac(1.0));
+    let offloaded = sharding_peak(placed(Placement::fractions(1.0, 1.0)));
     println!(
         "sharding a lazy model of {shards} B: peak in use {kept} B kept, {offloaded} B offloaded"
     );
@@ -219,11 +226,7 @@ fn check_auto_placement(base: &Stack<Train>, on_device: &Run, on_host: &Run, lay
         on_device.peak
     );
     let mib = capacity / 1048576.0;
-    let auto = train(
-        base,
-        ZeroConfig::new().with_auto_placement_capacity_mib(Some(mib)),
-    )
-    .unwrap();
+    let auto = train(base, placed(Placement::auto(Capacity::MiB(mib)))).unwrap();
     let placed = auto
         .placed
         .expect("the warm-up ended and the shards were placed");
@@ -314,28 +317,22 @@ fn check_refused_capacities(base: &Stack<Train>, on_host: &Run) {
     // Less than the run needs with every shard on the host: a named error, not an allocation
     // failure.
     let too_small = on_host.peak.in_use as f64 / 2.0 / 1048576.0;
-    let error = match train(
-        base,
-        ZeroConfig::new().with_auto_placement_capacity_mib(Some(too_small)),
-    ) {
+    let error = match train(base, placed(Placement::auto(Capacity::MiB(too_small)))) {
         Ok(_) => panic!("a capacity of {too_small} MiB was enough"),
         Err(error) => error,
     };
     assert!(
-        error.contains("does not fit") && error.contains("auto_placement_capacity_mib"),
+        error.contains("does not fit") && error.contains("the auto placement's capacity"),
         "{error}"
     );
 
     // wgpu reports no device size: asking for it is refused, naming the option to use.
-    let error = match train(
-        base,
-        ZeroConfig::new().with_auto_placement_device_capacity(true),
-    ) {
+    let error = match train(base, placed(Placement::auto(Capacity::Device))) {
         Ok(_) => panic!("a capacity was read from a wgpu device"),
         Err(error) => error,
     };
     assert!(
-        error.contains("not a CUDA backend") && error.contains("auto_placement_capacity_mib"),
+        error.contains("not a CUDA backend") && error.contains("Capacity::MiB"),
         "{error}"
     );
 }

@@ -12,7 +12,7 @@ use burn::optim::{
 };
 use burn_zero_comm::launch;
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
-use burn_zero_optim::{StateBytes, ZeroOptimizer};
+use burn_zero_optim::{PerTensor, StateBytes, ZeroOptimizer};
 use burn_zero_testing::{
     Block, Train, base_model, bits_equal, micro_batch, param_values, step_mean_grads,
 };
@@ -44,12 +44,12 @@ fn sharded<O>(
     optim: impl Fn() -> O + Sync,
 ) -> Vec<Vec<Vec<f32>>>
 where
-    O: SimpleOptimizer<Flex>,
+    O: SimpleOptimizer<Flex> + 'static,
     O::State<1>: StateBytes,
 {
     launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, optim());
+        let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(optim())).unwrap();
         for step in 0..STEPS {
             let (tokens, targets) =
                 micro_batch::<Train>(step * world_size + ctx.rank(), ctx.device());
@@ -76,7 +76,7 @@ fn assert_same(got: &[Vec<Vec<f32>>], want: &[Vec<f32>], what: &str) {
 fn check<OA, OS>(name: &str, init: impl Fn() -> OA, build: impl Fn() -> OS + Sync)
 where
     OA: Optimizer<Block<Train>, Train>,
-    OS: SimpleOptimizer<Flex>,
+    OS: SimpleOptimizer<Flex> + 'static,
     OS::State<1>: StateBytes,
 {
     let base = base_model(&Default::default());

@@ -13,7 +13,7 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn_zero_comm::{LaunchOptions, launch, launch_with};
 use burn_zero_core::chunk::{ChunkKind, ChunkLayout};
 use burn_zero_core::{ChunkSize, GatherStats, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
 
 const STEPS: usize = 5;
@@ -56,7 +56,8 @@ fn run_chunked(
 ) -> Vec<(Vec<Vec<f32>>, GatherStats, ChunkLayout)> {
     launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         for step in 0..STEPS {
             let (tokens, targets) = micro_batch::<Train>(step * 2 + ctx.rank(), ctx.device());
             let mut loss = model.loss(tokens.clone(), targets.clone());
@@ -234,7 +235,8 @@ fn ranks_in_different_orders_fail_with_a_mismatch_instead_of_hanging() {
     let options = LaunchOptions::with_timeout(Duration::from_secs(20));
     let result = launch_with::<Flex, _, _, ZeroError>(2, &[Default::default()], &options, |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         for step in 0..3 {
             let (tokens, targets) = micro_batch::<Train>(step * 2 + ctx.rank(), ctx.device());
             let mut loss = model.loss(tokens.clone(), targets.clone());

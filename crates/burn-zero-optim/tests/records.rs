@@ -9,7 +9,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn_zero_comm::{RankContext, launch};
 use burn_zero_core::{ZeroConfig, ZeroError, ZeroState, shard, unshard};
-use burn_zero_optim::{LossScalerConfig, ZeroOptimizer};
+use burn_zero_optim::{LossScalerConfig, PerTensor, ZeroOptimizer};
 use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
 
 const WORLD: usize = 2;
@@ -32,8 +32,9 @@ fn train<O: Optimizer<Block<Train>, Train>>(
     model
 }
 
-fn optimizer(zero: &ZeroState<Flex>) -> ZeroOptimizer<burn::optim::Adam, Flex> {
-    ZeroOptimizer::new(zero, AdamConfig::new().build())
+fn optimizer(zero: &ZeroState<Flex>) -> ZeroOptimizer<Flex, burn::optim::Adam> {
+    ZeroOptimizer::new(zero, PerTensor(AdamConfig::new().build()))
+        .unwrap()
         .with_accumulation(2)
         .with_loss_scaler(
             LossScalerConfig::new()
@@ -106,7 +107,7 @@ fn a_record_loaded_on_another_rank_is_refused_by_name() {
     let dir = scratch("swapped");
     let result = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
         let (model, zero) = shard(base.clone(), &ctx, &config())?;
-        let mut optim = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optim = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         let model = train(model, &mut optim, &ctx, 0..1);
         let record = Optimizer::<Block<Train>, Train>::to_record(&optim);
         Recorder::<Train>::record(&Recorded::new(), record, rank_file(&dir, ctx.rank())).unwrap();
@@ -117,7 +118,7 @@ fn a_record_loaded_on_another_rank_is_refused_by_name() {
             Recorder::<Train>::load(&Recorded::new(), rank_file(&dir, other), ctx.device())
                 .unwrap();
         let mut optim = Optimizer::<Block<Train>, Train>::load_record(
-            ZeroOptimizer::new(&zero, AdamConfig::new().build()),
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap(),
             loaded,
         );
         train(model, &mut optim, &ctx, 1..2);

@@ -11,7 +11,7 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::DType;
 use burn_zero_comm::launch;
 use burn_zero_core::{ChunkSize, MemoryReport, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{
     Block, CastParams, Train, base_model, micro_batch, param_values, params_bits_equal,
 };
@@ -50,8 +50,9 @@ fn train(base: &Block<Train>, reuse: bool, accumulation: usize, chunk_size: Chun
             chunk_size != ChunkSize::PerParameter,
             "{chunk_size:?}"
         );
-        let mut optimizer =
-            ZeroOptimizer::new(&zero, AdamConfig::new().build()).with_accumulation(accumulation);
+        let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))
+            .unwrap()
+            .with_accumulation(accumulation);
         let mut memory = Vec::new();
         for step in 0..STEPS {
             let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
@@ -149,7 +150,8 @@ fn freed_parameter_read(chunk_size: ChunkSize) {
     let base = half_model();
     let result = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &config(true, chunk_size))?;
-        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
         for step in 0..2 {
             let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
             let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);

@@ -6,7 +6,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn_zero_comm::launch;
 use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::{LossScalerConfig, NormType, ZeroOptimizer};
+use burn_zero_optim::{LossScalerConfig, NormType, PerTensor, ZeroOptimizer};
 use burn_zero_testing::{
     Block, Inner, Train, average_grads, base_model, micro_batch, param_values, params_bits_equal,
     step_mean_grads,
@@ -86,8 +86,10 @@ fn clipping_by_the_global_norm_matches_the_full_gradient_reference() {
             let per_rank =
                 launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
                     let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-                    let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build())
-                        .with_clipping(max_norm, NormType::L2);
+                    let mut optimizer =
+                        ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))
+                            .unwrap()
+                            .with_clipping(max_norm, NormType::L2);
                     let mut seen = Vec::new();
                     for step in 0..steps {
                         let (tokens, targets) =
@@ -140,8 +142,9 @@ fn scaled_run(
     let config = ZeroConfig::new().with_persist_below_numel(12);
     launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer =
-            ZeroOptimizer::new(&zero, AdamConfig::new().build()).with_loss_scaler(scaler.clone());
+        let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))
+            .unwrap()
+            .with_loss_scaler(scaler.clone());
         let mut scales = Vec::new();
         for entry in plan {
             let index = entry.unwrap_or(0);
@@ -212,8 +215,9 @@ fn accumulating_four_micro_steps_equals_one_step_on_the_four_times_batch() {
             .with_persist_below_numel(12);
         let per_rank = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
             let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-            let mut optimizer =
-                ZeroOptimizer::new(&zero, AdamConfig::new().build()).with_accumulation(micro);
+            let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))
+                .unwrap()
+                .with_accumulation(micro);
             let mut between = Vec::new();
             for step in 0..steps {
                 for m in 0..micro {
@@ -274,7 +278,8 @@ fn half_precision_training_tracks_the_fp32_reference() {
             .with_reduce_dtype(Some(DType::F32));
         let per_rank = launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
             let (mut model, zero) = shard(half.clone(), &ctx, &config)?;
-            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build())
+            let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))
+                .unwrap()
                 .with_loss_scaler(LossScalerConfig::new().with_initial_scale(256.0));
             let mut losses = Vec::new();
             for step in 0..steps {
@@ -345,10 +350,18 @@ fn one_pass_half_precision_steps_are_the_separate_passes_bitwise() {
                 }};
             }
             match (fused, adamw) {
-                (true, false) => train!(ZeroOptimizer::adam(&zero, &AdamConfig::new()).unwrap()),
-                (false, false) => train!(ZeroOptimizer::new(&zero, AdamConfig::new().build())),
-                (true, true) => train!(ZeroOptimizer::adamw(&zero, &AdamWConfig::new()).unwrap()),
-                (false, true) => train!(ZeroOptimizer::new(&zero, AdamWConfig::new().build())),
+                (true, false) => {
+                    train!(ZeroOptimizer::new(&zero, AdamConfig::new().clone()).unwrap())
+                }
+                (false, false) => {
+                    train!(ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap())
+                }
+                (true, true) => {
+                    train!(ZeroOptimizer::new(&zero, AdamWConfig::new().clone()).unwrap())
+                }
+                (false, true) => train!(
+                    ZeroOptimizer::new(&zero, PerTensor(AdamWConfig::new().build())).unwrap()
+                ),
             }
             Ok(param_values(&model))
         })

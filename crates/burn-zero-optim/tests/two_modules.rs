@@ -19,7 +19,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_zero_comm::{LaunchOptions, RankContext, launch_with};
 use burn_zero_core::{ZeroConfig, ZeroError, shard};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::recording::{CallLog, RecordingComm};
 use burn_zero_testing::{Materialise, Train, average_grads, param_values, params_bits_equal};
 
@@ -116,8 +116,10 @@ fn sharded(
         let ctx = RankContext::new(*ctx.device(), Arc::new(recorder));
         let (mut enc, enc_zero) = shard(base.0.clone(), &ctx, config)?;
         let (mut hd, head_zero) = shard(base.1.clone(), &ctx, config)?;
-        let mut enc_optim = ZeroOptimizer::new(&enc_zero, AdamConfig::new().build());
-        let mut head_optim = ZeroOptimizer::new(&head_zero, AdamConfig::new().build());
+        let mut enc_optim =
+            ZeroOptimizer::new(&enc_zero, PerTensor(AdamConfig::new().build())).unwrap();
+        let mut head_optim =
+            ZeroOptimizer::new(&head_zero, PerTensor(AdamConfig::new().build())).unwrap();
         for step in 0..STEPS {
             let mut grads = loss(&enc, &hd, step * world_size + ctx.rank()).backward();
             let enc_grads = GradientsParams::from_module(&mut grads, &enc);

@@ -19,7 +19,7 @@ use burn_train::{
 };
 use burn_zero_comm::{LaunchOptions, RankContext, launch_with};
 use burn_zero_core::{Zero, ZeroConfig};
-use burn_zero_optim::{Placement, ZeroOptimizer};
+use burn_zero_optim::ZeroOptimizer;
 
 use crate::data::{self, Deal};
 use crate::error::TrainError;
@@ -180,10 +180,10 @@ impl<B: Backend> ZeroStrategy<B> {
 }
 
 /// The components of a learner that trains through burn-zero.
-type ZeroComponents<AB, LR, M, O, B, P> =
-    LearningComponentsMarker<AB, LR, M, ZeroOptimizer<O, B, P>>;
+type ZeroComponents<AB, LR, M, O, B, H> =
+    LearningComponentsMarker<AB, LR, M, ZeroOptimizer<B, O, H>>;
 
-impl<AB, B, LR, M, O, P> SupervisedLearningStrategy<ZeroComponents<AB, LR, M, O, B, P>>
+impl<AB, B, LR, M, O, H> SupervisedLearningStrategy<ZeroComponents<AB, LR, M, O, B, H>>
     for ZeroStrategy<B>
 where
     B: Backend,
@@ -191,17 +191,17 @@ where
     LR: LrScheduler + 'static,
     M: TrainStep + AutodiffModule<AB> + Display + 'static,
     M::InnerModule: InferenceStep,
-    P: Placement<B> + 'static,
-    O: SimpleOptimizer<P::Host> + 'static,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H> + 'static,
 {
     /// Replaces burn-train's default, which would resume through its own checkpointer on one
     /// thread: a sharded model's record gathers, and one rank gathering alone never returns.
     fn train(
         &self,
-        learner: Learner<ZeroComponents<AB, LR, M, O, B, P>>,
-        dataloader_train: TrainLoader<ZeroComponents<AB, LR, M, O, B, P>>,
-        dataloader_valid: ValidLoader<ZeroComponents<AB, LR, M, O, B, P>>,
-        components: TrainingComponents<ZeroComponents<AB, LR, M, O, B, P>>,
+        learner: Learner<ZeroComponents<AB, LR, M, O, B, H>>,
+        dataloader_train: TrainLoader<ZeroComponents<AB, LR, M, O, B, H>>,
+        dataloader_valid: ValidLoader<ZeroComponents<AB, LR, M, O, B, H>>,
+        components: TrainingComponents<ZeroComponents<AB, LR, M, O, B, H>>,
     ) -> LearningResult<M::InnerModule> {
         if let Err(error) = check_components(&components) {
             panic!("burn-zero: ZeroStrategy cannot train: {error}");
@@ -226,14 +226,14 @@ where
 
     fn fit(
         &self,
-        components: TrainingComponents<ZeroComponents<AB, LR, M, O, B, P>>,
-        learner: Learner<ZeroComponents<AB, LR, M, O, B, P>>,
-        dataloader_train: TrainLoader<ZeroComponents<AB, LR, M, O, B, P>>,
-        dataloader_valid: ValidLoader<ZeroComponents<AB, LR, M, O, B, P>>,
+        components: TrainingComponents<ZeroComponents<AB, LR, M, O, B, H>>,
+        learner: Learner<ZeroComponents<AB, LR, M, O, B, H>>,
+        dataloader_train: TrainLoader<ZeroComponents<AB, LR, M, O, B, H>>,
+        dataloader_valid: ValidLoader<ZeroComponents<AB, LR, M, O, B, H>>,
         starting_epoch: usize,
     ) -> (
-        TrainingModel<ZeroComponents<AB, LR, M, O, B, P>>,
-        SupervisedTrainingEventProcessor<ZeroComponents<AB, LR, M, O, B, P>>,
+        TrainingModel<ZeroComponents<AB, LR, M, O, B, H>>,
+        SupervisedTrainingEventProcessor<ZeroComponents<AB, LR, M, O, B, H>>,
     ) {
         let TrainingComponents {
             num_epochs,
@@ -295,7 +295,7 @@ type Outcome<LC> = Result<
 type EpochShares<LC> = (Vec<Vec<TrainLoader<LC>>>, Vec<Vec<ValidLoader<LC>>>);
 
 /// [`EpochShares`] of a learner that trains through burn-zero.
-type ZeroShares<AB, LR, M, O, B, P> = EpochShares<ZeroComponents<AB, LR, M, O, B, P>>;
+type ZeroShares<AB, LR, M, O, B, H> = EpochShares<ZeroComponents<AB, LR, M, O, B, H>>;
 
 /// The settings of a run that every rank reads: the strategy's, and burn-train's components.
 struct Settings<'f> {
@@ -342,31 +342,31 @@ impl<'f> Settings<'f> {
 
 /// One [`ZeroStrategy`] `fit`: the strategy, the data loaders each rank's blocks are cut from
 /// and the run's settings, whichever way the ranks run.
-struct Fit<'f, AB, B, LR, M, O, P>
+struct Fit<'f, AB, B, LR, M, O, H>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = B::Device>,
     LR: LrScheduler + 'static,
     M: TrainStep + AutodiffModule<AB> + Display + 'static,
     M::InnerModule: InferenceStep,
-    P: Placement<B> + 'static,
-    O: SimpleOptimizer<P::Host> + 'static,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H> + 'static,
 {
     strategy: &'f ZeroStrategy<B>,
-    train: &'f TrainLoader<ZeroComponents<AB, LR, M, O, B, P>>,
-    valid: &'f ValidLoader<ZeroComponents<AB, LR, M, O, B, P>>,
+    train: &'f TrainLoader<ZeroComponents<AB, LR, M, O, B, H>>,
+    valid: &'f ValidLoader<ZeroComponents<AB, LR, M, O, B, H>>,
     settings: Settings<'f>,
 }
 
-impl<AB, B, LR, M, O, P> Fit<'_, AB, B, LR, M, O, P>
+impl<AB, B, LR, M, O, H> Fit<'_, AB, B, LR, M, O, H>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = B::Device>,
     LR: LrScheduler + 'static,
     M: TrainStep + AutodiffModule<AB> + Display + 'static,
     M::InnerModule: InferenceStep,
-    P: Placement<B> + 'static,
-    O: SimpleOptimizer<P::Host> + 'static,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H> + 'static,
 {
     /// Ranks on threads of this process, connected by a `LocalGroup`: one learner per rank,
     /// one event processor for all, fed by every rank.
@@ -374,9 +374,9 @@ where
         self,
         world_size: usize,
         devices: &[B::Device],
-        learner: Learner<ZeroComponents<AB, LR, M, O, B, P>>,
-        event_processor: SupervisedTrainingEventProcessor<ZeroComponents<AB, LR, M, O, B, P>>,
-    ) -> Outcome<ZeroComponents<AB, LR, M, O, B, P>> {
+        learner: Learner<ZeroComponents<AB, LR, M, O, B, H>>,
+        event_processor: SupervisedTrainingEventProcessor<ZeroComponents<AB, LR, M, O, B, H>>,
+    ) -> Outcome<ZeroComponents<AB, LR, M, O, B, H>> {
         let prepared = check_threads(world_size, devices)
             .and_then(|()| self.epoch_shares(devices, world_size));
         let shares = match prepared {
@@ -394,7 +394,7 @@ where
         };
         let result = launch_with::<B, _, _, TrainError>(world_size, devices, &options, |ctx| {
             let rank = ctx.rank();
-            worker::run::<AB, B, LR, M, O, P>(ctx, rank, &shared)
+            worker::run::<AB, B, LR, M, O, H>(ctx, rank, &shared)
         });
         drop(shared);
         let processor = funnel.into_processor();
@@ -408,9 +408,9 @@ where
     fn in_this_process(
         self,
         connect: &ConnectRank<B>,
-        learner: Learner<ZeroComponents<AB, LR, M, O, B, P>>,
-        event_processor: SupervisedTrainingEventProcessor<ZeroComponents<AB, LR, M, O, B, P>>,
-    ) -> Outcome<ZeroComponents<AB, LR, M, O, B, P>> {
+        learner: Learner<ZeroComponents<AB, LR, M, O, B, H>>,
+        event_processor: SupervisedTrainingEventProcessor<ZeroComponents<AB, LR, M, O, B, H>>,
+    ) -> Outcome<ZeroComponents<AB, LR, M, O, B, H>> {
         let ctx = match connect() {
             Ok(ctx) => ctx,
             Err(error) => {
@@ -442,7 +442,7 @@ where
         let shared = self
             .settings
             .shared(vec![Some(learner)], shares, funnel_here, across);
-        let result = worker::run::<AB, B, LR, M, O, P>(ctx, 0, &shared);
+        let result = worker::run::<AB, B, LR, M, O, H>(ctx, 0, &shared);
         drop(shared);
         let processor = funnel.into_processor();
         result
@@ -459,7 +459,7 @@ where
         &self,
         devices: &[B::Device],
         world_size: usize,
-    ) -> Result<ZeroShares<AB, LR, M, O, B, P>, TrainError> {
+    ) -> Result<ZeroShares<AB, LR, M, O, B, H>, TrainError> {
         let epochs = self.settings.starting_epoch..=self.settings.num_epochs;
         let train = data::shares(
             self.train,

@@ -19,7 +19,7 @@ use burn_zero_checkpoint::{SaveOptions, list, load_record, read_metadata, save_r
 use burn_zero_comm::sync::lock;
 use burn_zero_comm::{RankContext, agree};
 use burn_zero_core::{Zero, ZeroConfig, ZeroState, shard, unshard};
-use burn_zero_optim::{Placement, ZeroOptimizer, ZeroOptimizerRecord};
+use burn_zero_optim::{ZeroOptimizer, ZeroOptimizerRecord};
 
 use crate::error::TrainError;
 use crate::events::{Funnel, Split};
@@ -136,15 +136,15 @@ fn agree<B: Backend>(
 }
 
 /// The components of a learner that trains through burn-zero.
-type ZeroComponents<AB, LR, M, O, B, P> =
-    LearningComponentsMarker<AB, LR, M, ZeroOptimizer<O, B, P>>;
+type ZeroComponents<AB, LR, M, O, B, H> =
+    LearningComponentsMarker<AB, LR, M, ZeroOptimizer<B, O, H>>;
 
 /// Trains rank `ctx.rank()` (learner and event slot `slot` of this process) and returns the
 /// trained model, gathered (every rank gathers; a collective).
-pub(crate) fn run<AB, B, LR, M, O, P>(
+pub(crate) fn run<AB, B, LR, M, O, H>(
     ctx: RankContext<B>,
     slot: usize,
-    shared: &Shared<'_, ZeroComponents<AB, LR, M, O, B, P>>,
+    shared: &Shared<'_, ZeroComponents<AB, LR, M, O, B, H>>,
 ) -> Result<M, TrainError>
 where
     B: Backend,
@@ -152,8 +152,8 @@ where
     LR: LrScheduler + 'static,
     M: TrainStep + AutodiffModule<AB> + std::fmt::Display + 'static,
     M::InnerModule: InferenceStep,
-    P: Placement<B> + 'static,
-    O: SimpleOptimizer<P::Host> + 'static,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H> + 'static,
 {
     RankRun::start(ctx, slot, shared)?.epochs()
 }
@@ -162,35 +162,35 @@ where
 ///
 /// The fields drop in the order they are declared: the sharded module's state and the learner
 /// before the rank's context.
-struct RankRun<'s, 'a, AB, B, LR, M, O, P>
+struct RankRun<'s, 'a, AB, B, LR, M, O, H>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = B::Device>,
     LR: LrScheduler + 'static,
     M: TrainStep + AutodiffModule<AB> + std::fmt::Display + 'static,
     M::InnerModule: InferenceStep,
-    P: Placement<B> + 'static,
-    O: SimpleOptimizer<P::Host> + 'static,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H> + 'static,
 {
     zero: ZeroState<B>,
-    learner: Learner<ZeroComponents<AB, LR, M, O, B, P>>,
+    learner: Learner<ZeroComponents<AB, LR, M, O, B, H>>,
     /// Training steps taken, those before a resumed checkpoint included.
     iteration: usize,
     /// The rank's learner and event slot in this process.
     slot: usize,
-    shared: &'s Shared<'a, ZeroComponents<AB, LR, M, O, B, P>>,
+    shared: &'s Shared<'a, ZeroComponents<AB, LR, M, O, B, H>>,
     ctx: RankContext<B>,
 }
 
-impl<'s, 'a, AB, B, LR, M, O, P> RankRun<'s, 'a, AB, B, LR, M, O, P>
+impl<'s, 'a, AB, B, LR, M, O, H> RankRun<'s, 'a, AB, B, LR, M, O, H>
 where
     B: Backend,
     AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = B::Device>,
     LR: LrScheduler + 'static,
     M: TrainStep + AutodiffModule<AB> + std::fmt::Display + 'static,
     M::InnerModule: InferenceStep,
-    P: Placement<B> + 'static,
-    O: SimpleOptimizer<P::Host> + 'static,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H> + 'static,
 {
     /// Takes the rank's learner, moves it to the rank's device and shards its model, with the
     /// learner's optimizer bound to the sharded module; past the first epoch, loads the
@@ -198,7 +198,7 @@ where
     fn start(
         ctx: RankContext<B>,
         slot: usize,
-        shared: &'s Shared<'a, ZeroComponents<AB, LR, M, O, B, P>>,
+        shared: &'s Shared<'a, ZeroComponents<AB, LR, M, O, B, H>>,
     ) -> Result<Self, TrainError> {
         let rank = ctx.rank();
         let mut learner = lock(&shared.learners)
@@ -226,7 +226,7 @@ where
                     shared.starting_epoch - 1
                 ))
             })?;
-            iteration = resume::<AB, B, LR, M, O, P>(
+            iteration = resume::<AB, B, LR, M, O, H>(
                 &mut learner,
                 &zero,
                 root,
@@ -257,7 +257,7 @@ where
                 break;
             }
             if let Some(root) = shared.checkpoints {
-                save_epoch::<AB, B, LR, M, O, P>(
+                save_epoch::<AB, B, LR, M, O, H>(
                     &self.learner,
                     &self.zero,
                     root,
@@ -378,8 +378,8 @@ fn hand_over<T>(
 }
 
 /// Saves the sharded checkpoint of the end of `epoch` (a collective).
-fn save_epoch<AB, B, LR, M, O, P>(
-    learner: &Learner<ZeroComponents<AB, LR, M, O, B, P>>,
+fn save_epoch<AB, B, LR, M, O, H>(
+    learner: &Learner<ZeroComponents<AB, LR, M, O, B, H>>,
     zero: &ZeroState<B>,
     root: &Path,
     epoch: usize,
@@ -393,17 +393,17 @@ where
     LR: LrScheduler + 'static,
     M: TrainStep + AutodiffModule<AB> + std::fmt::Display + 'static,
     M::InnerModule: InferenceStep,
-    P: Placement<B> + 'static,
-    O: SimpleOptimizer<P::Host> + 'static,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H> + 'static,
 {
     let (optimizer, scheduler) = state::take(learner, epoch, store)?;
     let extra = serde_json::json!({
         "epoch": epoch,
         "iteration": iteration,
-        "scheduler": state::scheduler_to_json::<ZeroComponents<AB, LR, M, O, B, P>>(scheduler)?,
+        "scheduler": state::scheduler_to_json::<ZeroComponents<AB, LR, M, O, B, H>>(scheduler)?,
     });
     let options = SaveOptions { keep_last, extra };
-    save_record::<AB, B, M, O, P>(
+    save_record::<AB, B, M, O, H>(
         root,
         iteration as u64,
         &learner.model(),
@@ -415,8 +415,8 @@ where
 }
 
 /// Loads the checkpoint saved after `epoch` into the learner; returns the iterations done.
-fn resume<AB, B, LR, M, O, P>(
-    learner: &mut Learner<ZeroComponents<AB, LR, M, O, B, P>>,
+fn resume<AB, B, LR, M, O, H>(
+    learner: &mut Learner<ZeroComponents<AB, LR, M, O, B, H>>,
     zero: &ZeroState<B>,
     root: &Path,
     epoch: usize,
@@ -428,8 +428,8 @@ where
     LR: LrScheduler + 'static,
     M: TrainStep + AutodiffModule<AB> + std::fmt::Display + 'static,
     M::InnerModule: InferenceStep,
-    P: Placement<B> + 'static,
-    O: SimpleOptimizer<P::Host> + 'static,
+    H: Backend,
+    O: SimpleOptimizer<B> + SimpleOptimizer<H> + 'static,
 {
     let found = list(root)?
         .into_iter()
@@ -459,8 +459,8 @@ where
         ))
     })?;
     let scheduler =
-        state::scheduler_from_json::<ZeroComponents<AB, LR, M, O, B, P>>(scheduler, device)?;
-    let (model, optimizer, _) = load_record::<AB, B, M, O, P>(&dir, learner.model(), zero)?;
+        state::scheduler_from_json::<ZeroComponents<AB, LR, M, O, B, H>>(scheduler, device)?;
+    let (model, optimizer, _) = load_record::<AB, B, M, O, H>(&dir, learner.model(), zero)?;
     learner.load_model(model.into_record());
     learner.grad_sharded();
     learner.load_optim(optimizer);

@@ -26,7 +26,7 @@ use burn_zero_comm::{Communicator, LocalGroup, RankContext, launch};
 use burn_zero_core::{Zero, ZeroConfig, ZeroError, shard};
 use burn_zero_gpt::learner::{TextBatch, TextGpt, WindowBatcher, windows};
 use burn_zero_gpt::{Corpus, GptConfig, Materialise, TEXT, param_values};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_train::ZeroStrategy;
 
 type Train = Autodiff<Zero<Flex>>;
@@ -256,7 +256,9 @@ fn learner_run(corpus: &Corpus, dir: &Path, setup: Setup) -> Run {
     }
     let learner = Learner::new(
         base_model(corpus),
-        ZeroOptimizer::unbound(AdamConfig::new().build()).with_accumulation(setup.accumulation),
+        ZeroOptimizer::unbound(PerTensor(AdamConfig::new().build()))
+            .unwrap()
+            .with_accumulation(setup.accumulation),
         scheduler(),
     );
     let mut training = SupervisedTraining::new(dir, train, valid)
@@ -304,8 +306,9 @@ fn hand_written_at(
     let batcher = WindowBatcher::new(corpus, SEQ);
     let outcomes = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, &stage_config(stage))?;
-        let mut optimizer =
-            ZeroOptimizer::new(&zero, AdamConfig::new().build()).with_accumulation(accumulation);
+        let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))
+            .unwrap()
+            .with_accumulation(accumulation);
         let mut schedule = scheduler();
         let mut losses = Vec::new();
         for starts in &batches[ctx.rank()] {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use burn::backend::Flex;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
 use burn_zero_core::{ZeroConfig, ZeroState};
-use burn_zero_optim::ZeroOptimizer;
+use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{Block, Train, micro_batch};
 
 pub const LR: f64 = 1e-2;
@@ -49,8 +49,9 @@ pub fn config(stage: u8) -> ZeroConfig {
         .with_bucket_size_mb(0.001)
 }
 
-pub fn adam(zero: &ZeroState<Flex>) -> ZeroOptimizer<Adam, Flex> {
-    ZeroOptimizer::new(zero, AdamConfig::new().build())
+/// Burn's own Adam inside `ZeroOptimizer`, placed as `zero`'s module was sharded.
+pub fn adam(zero: &ZeroState<Flex>) -> ZeroOptimizer<Flex, Adam> {
+    ZeroOptimizer::new(zero, PerTensor(AdamConfig::new().build())).expect("Burn's Adam")
 }
 
 /// A fresh, empty directory under the system's temporary directory.

@@ -1,7 +1,7 @@
 //! Placement of chunks between the device and the host: which sharded chunks keep their
-//! parameter shards in host memory under `ZeroConfig::offload_param_frac` (the static policy
+//! parameter shards in host memory under `Placement::offload_param_frac` (the static policy
 //! of ColossalAI Gemini's `placement_policy`), and which fit on the device in the room the
-//! auto policy measured (`ZeroConfig::auto_placement_capacity_mib`).
+//! auto policy measured (`Placement::auto`).
 //!
 //! Both choices take chunks in layout order, whole, for as long as their shards' bytes stay
 //! within the limit: the static one at `shard` time from the layout alone, so every rank makes

@@ -1,4 +1,4 @@
-//! The auto placement's warm-up and decision (`ZeroConfig::auto_placement_capacity_mib`, after
+//! The auto placement's warm-up and decision (`Placement::auto`, after
 //! ColossalAI Gemini's auto policy).
 //!
 //! Gemini records the non-model memory of each period between chunk uses and moves chunks in
@@ -41,6 +41,7 @@ use burn_zero_kernels::DeviceMemorySampler;
 use crate::config::ZeroConfig;
 use crate::error::ZeroError;
 use crate::memory::AutoPlacementReport;
+use crate::placement::Capacity;
 
 /// How often the warm-up's sampler reads the device's memory.
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(1);
@@ -86,7 +87,7 @@ pub(crate) struct PassRecord {
 #[error(
     "the device had {needed} bytes in use ({:.1} MiB) during the placement's warm-up, with every \
      parameter shard in host memory, but its capacity is {capacity} bytes ({:.1} MiB) \
-     (auto_placement_capacity_mib): the model does not fit; a smaller micro-batch, activation \
+     (the auto placement's capacity): the model does not fit; a smaller micro-batch, activation \
      checkpointing, more ranks, or the optimizer on the host (ZeroOptimizer::offloaded) need \
      less",
     *needed as f64 / MIB,
@@ -99,37 +100,31 @@ pub struct CapacityExceeded {
 
 const MIB: f64 = 1048576.0;
 
-/// `config` with the auto placement's capacity in `auto_placement_capacity_mib`, read from
-/// `device` when `auto_placement_device_capacity` asks for it; refuses a backend whose memory
-/// cubecl does not report (the placement's readings) or, for a read capacity, whose driver
-/// reports no size.
+/// `config` with the auto placement's capacity in MiB (`Capacity::MiB`), read from `device`
+/// when `Capacity::Device` asks for it; refuses a backend whose memory cubecl does not report
+/// (the placement's readings) or, for a read capacity, whose driver reports no size.
 pub(crate) fn with_capacity<B: Backend>(
     config: &ZeroConfig,
     device: &B::Device,
 ) -> Result<ZeroConfig, ZeroError> {
-    let option = if config.auto_placement_device_capacity {
-        "auto_placement_device_capacity"
-    } else if config.auto_placement_capacity_mib.is_some() {
-        "auto_placement_capacity_mib"
-    } else {
+    let Some(capacity) = config.placement.auto else {
         return Ok(config.clone());
     };
     let backend = std::any::type_name::<B>();
     let Some(held) = burn_zero_kernels::device_memory::<B>(device) else {
         return Err(ZeroError::InvalidConfig(format!(
-            "{option} needs a backend whose device memory cubecl reports (wgpu or CUDA, with \
-             burn-zero's `wgpu` or `cuda` feature); {backend} reports none: use \
-             offload_param_frac"
+            "the auto placement needs a backend whose device memory cubecl reports (wgpu or \
+             CUDA, with burn-zero's `wgpu` or `cuda` feature); {backend} reports none: place \
+             parameter shards by fraction (`Placement::fractions`)"
         )));
     };
-    if !config.auto_placement_device_capacity {
+    if capacity != Capacity::Device {
         return Ok(config.clone());
     }
     let Some(capacity) = burn_zero_comm::device_capacity::<B>(device) else {
         return Err(ZeroError::InvalidConfig(format!(
-            "auto_placement_device_capacity reads the capacity from the CUDA driver, and \
-             {backend} is not a CUDA backend: give the capacity with \
-             auto_placement_capacity_mib"
+            "the auto placement's `Capacity::Device` reads the capacity from the CUDA driver, \
+             and {backend} is not a CUDA backend: give the capacity with `Capacity::MiB`"
         )));
     };
     let capacity = capacity?;
@@ -147,8 +142,7 @@ pub(crate) fn with_capacity<B: Backend>(
         "auto placement: device capacity read from the driver"
     );
     let mut config = config.clone();
-    config.auto_placement_device_capacity = false;
-    config.auto_placement_capacity_mib = Some(bytes as f64 / MIB);
+    config.placement.auto = Some(Capacity::MiB(bytes as f64 / MIB));
     Ok(config)
 }
 

@@ -23,6 +23,7 @@ use crate::config::ZeroConfig;
 use crate::memory::{
     AutoPlacementReport, ChunkCounts, KeptShardStats, MemoryKind, MemoryReport, MemoryTracker,
 };
+use crate::placement::Capacity;
 use crate::store::auto_placement::{AutoPlacement, CapacityExceeded, SAMPLE_EVERY};
 use crate::store::block::Block;
 use crate::store::cache::GatherCache;
@@ -48,7 +49,7 @@ pub struct ParamStore<B: Backend> {
     /// The parameters whose shards live in host memory (`offload_param_frac`, or the auto
     /// placement's warm-up and choice); set with the chunks.
     host_keys: RwLock<HashSet<usize>>,
-    /// The auto placement (`auto_placement_capacity_mib`), when configured.
+    /// The auto placement (`Placement::auto`), when configured.
     auto: Option<Mutex<AutoPlacement>>,
     /// The host shards the auto placement keeps on the device between uses, once it decided.
     residency: Mutex<Option<Residency<B::FloatTensorPrimitive>>>,
@@ -99,9 +100,11 @@ impl<B: Backend> ParamStore<B> {
             Some(_) if config.prefetches() => config.prefetch,
             _ => 0,
         };
-        let auto = config
-            .auto_placement_capacity_mib
-            .map(|capacity| Mutex::new(AutoPlacement::new(capacity)));
+        let auto = match config.placement.auto {
+            Some(Capacity::MiB(capacity)) => Some(Mutex::new(AutoPlacement::new(capacity))),
+            // `shard` reads the device's capacity into MiB before the store is made.
+            Some(Capacity::Device) | None => None,
+        };
         Self {
             prefetch: Mutex::new(Prefetcher::new(depth)),
             ordered,
@@ -142,7 +145,7 @@ impl<B: Backend> ParamStore<B> {
     pub(crate) fn set_chunks(&self, chunks: ChunkLayout) {
         let frac = match self.auto {
             Some(_) => 1.0,
-            None => self.config.offload_param_frac,
+            None => self.config.placement.offload_param_frac,
         };
         let host_keys = member_keys(&chunks, &host_chunks(&chunks, frac));
         if self.chunks.set(chunks).is_err() {
@@ -172,7 +175,7 @@ impl<B: Backend> ParamStore<B> {
     /// from lazily initialised parameters; the chunks that stay on the device are uploaded
     /// once the layout is known.
     pub(crate) fn stages_shards_on_host(&self) -> bool {
-        self.auto.is_some() || self.config.offload_param_frac > 0.0
+        self.auto.is_some() || self.config.placement.offload_param_frac > 0.0
     }
 
     /// The current blocks of the parameters `wanted` picks, with their keys.

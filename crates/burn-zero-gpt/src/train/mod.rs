@@ -8,7 +8,6 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod fault;
-mod optimizer;
 pub mod process;
 mod rank;
 mod sample;
@@ -17,12 +16,16 @@ use std::path::PathBuf;
 
 use burn::backend::Autodiff;
 use burn::module::Module;
+use burn::optim::AdamConfig;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 use burn_zero_comm::Counts;
 use burn_zero_comm::sync::lock;
 use burn_zero_comm::{RankContext, launch};
-use burn_zero_core::{ChunkSize, GatherStats, MemoryReport, Zero, ZeroConfig, ZeroError};
+use burn_zero_core::{
+    ChunkSize, GatherStats, MemoryReport, Placement, Zero, ZeroConfig, ZeroError,
+};
+use burn_zero_optim::PerTensor;
 
 use crate::{CastParams, Corpus, Gpt, Materialise, Preset, TEXT};
 pub use fault::{Fault, FaultKind};
@@ -62,15 +65,11 @@ pub struct RunConfig {
     pub prefetch: usize,
     /// How parameters are grouped into chunks (gathered, reduced and stepped together).
     pub chunk_size: ChunkSize,
-    /// Stage 3: the fraction of the sharded chunks whose parameter shards live in host memory.
-    pub offload_param_frac: f64,
-    /// The fraction (0 to 1) of the trainable chunks' optimizer state kept on the host (Flex)
-    /// and stepped there, the rest on the device (0: all on the device).
-    pub offload_optim_frac: f64,
-    /// Stage 3: place parameter shards by measurement under this device capacity (MiB).
-    pub auto_placement_mib: Option<f64>,
-    /// Stage 3: the same placement under the capacity the CUDA driver reports.
-    pub auto_placement_device: bool,
+    /// Where parameter shards and optimizer state live (device, fractions on the host, or the
+    /// auto policy); the host side is Flex.
+    pub placement: Placement,
+    /// The optimizer: the fused Adam, or Burn's own for comparison.
+    pub optimizer: OptimizerKind,
     /// Optimizer steps.
     pub steps: usize,
     /// Sequences per optimizer step, over all ranks and micro-steps.
@@ -122,10 +121,8 @@ impl RunConfig {
             shard_group_size: 0,
             prefetch: 0,
             chunk_size: ChunkSize::Auto,
-            offload_param_frac: 0.0,
-            offload_optim_frac: 0.0,
-            auto_placement_mib: None,
-            auto_placement_device: false,
+            placement: Placement::device(),
+            optimizer: OptimizerKind::FusedAdam,
             steps: 200,
             batch_size: 32,
             accumulation: 1,
@@ -174,12 +171,6 @@ impl RunConfig {
         if self.seq_len == 0 || self.seq_len + 1 >= Corpus::new(TEXT).len() {
             return Err(format!("--seq-len {} does not fit the text", self.seq_len));
         }
-        if !(0.0..=1.0).contains(&self.offload_optim_frac) {
-            return Err(format!(
-                "--offload-optim-frac {} must be a fraction from 0 to 1",
-                self.offload_optim_frac
-            ));
-        }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(format!("--lr {} must be a positive finite number", self.lr));
         }
@@ -194,10 +185,16 @@ impl RunConfig {
 }
 
 /// `ZeroConfig` fields and the flags that set them.
-const FLAGS: [(&str, &str); 7] = [
+const FLAGS: [(&str, &str); 10] = [
     ("offload_param_frac", "--offload-param-frac"),
-    ("auto_placement_capacity_mib", "--auto-placement-mib"),
-    ("auto_placement_device_capacity", "--auto-placement-device"),
+    ("offload_optim_frac", "--offload-optim-frac"),
+    ("gpu_margin_mem_ratio", "--gpu-margin-mem-ratio"),
+    ("the auto placement's capacity", "--auto-placement-mib"),
+    (" (`Placement::auto`)", ""),
+    (
+        "the auto placement",
+        "the auto placement (--auto-placement-mib, --auto-placement-device)",
+    ),
     ("bucket_size_mb", "--bucket-mb"),
     ("persist_below_numel", "--persist-below"),
     ("shard_group_size", "--shard-group-size"),
@@ -351,8 +348,25 @@ pub fn train_with<B: Backend>(
         base_device: device,
         zero: zero_config(config),
         on_step: &on_step,
+        adam: AdamConfig::new(),
     };
-    ranks(&|ctx: RankContext<B>| run.rank(ctx))
+    match config.optimizer {
+        OptimizerKind::FusedAdam => ranks(&|ctx: RankContext<B>| run.rank(ctx)),
+        OptimizerKind::BurnAdam => {
+            let run = run.with_adam(PerTensor(AdamConfig::new().build()));
+            ranks(&|ctx: RankContext<B>| run.rank(ctx))
+        }
+    }
+}
+
+/// The optimizer a run steps with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimizerKind {
+    /// burn-zero's fused Adam (one pass, one kernel launch per chunk): bitwise Burn's Adam on
+    /// Flex, NdArray and wgpu.
+    FusedAdam,
+    /// Burn's own Adam, tensor by tensor (`PerTensor`), for comparison.
+    BurnAdam,
 }
 
 /// One model, built and materialised once from the seed, that every rank starts from: the
@@ -392,8 +406,6 @@ fn zero_config(config: &RunConfig) -> ZeroConfig {
         .with_shard_group_size(config.shard_group_size)
         .with_prefetch(config.prefetch)
         .with_chunk_size(config.chunk_size)
-        .with_offload_param_frac(config.offload_param_frac)
-        .with_auto_placement_capacity_mib(config.auto_placement_mib)
-        .with_auto_placement_device_capacity(config.auto_placement_device)
+        .with_placement(config.placement)
         .with_overlap_comm(config.overlap_comm)
 }

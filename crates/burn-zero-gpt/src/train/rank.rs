@@ -2,21 +2,24 @@
 
 use std::time::Instant;
 
+use burn::backend::Flex;
 use burn::module::{AutodiffModule, Module};
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsParams, Optimizer, SimpleOptimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
+use burn_zero_checkpoint::{SaveOptions, load, save};
 use burn_zero_comm::{Counts, RankContext, ReduceOp};
 use burn_zero_core::chunk::ChunkKind;
 use burn_zero_core::{ZeroConfig, ZeroState, shard};
+use burn_zero_optim::{LossScalerConfig, OptimizerConfig, StateBytes, ZeroOptimizer};
 
-use super::optimizer::RankOptimizer;
 use super::sample::generate;
 use super::{ChunkSummary, RankError, RankOutcome, RunConfig, StepInfo, Train};
 use crate::{Corpus, Gpt, param_values};
 
-/// What every rank of a run shares.
-pub(super) struct Run<'a, B: Backend> {
+/// What every rank of a run shares; `C` is the optimizer's configuration (the fused Adam, or
+/// Burn's own through `PerTensor`).
+pub(super) struct Run<'a, B: Backend, C> {
     pub config: &'a RunConfig,
     pub corpus: &'a Corpus,
     /// The initial model, on `base_device`.
@@ -27,17 +30,45 @@ pub(super) struct Run<'a, B: Backend> {
     pub zero: ZeroConfig,
     /// Called on rank 0 after each step.
     pub on_step: &'a (dyn Fn(&StepInfo) + Sync),
+    /// Adam's configuration, as the optimizer is built from it.
+    pub adam: C,
+}
+
+impl<'a, B: Backend, C> Run<'a, B, C> {
+    /// The same run with the optimizer built from `adam`.
+    pub fn with_adam<D>(self, adam: D) -> Run<'a, B, D> {
+        Run {
+            config: self.config,
+            corpus: self.corpus,
+            base: self.base,
+            base_device: self.base_device,
+            parameters: self.parameters,
+            trainable: self.trainable,
+            zero: self.zero,
+            on_step: self.on_step,
+            adam,
+        }
+    }
 }
 
 /// A rank's context, optimizer and sharded state as training goes (the model is passed along
 /// by value, as Burn's optimizers take it).
-struct Rank<B: Backend> {
+struct Rank<B: Backend, O>
+where
+    O: SimpleOptimizer<B> + SimpleOptimizer<Flex>,
+{
     ctx: RankContext<B>,
-    optimizer: RankOptimizer<B>,
+    optimizer: ZeroOptimizer<B, O>,
     state: ZeroState<B>,
 }
 
-impl<B: Backend> Run<'_, B> {
+impl<B: Backend, C> Run<'_, B, C>
+where
+    C: OptimizerConfig + Clone,
+    C::Optimizer: SimpleOptimizer<B> + SimpleOptimizer<Flex>,
+    <C::Optimizer as SimpleOptimizer<B>>::State<1>: StateBytes,
+    <C::Optimizer as SimpleOptimizer<Flex>>::State<1>: StateBytes,
+{
     /// Trains rank `ctx.rank()` from the shared initial model (or the latest checkpoint) to its
     /// outcome.
     pub fn rank(&self, ctx: RankContext<B>) -> Result<RankOutcome, RankError> {
@@ -82,7 +113,7 @@ impl<B: Backend> Run<'_, B> {
     fn start(
         &self,
         ctx: RankContext<B>,
-    ) -> Result<(Rank<B>, Gpt<Train<B>>, Option<usize>), RankError> {
+    ) -> Result<(Rank<B, C::Optimizer>, Gpt<Train<B>>, Option<usize>), RankError> {
         let config = self.config;
         let start = if *ctx.device() == self.base_device {
             self.base.clone()
@@ -90,11 +121,16 @@ impl<B: Backend> Run<'_, B> {
             self.base.clone().fork(ctx.device())
         };
         let (mut model, state) = shard(start, &ctx, &self.zero)?;
-        let mut optimizer = RankOptimizer::new(&state, config)?;
+        let mut optimizer = ZeroOptimizer::new(&state, self.adam.clone())
+            .map_err(|error| RankError::Optimizer(error.to_string()))?
+            .with_accumulation(config.accumulation);
+        if config.precision == DType::F16 {
+            optimizer = optimizer.with_loss_scaler(LossScalerConfig::new());
+        }
         let mut resumed_from = None;
         if let (true, Some(dir)) = (config.resume, &config.checkpoint_dir) {
             let loaded;
-            (optimizer, model, loaded) = optimizer.load(dir, model, &state)?;
+            (model, optimizer, loaded) = load(dir, model, optimizer)?;
             resumed_from = Some(loaded.step as usize);
         }
         let rank = Rank {
@@ -109,7 +145,7 @@ impl<B: Backend> Run<'_, B> {
     /// batch, one backward and optimizer call each. Returns the rank's mean loss.
     fn step(
         &self,
-        rank: &mut Rank<B>,
+        rank: &mut Rank<B, C::Optimizer>,
         mut model: Gpt<Train<B>>,
         step: usize,
     ) -> Result<(Gpt<Train<B>>, f32), RankError> {
@@ -130,7 +166,7 @@ impl<B: Backend> Run<'_, B> {
             if let Some(fault) = config.fault {
                 fault.strike(rank.ctx.rank(), step);
             }
-            model = rank.optimizer.step(config.lr, model, grads);
+            model = Optimizer::step(&mut rank.optimizer, config.lr, model, grads);
         }
         Ok((model, loss_sum / config.accumulation as f32))
     }
@@ -138,7 +174,12 @@ impl<B: Backend> Run<'_, B> {
     /// The mean of every rank's loss (all-reduced). With a loss scaler a non-finite gradient
     /// skips the step, but a non-finite loss means the parameters themselves went bad:
     /// nothing later can recover, so every rank stops at the same step.
-    fn mean_loss(&self, rank: &Rank<B>, step: usize, local: f32) -> Result<f32, RankError> {
+    fn mean_loss(
+        &self,
+        rank: &Rank<B, C::Optimizer>,
+        step: usize,
+        local: f32,
+    ) -> Result<f32, RankError> {
         let mine = Tensor::<B, 1>::from_floats([local], rank.ctx.device());
         let mean = scalar(rank.ctx.comm().all_reduce(mine, ReduceOp::Mean)?);
         if mean.is_finite() {
@@ -158,7 +199,7 @@ impl<B: Backend> Run<'_, B> {
     /// after the last).
     fn save_if_due(
         &self,
-        rank: &Rank<B>,
+        rank: &Rank<B, C::Optimizer>,
         model: &Gpt<Train<B>>,
         done: usize,
     ) -> Result<(), RankError> {
@@ -168,7 +209,13 @@ impl<B: Backend> Run<'_, B> {
         };
         let due = config.save_every > 0 && done.is_multiple_of(config.save_every);
         if due || done == config.steps {
-            rank.optimizer.save(dir, done as u64, model, &rank.state)?;
+            save(
+                dir,
+                done as u64,
+                model,
+                &rank.optimizer,
+                &SaveOptions::default(),
+            )?;
         }
         Ok(())
     }
@@ -182,7 +229,7 @@ impl<B: Backend> Run<'_, B> {
     /// in lockstep (at stage 3 each forward gathers), the parameters when asked for.
     fn outcome(
         &self,
-        rank: Rank<B>,
+        rank: Rank<B, C::Optimizer>,
         model: &Gpt<Train<B>>,
         losses: Vec<f32>,
         local_losses: Vec<f32>,
@@ -205,7 +252,7 @@ impl<B: Backend> Run<'_, B> {
             seconds,
             memory: Some(rank.state.memory_report()),
             skipped_steps: rank.optimizer.skipped_steps(),
-            optimizer_host_chunks: rank.optimizer.host_chunks(),
+            optimizer_host_chunks: rank.optimizer.host_chunks().len(),
             sample,
             params,
             resumed_from,

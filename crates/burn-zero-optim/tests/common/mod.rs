@@ -15,7 +15,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig, SimpleOptim
 use burn::tensor::backend::Backend;
 use burn_zero_comm::{LaunchOptions, launch_with};
 use burn_zero_core::{Zero, ZeroConfig, ZeroError, shard};
-use burn_zero_optim::{StateBytes, ZeroOptimizer};
+use burn_zero_optim::{OptimizerConfig, PerTensor, StateBytes, ZeroOptimizer};
 use burn_zero_testing::{Block, micro_batch, param_values, step_mean_grads};
 
 pub const LR: f64 = 1e-2;
@@ -23,8 +23,8 @@ pub const LR: f64 = 1e-2;
 /// The training backend of ranks that compute on `X`.
 pub type Train<X> = Autodiff<Zero<X>>;
 
-/// The optimizer both sides train with: Burn's own on the single rank, its `SimpleOptimizer`
-/// inside `ZeroOptimizer` on the ranks.
+/// The optimizer both sides train with: Burn's own on the single rank; on the ranks, Burn's
+/// Adam inside `ZeroOptimizer` (`PerTensor`), or the fused SGD, which is bitwise Burn's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rule {
     Adam,
@@ -96,20 +96,22 @@ pub fn sharded_with<X: Backend>(
     device: &X::Device,
     rule: Rule,
 ) -> Vec<Vec<Vec<f32>>> {
-    fn train<X: Backend, O>(
+    fn train<X: Backend, C>(
         base: &Block<Train<X>>,
         ctx: &burn_zero_comm::RankContext<X>,
         steps: usize,
         config: &ZeroConfig,
-        optim: O,
+        optim: C,
     ) -> Result<Vec<Vec<f32>>, ZeroError>
     where
-        O: SimpleOptimizer<X>,
-        O::State<1>: StateBytes,
+        C: OptimizerConfig,
+        C::Optimizer: SimpleOptimizer<X> + SimpleOptimizer<burn::backend::Flex>,
+        <C::Optimizer as SimpleOptimizer<X>>::State<1>: StateBytes,
+        <C::Optimizer as SimpleOptimizer<burn::backend::Flex>>::State<1>: StateBytes,
     {
         let world_size = ctx.world_size();
         let (mut model, zero) = shard(base.clone(), ctx, config)?;
-        let mut optimizer = ZeroOptimizer::new(&zero, optim);
+        let mut optimizer = ZeroOptimizer::new(&zero, optim)?;
         for step in 0..steps {
             let (tokens, targets) =
                 micro_batch::<Train<X>>(step * world_size + ctx.rank(), ctx.device());
@@ -121,8 +123,16 @@ pub fn sharded_with<X: Backend>(
     let options = LaunchOptions::with_timeout(std::time::Duration::from_secs(300));
     launch_with::<X, _, _, ZeroError>(world_size, std::slice::from_ref(device), &options, |ctx| {
         match rule {
-            Rule::Adam => train(base, &ctx, steps, config, AdamConfig::new().build()),
-            Rule::SgdMomentum => train(base, &ctx, steps, config, sgd_momentum().build::<X>()),
+            Rule::Adam => train(
+                base,
+                &ctx,
+                steps,
+                config,
+                PerTensor(AdamConfig::new().build()),
+            ),
+            // The fused SGD: Burn's `Sgd<B>` steps on its own backend only, and the optimizer
+            // needs one it can step on the host too.
+            Rule::SgdMomentum => train(base, &ctx, steps, config, sgd_momentum()),
         }
     })
     .unwrap_or_else(|e| panic!("world {world_size}, stage {}: {e}", config.stage))

@@ -1,34 +1,29 @@
-//! `ZeroOptimizer`: a Burn optimizer step on each rank's shard.
+//! One side of a `ZeroOptimizer`: the masters, state and step of the parameters kept in one
+//! place (the device, or the host backend).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::optim::{
-    AdamConfig, AdamWConfig, GradientsParams, LearningRate, MultiGradientsParams, Optimizer,
-    SgdConfig, SimpleOptimizer,
-};
+use burn::optim::{GradientsParams, MultiGradientsParams, SimpleOptimizer};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
-use burn::tensor::{DType, Device, Shape, Tensor, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::RankCounters;
 use burn_zero_core::store::SharedRow;
 use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
 
 use crate::chunked::{ChunkGrad, PendingChunks};
 use crate::clip::{LocalStats, NormType, combine};
-use crate::fused::{FusedAdam, FusedAdamW, FusedConfigError};
-use crate::fused_sgd::FusedSgd;
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
 use crate::master::{Master, cast_to};
-use crate::one_pass::{OnePass, OnePassFn};
-use crate::placement::{Offload, OnDevice, Placement};
-use crate::record::ZeroOptimizerRecord;
-use crate::state::StateBytes;
+use crate::one_pass::OnePassFn;
+use crate::place::Place;
 
-/// Steps every parameter of a module sharded with `burn_zero_core::shard` using the
-/// [`SimpleOptimizer`] `O` (e.g. `AdamConfig::new().build()`), on this rank's part only.
+/// One side of a [`crate::ZeroOptimizer`]: the parameters whose fp32 masters, optimizer
+/// state and gradient accumulators live where `P` places them (the model's device, or the
+/// optimizer's host backend), stepped there with the [`SimpleOptimizer`] `O`.
 ///
 /// - The gradient of each parameter is this rank's shard of the mean over ranks (stages 1–3),
 ///   or the whole mean (stage 0 and replicated parameters).
@@ -37,21 +32,9 @@ use crate::state::StateBytes;
 /// - The result is written back in the parameter's dtype: as the parameter's new shard
 ///   (stage 3), or all-gathered into the replicated parameter (stages 1 and 2). Every
 ///   parameter stays marked for the gradient hooks.
-/// - Optional global gradient clipping ([`Self::with_clipping`]) and dynamic loss scaling
-///   ([`Self::with_loss_scaler`]): the global norm and the overflow flag travel in one
-///   all-reduce; an overflow on any rank skips the step on every rank.
-///
-/// - Masters, optimizer state and gradient accumulators stay on the model's device
-///   ([`ZeroOptimizer::new`]) or live on a host backend ([`ZeroOptimizer::offloaded`]).
-/// - It is a Burn [`Optimizer`](burn::optim::Optimizer), so it drops into an ordinary training
-///   loop; its record is this rank's part only ([`crate::ZeroOptimizerRecord`]).
-///
-/// It is built from the [`ZeroState`] that `shard` returned for the module, and steps that
-/// module's parameters; the handle is an `Arc`, so the optimizer may be moved to and stepped
-/// on any thread (a training framework's rank thread), not only the one that sharded.
-///
-/// Call [`ZeroOptimizer::step`] on every rank with that rank's gradients.
-pub struct ZeroOptimizer<O, B: Backend, P: Placement<B> = OnDevice>
+/// - The device side also holds the step's clipping, loss scaler and skipped steps: the global
+///   norm and the overflow flag of both sides travel in one all-reduce.
+pub(crate) struct Side<O, B: Backend, P: Place<B>>
 where
     O: SimpleOptimizer<P::Host>,
 {
@@ -88,9 +71,9 @@ where
 }
 
 /// Bytes of an optimizer's state for a master copy of `numel` elements.
-pub type StateSize<O, H> = fn(&<O as SimpleOptimizer<H>>::State<1>, usize) -> usize;
+pub(crate) type StateSize<O, H> = fn(&<O as SimpleOptimizer<H>>::State<1>, usize) -> usize;
 
-impl<O, B: Backend, P: Placement<B>> Clone for ZeroOptimizer<O, B, P>
+impl<O, B: Backend, P: Place<B>> Clone for Side<O, B, P>
 where
     O: SimpleOptimizer<P::Host>,
 {
@@ -152,95 +135,21 @@ impl<H: Backend> Grad<H> {
     }
 }
 
-impl<B: Backend> ZeroOptimizer<FusedAdam, B, OnDevice> {
-    /// Adam from Burn's `config`, fused: each flat master shard is stepped in one pass on host
-    /// backends and in one kernel launch on wgpu and CUDA, with the gradient's multiplier and a
-    /// half-precision parameter's cast in the same pass (see [`FusedAdam`] for what falls back
-    /// to Burn's per-tensor step). Refuses hyperparameters that cannot work, and Burn's
-    /// per-parameter gradient clipping, by name.
-    pub fn adam(zero: &ZeroState<B>, config: &AdamConfig) -> Result<Self, FusedConfigError> {
-        Ok(Self::new(zero, FusedAdam::new(config)?).with_one_pass())
-    }
-}
-
-impl<B: Backend> ZeroOptimizer<FusedAdamW, B, OnDevice> {
-    /// AdamW from Burn's `config`, fused as [`Self::adam`] is (see [`FusedAdamW`]).
-    pub fn adamw(zero: &ZeroState<B>, config: &AdamWConfig) -> Result<Self, FusedConfigError> {
-        Ok(Self::new(zero, FusedAdamW::new(config)?).with_one_pass())
-    }
-}
-
-impl<B: Backend> ZeroOptimizer<FusedSgd, B, OnDevice> {
-    /// SGD from Burn's `config`, fused (see [`FusedSgd`]): each flat master shard is stepped
-    /// in one pass on host backends, weight decay and momentum included.
-    pub fn sgd(zero: &ZeroState<B>, config: &SgdConfig) -> Result<Self, FusedConfigError> {
-        Ok(Self::new(zero, FusedSgd::new(config)?))
-    }
-}
-
-impl<O: SimpleOptimizer<B>, B: Backend> ZeroOptimizer<O, B, OnDevice>
-where
-    O::State<1>: StateBytes,
-{
-    /// Wraps `optim` (Adam, AdamW, SGD) to step the module `zero` belongs to; masters and
-    /// optimizer state on the model's device.
-    pub fn new(zero: &ZeroState<B>, optim: O) -> Self {
-        Self::with_placement(zero, optim, StateBytes::state_bytes)
-    }
-
-    /// Wraps `optim` before the module it will step is sharded, for a training framework that
-    /// takes the optimizer first and shards on each rank later (burn-train's `Learner` under
-    /// `ZeroStrategy`). The framework binds it to the rank's [`ZeroState`] by loading
-    /// [`crate::ZeroOptimizerRecord::binding`] into it; stepping it unbound panics, naming
-    /// the problem.
-    pub fn unbound(optim: O) -> Self {
-        Self::fresh(None, optim, StateBytes::state_bytes)
-    }
-}
-
 /// The state `zero` holds, or a panic that says the optimizer was never bound.
-fn bound<B: Backend>(zero: &Option<ZeroState<B>>) -> &ZeroState<B> {
+pub(crate) fn bound<B: Backend>(zero: &Option<ZeroState<B>>) -> &ZeroState<B> {
     zero.as_ref().unwrap_or_else(|| {
         panic!(
             "burn-zero: this ZeroOptimizer was made with `ZeroOptimizer::unbound` and never bound \
              to a sharded module: load `ZeroOptimizerRecord::binding(zero_state)` into it on each \
-             rank (or build it with `ZeroOptimizer::new(&zero_state, optim)`)"
+             rank (or build it with `ZeroOptimizer::new(&zero_state, config)`)"
         )
     })
 }
 
-impl<O: SimpleOptimizer<H>, B: Backend, H: Backend> ZeroOptimizer<O, B, Offload<H>>
-where
-    O::State<1>: StateBytes,
-{
-    /// Wraps `optim` to step the module `zero` belongs to; masters, optimizer state and
-    /// gradient accumulators on backend `H`'s default device (e.g. `Flex` on the CPU) while
-    /// the model computes on `B`.
-    pub fn offloaded(zero: &ZeroState<B>, optim: O) -> Self {
-        Self::with_placement(zero, optim, StateBytes::state_bytes)
-    }
-}
-
-impl<O, B: Backend, P: Placement<B>> ZeroOptimizer<O, B, P>
+impl<O, B: Backend, P: Place<B>> Side<O, B, P>
 where
     O: SimpleOptimizer<P::Host>,
 {
-    /// Wraps any [`SimpleOptimizer`], with masters placed by `P` ([`OnDevice`] or
-    /// [`Offload`]); `state_size` tells the memory accounting how many bytes of state the
-    /// optimizer keeps for a master copy (e.g. `|_, numel| 4 * numel` for one fp32 tensor).
-    pub fn with_placement(
-        zero: &ZeroState<B>,
-        optim: O,
-        state_size: StateSize<O, P::Host>,
-    ) -> Self {
-        Self::fresh(Some(zero.clone()), optim, state_size)
-    }
-
-    /// An optimizer with no state yet, bound to `zero` when it is given.
-    fn fresh(zero: Option<ZeroState<B>>, optim: O, state_size: StateSize<O, P::Host>) -> Self {
-        Self::fresh_owning(zero, optim, state_size, Owned::All)
-    }
-
     /// An optimizer with no state yet that steps the `owned` parameters.
     pub(crate) fn fresh_owning(
         zero: Option<ZeroState<B>>,
@@ -271,10 +180,23 @@ where
         }
     }
 
-    /// The sharded module's state this optimizer steps (`None` while an optimizer made with
-    /// [`ZeroOptimizer::unbound`] is not bound yet).
-    pub fn zero_state(&self) -> Option<&ZeroState<B>> {
+    /// The sharded module's state this side steps (`None` while an optimizer made with
+    /// [`crate::ZeroOptimizer::unbound`] is not bound yet).
+    pub(crate) fn zero_state(&self) -> Option<&ZeroState<B>> {
         self.zero.as_ref()
+    }
+
+    /// Binds this side to `zero`, stepping its `owned` parameters.
+    pub(crate) fn bind(&mut self, zero: &ZeroState<B>, owned: Owned) {
+        keep_host_gradients::<B, P>(zero, &owned);
+        self.zero = Some(zero.clone());
+        self.owned = owned;
+    }
+
+    /// Steps with `one_pass` (the optimizer's one-pass step on this side's backend), or with
+    /// the optimizer's own step when there is none.
+    pub(crate) fn set_one_pass(&mut self, one_pass: Option<OnePassFn<O, P::Host>>) {
+        self.one_pass = one_pass;
     }
 
     /// Gradient accumulation: [`Self::step`] is called every micro-step and updates the
@@ -285,27 +207,14 @@ where
     /// in exchange for accumulators of 1/N of the model (4Ψ/N bytes) instead of full unreduced
     /// gradients. No micro-step's gradient is dropped: one a rank did not compute is reduced
     /// as zeros and arrives as an orphan.
-    pub fn with_accumulation(mut self, micro_steps: usize) -> Self {
+    pub(crate) fn with_accumulation(mut self, micro_steps: usize) -> Self {
         self.accumulation = micro_steps.max(1);
-        self
-    }
-
-    /// Steps with the optimizer's one pass ([`OnePass`]): the gradient's multiplier
-    /// (unscaling, clipping) and the cast of the new values to a half-precision parameter's
-    /// dtype in the step's own pass, instead of a pass each around it. Bitwise the same
-    /// values. [`Self::adam`] and [`Self::adamw`] turn it on; an offloaded fused optimizer
-    /// (`ZeroOptimizer::offloaded(&zero, FusedAdam::new(&config)?)`) asks for it here.
-    pub fn with_one_pass(mut self) -> Self
-    where
-        O: OnePass<P::Host>,
-    {
-        self.one_pass = Some(<O as OnePass<P::Host>>::step_flat);
         self
     }
 
     /// Scales every gradient so that their global `norm` (over all ranks' shards, counting
     /// replicated parameters once) is at most `max_norm`, as `clip_grad_norm_` does.
-    pub fn with_clipping(mut self, max_norm: f32, norm: NormType) -> Self {
+    pub(crate) fn with_clipping(mut self, max_norm: f32, norm: NormType) -> Self {
         self.clipping = Some((max_norm, norm));
         self
     }
@@ -313,28 +222,28 @@ where
     /// Dynamic loss scaling: multiply the loss by [`Self::loss_scale`] before backward; the
     /// step unscales the gradients, and skips itself on every rank when any gradient is not
     /// finite.
-    pub fn with_loss_scaler(mut self, config: LossScalerConfig) -> Self {
+    pub(crate) fn with_loss_scaler(mut self, config: LossScalerConfig) -> Self {
         self.scaler = Some(DynamicLossScaler::new(config));
         self
     }
 
     /// The current loss scale (1 without a scaler).
-    pub fn loss_scale(&self) -> f64 {
+    pub(crate) fn loss_scale(&self) -> f64 {
         self.scaler.as_ref().map_or(1.0, DynamicLossScaler::scale)
     }
 
     /// Steps skipped because a gradient overflowed.
-    pub fn skipped_steps(&self) -> usize {
+    pub(crate) fn skipped_steps(&self) -> usize {
         self.skipped
     }
 
     /// The global gradient norm (unscaled) of the last step, when clipping or scaling is on.
-    pub fn last_grad_norm(&self) -> Option<f32> {
+    pub(crate) fn last_grad_norm(&self) -> Option<f32> {
         self.last_norm
     }
 
     /// Bytes of fp32 gradient accumulators this rank holds.
-    pub fn accumulator_bytes(&self) -> usize {
+    pub(crate) fn accumulator_bytes(&self) -> usize {
         self.accumulated
             .values()
             .map(|t| t.shape().num_elements() * DType::F32.size())
@@ -342,7 +251,7 @@ where
     }
 
     /// Bytes of optimizer state this rank holds (e.g. Adam's two moments per master copy).
-    pub fn state_bytes(&self) -> usize {
+    pub(crate) fn state_bytes(&self) -> usize {
         self.masters
             .values()
             .chain(self.flat.values())
@@ -407,42 +316,12 @@ where
     }
 
     /// Bytes of fp32 master copies this rank holds.
-    pub fn master_bytes(&self) -> usize {
+    pub(crate) fn master_bytes(&self) -> usize {
         self.masters
             .values()
             .chain(self.flat.values())
             .map(|m| m.values.shape().num_elements() * DType::F32.size())
             .sum()
-    }
-
-    /// One optimizer step with learning rate `lr`: `module` updated with `grads` (from
-    /// `GradientsParams::from_grads`). Parameters without a gradient on any rank are left as
-    /// they are; on an overflow every parameter and all optimizer state are left as they are.
-    ///
-    /// # Panics
-    /// When `lr` is negative or not finite, before anything changes.
-    pub fn step<AB, M>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M
-    where
-        AB: AutodiffBackend<InnerBackend = Zero<B>>,
-        M: AutodiffModule<AB>,
-    {
-        check_lr(lr);
-        let mut grads = grads;
-        let collected = self.collect::<AB, M>(&module, &mut grads, &mut None);
-        let module = match self.prepare(collected) {
-            None => self.refill::<AB, M>(module),
-            Some(prepared) => match self.gradient_factor(&prepared) {
-                Some(factor) => self.apply::<AB, M>(lr, factor, module, prepared),
-                None => {
-                    self.skipped += 1;
-                    tracing::warn!(scale = self.loss_scale(), "gradient overflow: step skipped");
-                    // Backward consumed the parameters' marks: renew them, values untouched.
-                    self.refill::<AB, M>(module)
-                }
-            },
-        };
-        self.report_memory();
-        module
     }
 
     /// First phase: takes the gradients of the parameters this optimizer steps out of `grads`
@@ -571,18 +450,6 @@ where
         module
     }
 
-    /// `module` with its values as they are and every parameter's gradient mark renewed, for
-    /// a step that changes nothing (a micro-step, an overflow).
-    pub(crate) fn refill<AB, M>(&self, module: M) -> M
-    where
-        AB: AutodiffBackend<InnerBackend = Zero<B>>,
-        M: AutodiffModule<AB>,
-    {
-        module.map(&mut Refill {
-            master: &|key, device, dtype| self.master_on_model(key, device, dtype),
-        })
-    }
-
     /// Parameter `key`'s master values on the model's `device` in `dtype`, when this
     /// optimizer holds them (to refill a shard `reuse_fp16_shard` released).
     pub(crate) fn master_on_model(
@@ -613,14 +480,6 @@ where
             ),
             _ => self.placement = Some(here),
         }
-    }
-
-    /// The factor every gradient is multiplied by (unscaling and clipping), or `None` when a
-    /// gradient overflowed on any rank. Updates the loss scaler.
-    fn gradient_factor(&mut self, prepared: &Prepared<B, P::Host>) -> Option<f64> {
-        self.factor_of(prepared.is_empty(), |optimizer, norm_type| {
-            optimizer.local_stats(prepared, norm_type)
-        })
     }
 
     /// The step's gradient factor from this rank's statistics, which `local` gives on the
@@ -708,7 +567,7 @@ where
 
 /// Asks `zero`'s reduction to read the gradients of the `owned` parameters back to host memory
 /// as they are reduced, when `P` steps them there.
-pub(crate) fn keep_host_gradients<B: Backend, P: Placement<B>>(zero: &ZeroState<B>, owned: &Owned) {
+pub(crate) fn keep_host_gradients<B: Backend, P: Place<B>>(zero: &ZeroState<B>, owned: &Owned) {
     if !P::GRADIENTS_ON_HOST {
         return;
     }
@@ -806,7 +665,7 @@ pub(crate) type Orphans<B> = BTreeMap<usize, ZeroTensor<B>>;
 
 /// First pass: takes every sharded parameter's gradient, in visit order, to where the masters
 /// live.
-struct Collect<'a, B: Backend, P: Placement<B>> {
+struct Collect<'a, B: Backend, P: Place<B>> {
     zero: &'a ZeroState<B>,
     /// The parameters this optimizer steps; the others' gradients are left in `grads`.
     owned: &'a Owned,
@@ -824,7 +683,7 @@ struct Collect<'a, B: Backend, P: Placement<B>> {
     _placement: std::marker::PhantomData<P>,
 }
 
-impl<B: Backend, P: Placement<B>> Collect<'_, B, P> {
+impl<B: Backend, P: Place<B>> Collect<'_, B, P> {
     /// Parameter `key`'s path in the module, for messages.
     fn path_of(&self, key: usize) -> String {
         self.zero
@@ -844,7 +703,7 @@ impl<B: Backend, P: Placement<B>> Collect<'_, B, P> {
 impl<AB, B, P> ModuleVisitor<AB> for Collect<'_, B, P>
 where
     B: Backend,
-    P: Placement<B>,
+    P: Place<B>,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
 {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
@@ -946,11 +805,11 @@ where
 }
 
 /// Second pass: steps every parameter that has a gradient.
-struct Apply<'a, O, B: Backend, P: Placement<B>>
+struct Apply<'a, O, B: Backend, P: Place<B>>
 where
     O: SimpleOptimizer<P::Host>,
 {
-    optimizer: &'a mut ZeroOptimizer<O, B, P>,
+    optimizer: &'a mut Side<O, B, P>,
     lr: f64,
     factor: f64,
     taken: HashMap<ParamId, Taken<P::Host>>,
@@ -958,7 +817,7 @@ where
     chunks: PendingChunks<B, P::Host>,
 }
 
-impl<O, B: Backend, P: Placement<B>> Apply<'_, O, B, P>
+impl<O, B: Backend, P: Place<B>> Apply<'_, O, B, P>
 where
     O: SimpleOptimizer<P::Host>,
 {
@@ -1030,7 +889,7 @@ where
 impl<AB, O, B, P> ModuleMapper<AB> for Apply<'_, O, B, P>
 where
     B: Backend,
-    P: Placement<B>,
+    P: Place<B>,
     O: SimpleOptimizer<P::Host>,
     AB: AutodiffBackend<InnerBackend = Zero<B>>,
 {
@@ -1058,7 +917,7 @@ where
 
 /// A master copy's fp32 values as a parameter's values: on the model's `device`, in `dtype`
 /// (an upload counted in `counters` when the master is offloaded).
-fn written_back<B: Backend, P: Placement<B>>(
+fn written_back<B: Backend, P: Place<B>>(
     values: Tensor<P::Host, 1>,
     device: &B::Device,
     dtype: DType,
@@ -1137,36 +996,5 @@ impl<AB: AutodiffBackend> ModuleMapper<AB> for Remark {
             tensor
         };
         Param::from_mapped_value(id, tensor, mapper)
-    }
-}
-
-impl<M, AB, O, B, P> Optimizer<M, AB> for ZeroOptimizer<O, B, P>
-where
-    M: AutodiffModule<AB>,
-    AB: AutodiffBackend<InnerBackend = Zero<B>> + BackendTypes<Device = Device<B>>,
-    B: Backend,
-    P: Placement<B>,
-    O: SimpleOptimizer<P::Host>,
-{
-    type Record = ZeroOptimizerRecord<O, B, P>;
-
-    fn step(&mut self, lr: LearningRate, module: M, grads: GradientsParams) -> M {
-        ZeroOptimizer::step::<AB, M>(self, lr, module, grads)
-    }
-
-    /// Burn's multi-device gradients (one training process driving several devices) have one
-    /// entry per device; burn-zero runs one rank per device instead, so exactly one entry is
-    /// accepted.
-    fn step_multi(&mut self, lr: LearningRate, module: M, grads: MultiGradientsParams) -> M {
-        let grads = one_device(grads, "ZeroOptimizer");
-        ZeroOptimizer::step::<AB, M>(self, lr, module, grads)
-    }
-
-    fn to_record(&self) -> Self::Record {
-        self.record()
-    }
-
-    fn load_record(self, record: Self::Record) -> Self {
-        self.restore(record)
     }
 }

@@ -1,7 +1,7 @@
 //! `gpu_margin_mem_ratio` (Gemini, ColossalAI's `ShardedOptimizerV2`): optimizer chunks move
 //! into the device memory the placement leaves over at the peak, and step there.
 //!
-//! The auto placement (`ZeroConfig::auto_placement_capacity_mib`) measures the device's peak
+//! The auto placement (`Placement::auto`) measures the device's peak
 //! over its warm-up, with every parameter shard on the host, and moves the shards that fit in
 //! `0.9 × capacity − peak`. What that room has left after the shards is memory the step never
 //! needs at its peak; the ratio says how much of it the optimizer may take (the host shards the
@@ -13,13 +13,13 @@
 use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::Backend;
 
-use super::{SplitError, SplitZeroOptimizer};
+use super::ZeroOptimizer;
 
-/// The policy's setting and, once it acted, what it did.
+/// The policy's setting (`Placement::gpu_margin_mem_ratio`) and, once it acted, what it did.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Margin {
-    ratio: f64,
-    shared: Option<MarginReport>,
+    pub(super) ratio: f64,
+    pub(super) shared: Option<MarginReport>,
 }
 
 /// What `gpu_margin_mem_ratio` moved on a rank.
@@ -36,29 +36,10 @@ pub struct MarginReport {
     pub host_chunks: usize,
 }
 
-impl<O, B: Backend, H: Backend> SplitZeroOptimizer<O, B, H>
+impl<B: Backend, O, H: Backend> ZeroOptimizer<B, O, H>
 where
     O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
-    /// Moves host chunks to the device into `ratio` (0 to 1) of the device memory the auto
-    /// placement leaves over, once it has decided (see the module docs). Needs the module
-    /// sharded with the auto placement; start from `offload_optim_frac` 1 to let the policy
-    /// choose among every chunk.
-    pub fn with_gpu_margin_mem_ratio(mut self, ratio: f64) -> Result<Self, SplitError> {
-        if !(0.0..=1.0).contains(&ratio) {
-            return Err(SplitError::MarginRatio(ratio));
-        }
-        let zero = self.device.zero_state().expect("made bound");
-        if zero.store().config().auto_placement_capacity_mib.is_none() {
-            return Err(SplitError::NoAutoPlacement);
-        }
-        self.margin = Some(Margin {
-            ratio,
-            shared: None,
-        });
-        Ok(self)
-    }
-
     /// What the margin policy moved, once it has.
     pub fn margin_report(&self) -> Option<MarginReport> {
         self.margin?.shared

@@ -1,13 +1,11 @@
-//! A split optimizer's record: its whole state as one record on the host backend, the record
-//! `ZeroOptimizer::offloaded` keeps.
+//! The optimizer's record: its whole state as one record on the host backend.
 //!
-//! Which side steps a chunk is a decision of the run (the fraction, the chunks the margin or
-//! `place_on_device` moved), not of the state: a parameter's master and optimizer state are the
-//! same values on either side. So the record holds every parameter's entry on the host backend,
-//! and loading it gives each entry to the side that steps that parameter now. A record saved
-//! by a split of one fraction loads into a split of another, into one whose chunks moved since,
-//! or into an offloaded `ZeroOptimizer`, and the other way round; and it saves as a sharded
-//! checkpoint like any `ZeroOptimizerRecord`, which also resumes it at another world size.
+//! Which side steps a chunk is a decision of the run (the placement's fraction, the chunks the
+//! margin or `place_on_device` moved), not of the state: a parameter's master and optimizer
+//! state are the same values on either side. So the record holds every parameter's entry on
+//! the host backend, and loading it gives each entry to the side that steps that parameter
+//! now. A record saved under one placement loads under any other, or after chunks moved; and
+//! it saves as a sharded checkpoint, which also resumes it at another world size.
 //!
 //! Device entries cross as chunks moving between steps do (`migrate`): values as data (one
 //! read back or upload each, counted), optimizer state through its Burn record.
@@ -15,27 +13,30 @@
 use burn::optim::SimpleOptimizer;
 use burn::tensor::backend::Backend;
 
-use super::SplitZeroOptimizer;
+use super::ZeroOptimizer;
 use super::migrate::{cross_state, master_to_device};
-use crate::placement::{Offload, OnDevice, Placement};
+use crate::place::{Offload, Place};
 use crate::record::ZeroOptimizerRecord;
 
-impl<O, B: Backend, H: Backend> SplitZeroOptimizer<O, B, H>
+impl<B: Backend, O, H: Backend> ZeroOptimizer<B, O, H>
 where
     O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
     /// This rank's whole state as one record on the host backend (see the module docs): the
     /// host side's entries as they are, the device side's read back.
-    pub fn record(&self) -> ZeroOptimizerRecord<O, B, Offload<H>> {
-        let zero = self.device.zero_state().expect("made bound");
+    ///
+    /// # Panics
+    /// When the optimizer was made unbound and never bound.
+    pub fn record(&self) -> ZeroOptimizerRecord<B, O, H> {
+        let zero = crate::side::bound(&self.device.zero);
         let counters = zero.store().counters();
-        let host_device = <Offload<H> as Placement<B>>::host_device(zero.device());
+        let host_device = <Offload<H> as Place<B>>::host_device(zero.device());
         let on_device = self.device.record();
         let mut record = self.host.record();
         record
             .masters
             .extend(on_device.masters.into_iter().map(|(key, values, state)| {
-                let values = <Offload<H> as Placement<B>>::to_host(values, counters);
+                let values = <Offload<H> as Place<B>>::to_host(values, counters);
                 (key, values, cross_state::<O, B, H>(state, &host_device))
             }));
         record.masters.sort_by_key(|(key, _, _)| *key);
@@ -43,7 +44,7 @@ where
             on_device
                 .accumulated
                 .into_iter()
-                .map(|(key, sum)| (key, <Offload<H> as Placement<B>>::to_host(sum, counters))),
+                .map(|(key, sum)| (key, <Offload<H> as Place<B>>::to_host(sum, counters))),
         );
         record.accumulated.sort_by_key(|(key, _)| *key);
         // The device side holds the step's loss scaler and skipped steps; both sides count the
@@ -54,10 +55,20 @@ where
         record
     }
 
-    /// Replaces this rank's state with `record` (a split's, of any fraction, or an offloaded
-    /// optimizer's): each parameter's entry goes to the side that steps it now.
-    pub fn restore(mut self, record: ZeroOptimizerRecord<O, B, Offload<H>>) -> Self {
-        let zero = self.device.zero_state().expect("made bound").clone();
+    /// Replaces this rank's state with `record` (saved under any placement): each parameter's
+    /// entry goes to the side that steps it now. A record with a binding
+    /// ([`ZeroOptimizerRecord::binding`]) binds an unbound optimizer first. The optimizer's
+    /// own settings (clipping, accumulation, loss-scaler knobs) stay.
+    ///
+    /// # Panics
+    /// When the optimizer is unbound and the record does not bind it.
+    pub fn restore(mut self, record: ZeroOptimizerRecord<B, O, H>) -> Self {
+        if let Some(binding) = &record.binding
+            && self.device.zero_state().is_none()
+        {
+            self.bind(binding);
+        }
+        let zero = crate::side::bound(&self.device.zero.clone()).clone();
         let counters = zero.store().counters();
         let device = zero.device();
         let on_host = |key: usize| self.host.owned.steps(key);
@@ -81,11 +92,11 @@ where
             .map(|(key, sum)| {
                 (
                     key,
-                    <Offload<H> as Placement<B>>::to_model(sum, device, counters),
+                    <Offload<H> as Place<B>>::to_model(sum, device, counters),
                 )
             })
             .collect();
-        let mut on_device = ZeroOptimizerRecord::<O, B, OnDevice>::new(
+        let mut on_device = ZeroOptimizerRecord::<B, O, B>::new(
             record.placement,
             device_masters,
             device_sums,
@@ -93,7 +104,7 @@ where
             record.scaler,
             record.skipped,
         );
-        let mut on_host = ZeroOptimizerRecord::<O, B, Offload<H>>::new(
+        let mut on_host = ZeroOptimizerRecord::<B, O, H>::new(
             record.placement,
             host_masters,
             host_sums,

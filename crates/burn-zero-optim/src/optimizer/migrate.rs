@@ -1,12 +1,11 @@
-//! Moving chunks' optimizer state from the host side of a split to the device side, between
-//! two steps.
+//! Moving chunks' optimizer state from the host side to the device side, between two steps.
 //!
 //! A chunk's state is its fp32 master (the flat master of a chunk, or each member's when the
 //! layout has one parameter per chunk or a restored record has not been joined yet) and the
 //! optimizer's state for it. The values cross as tensor data; the state crosses through its
 //! Burn record (`state_tree`), which works for any optimizer whatever it keeps private. From
 //! the next backward on, the chunk's gradient shards stay on the device and the device side
-//! steps it. A split's record crosses its entries the same way.
+//! steps it. The record crosses the device side's entries the same way.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,27 +16,28 @@ use burn::tensor::backend::Backend;
 use burn_zero_comm::RankCounters;
 use burn_zero_core::chunk::placement::member_keys;
 
-use super::{SplitError, SplitZeroOptimizer};
+use super::ZeroOptimizer;
+use crate::error::OptimizerError;
 use crate::master::Master;
-use crate::optimizer::Owned;
-use crate::placement::{Offload, Placement};
+use crate::place::{Offload, Place};
+use crate::side::Owned;
 use crate::state_tree::{from_tree, to_tree};
 
-impl<O, B: Backend, H: Backend> SplitZeroOptimizer<O, B, H>
+impl<B: Backend, O, H: Backend> ZeroOptimizer<B, O, H>
 where
     O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
     /// Moves the optimizer state of the host chunks `ids` to the device, where they step from
     /// the next step on (their gradients stay on the device from the next backward). Only
     /// between steps: inside an accumulation window the sums would have to move too.
-    pub fn place_on_device(&mut self, ids: &[usize]) -> Result<(), SplitError> {
+    pub fn place_on_device(&mut self, ids: &[usize]) -> Result<(), OptimizerError> {
         if self.device.micro_steps != 0 {
-            return Err(SplitError::InsideAccumulation(self.device.micro_steps));
+            return Err(OptimizerError::InsideAccumulation(self.device.micro_steps));
         }
         if let Some(&id) = ids.iter().find(|id| !self.host_chunks.contains(id)) {
-            return Err(SplitError::NotOnHost(id));
+            return Err(OptimizerError::NotOnHost(id));
         }
-        let zero = self.device.zero_state().expect("made bound").clone();
+        let zero = crate::side::bound(&self.device.zero).clone();
         let store = zero.store();
         let device = zero.device().clone();
         let counters = store.counters();
@@ -56,7 +56,7 @@ where
         }
         let on_host: HashSet<usize> = match &self.host.owned {
             Owned::Only(owned) => owned.difference(&keys).copied().collect(),
-            Owned::All | Owned::Except(_) => unreachable!("a split's host side owns given keys"),
+            Owned::All | Owned::Except(_) => unreachable!("the host side owns given keys"),
         };
         let on_host = Arc::new(on_host);
         self.host.owned = Owned::Only(on_host.clone());
@@ -94,7 +94,7 @@ pub(super) fn master_to_device<O, B: Backend, H: Backend>(
 where
     O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
-    let values = <Offload<H> as Placement<B>>::to_model(values, device, counters);
+    let values = <Offload<H> as Place<B>>::to_model(values, device, counters);
     (values, cross_state::<O, H, B>(state, device))
 }
 

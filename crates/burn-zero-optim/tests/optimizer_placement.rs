@@ -1,26 +1,27 @@
-//! Optimizer state split between device and host by chunk (`SplitZeroOptimizer`, Gemini's
-//! `offload_optim_frac`): with Flex on both sides, every fraction trains the same bits as the
-//! optimizer kept whole on the device, at stages 1 and 3, per parameter and with chunks, with
-//! gradient accumulation and loss scaling; with clipping the norm is summed per side, so it
+//! Optimizer state placed between device and host by chunk (`Placement`'s
+//! `offload_optim_frac`, Gemini's): with Flex on both sides, every fraction trains the same bits
+//! as the optimizer kept whole on the device, at stages 1 and 3, per parameter and with chunks,
+//! with gradient accumulation and loss scaling; with clipping the norm is summed per side, so it
 //! agrees to rounding. The state really is split (bytes on each side, in the memory report as
 //! well), the host chunks' gradients leave the device during backward; a record is the whole
-//! state on the host, and resumes bitwise into a split of another fraction, after chunks moved,
-//! and into an offloaded `ZeroOptimizer` and back; a fraction outside 0..1 is refused by name.
+//! state on the host, and resumes bitwise under another placement (the module gathered and
+//! sharded again with it), after chunks moved; a fraction outside 0..1 is refused by name.
 
 use burn::backend::Flex;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
 use burn_zero_comm::launch;
-use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, ZeroState, shard};
-use burn_zero_optim::{
-    LossScalerConfig, NormType, Offload, SplitError, SplitZeroOptimizer, ZeroOptimizer,
-};
+use burn_zero_core::{ChunkSize, Placement, ZeroConfig, ZeroError, ZeroState, shard, unshard};
+use burn_zero_optim::{LossScalerConfig, NormType, OptimizerError, PerTensor, ZeroOptimizer};
 use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
 
 const WORLD: usize = 2;
 const STEPS: usize = 4;
 const LR: f64 = 1e-2;
 
-type Split = SplitZeroOptimizer<Adam, Flex, Flex>;
+/// Burn's Adam, its state placed as `zero`'s module was sharded.
+fn adam(zero: &ZeroState<Flex>) -> ZeroOptimizer<Flex, Adam> {
+    ZeroOptimizer::new(zero, PerTensor(AdamConfig::new().build())).expect("Burn's Adam")
+}
 
 /// Every rank's final parameters after `STEPS` steps with the optimizer `make` builds.
 fn train<Opt>(
@@ -44,15 +45,18 @@ where
     .unwrap()
 }
 
-fn split_at(zero: &ZeroState<Flex>, frac: f64) -> Split {
-    SplitZeroOptimizer::new(zero, AdamConfig::new().build(), frac).unwrap()
-}
-
 fn config(stage: u8, chunks: ChunkSize) -> ZeroConfig {
     ZeroConfig::new()
         .with_stage(stage)
         .with_persist_below_numel(12)
         .with_chunk_size(chunks)
+}
+
+/// `config` with `frac` of the optimizer state on the host.
+fn optim_frac(config: &ZeroConfig, frac: f64) -> ZeroConfig {
+    config
+        .clone()
+        .with_placement(Placement::fractions(0.0, frac))
 }
 
 #[test]
@@ -62,17 +66,14 @@ fn every_fraction_trains_the_bits_of_the_optimizer_on_the_device() {
     for stage in [1, 3] {
         for chunks in chunk_sizes {
             let config = config(stage, chunks);
-            let whole = train(&base, &config, |zero| {
-                ZeroOptimizer::new(zero, AdamConfig::new().build())
+            let make = |zero: &ZeroState<Flex>| {
+                adam(zero)
                     .with_accumulation(2)
                     .with_loss_scaler(LossScalerConfig::new())
-            });
+            };
+            let whole = train(&base, &config, make);
             for frac in [0.0, 0.5, 1.0] {
-                let split = train(&base, &config, |zero| {
-                    split_at(zero, frac)
-                        .with_accumulation(2)
-                        .with_loss_scaler(LossScalerConfig::new())
-                });
+                let split = train(&base, &optim_frac(&config, frac), make);
                 for rank in 0..WORLD {
                     assert!(
                         params_bits_equal(&whole[rank], &split[rank]),
@@ -88,14 +89,10 @@ fn every_fraction_trains_the_bits_of_the_optimizer_on_the_device() {
 fn clipping_sees_both_sides_and_agrees_to_rounding() {
     let base = base_model(&Default::default());
     let config = config(3, ChunkSize::Elements(256));
-    let clipped = |zero: &ZeroState<Flex>| {
-        ZeroOptimizer::new(zero, AdamConfig::new().build()).with_clipping(0.05, NormType::L2)
-    };
+    let clipped = |zero: &ZeroState<Flex>| adam(zero).with_clipping(0.05, NormType::L2);
     let whole = train(&base, &config, clipped);
-    let split = train(&base, &config, |zero| {
-        split_at(zero, 0.5).with_clipping(0.05, NormType::L2)
-    });
-    let unclipped = train(&base, &config, |zero| split_at(zero, 0.5));
+    let split = train(&base, &optim_frac(&config, 0.5), clipped);
+    let unclipped = train(&base, &optim_frac(&config, 0.5), adam);
     let difference = |a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]| {
         a.iter()
             .flatten()
@@ -123,8 +120,8 @@ fn the_state_is_split_and_host_gradients_leave_the_device_during_backward() {
     let runs = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
         let mut per_frac = Vec::new();
         for frac in [0.0, 0.5, 1.0] {
-            let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-            let mut optimizer = split_at(&zero, frac);
+            let (mut model, zero) = shard(base.clone(), &ctx, &optim_frac(&config, frac))?;
+            let mut optimizer = adam(&zero);
             let mut backward_reads = 0;
             for step in 0..2 {
                 let (tokens, targets) = micro_batch::<Train>(step, ctx.device());
@@ -181,69 +178,41 @@ fn the_state_is_split_and_host_gradients_leave_the_device_during_backward() {
 }
 
 #[test]
-fn records_resume_bitwise_into_any_split_and_a_fraction_outside_0_to_1_is_refused() {
+fn records_resume_bitwise_under_any_placement_and_a_fraction_outside_0_to_1_is_refused() {
     let base = base_model(&Default::default());
     let config = config(3, ChunkSize::Elements(256));
     launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
-        let step = |model: Block<Train>,
-                    optimizer: &mut dyn FnMut(Block<Train>, GradientsParams) -> Block<Train>,
-                    i: usize| {
+        let step = |model: Block<Train>, optimizer: &mut ZeroOptimizer<Flex, Adam>, i: usize| {
             let (tokens, targets) = micro_batch::<Train>(i * WORLD + ctx.rank(), ctx.device());
             let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
-            optimizer(model, grads)
+            Optimizer::step(optimizer, LR, model, grads)
         };
-        let (mut straight, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer = split_at(&zero, 0.5);
+        let (mut straight, zero) = shard(base.clone(), &ctx, &optim_frac(&config, 0.5))?;
+        let mut optimizer = adam(&zero);
         for i in 0..6 {
-            straight = step(
-                straight,
-                &mut |m, g| Optimizer::step(&mut optimizer, LR, m, g),
-                i,
-            );
+            straight = step(straight, &mut optimizer, i);
         }
 
         // Two steps at ½, then half of the host chunks moved to the device, one more step; the
-        // record goes on at 1 (all on the host), then into an offloaded optimizer, then at 0.
-        let (mut resumed, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut first = split_at(&zero, 0.5);
+        // record goes on with the module sharded again at 1 (all on the host), then at 0.
+        let (mut resumed, zero) = shard(base.clone(), &ctx, &optim_frac(&config, 0.5))?;
+        let mut first = adam(&zero);
         for i in 0..2 {
-            resumed = step(
-                resumed,
-                &mut |m, g| Optimizer::step(&mut first, LR, m, g),
-                i,
-            );
+            resumed = step(resumed, &mut first, i);
         }
         let moved: Vec<usize> = first.host_chunks().iter().copied().step_by(2).collect();
         first.place_on_device(&moved).unwrap();
-        resumed = step(
-            resumed,
-            &mut |m, g| Optimizer::step(&mut first, LR, m, g),
-            2,
-        );
-        let mut second = Optimizer::<Block<Train>, Train>::load_record(
-            split_at(&zero, 1.0),
-            Optimizer::<Block<Train>, Train>::to_record(&first),
-        );
-        resumed = step(
-            resumed,
-            &mut |m, g| Optimizer::step(&mut second, LR, m, g),
-            3,
-        );
-        let mut offloaded =
-            ZeroOptimizer::<Adam, Flex, Offload<Flex>>::offloaded(&zero, AdamConfig::new().build())
-                .restore(second.record());
-        resumed = step(
-            resumed,
-            &mut |m, g| Optimizer::step(&mut offloaded, LR, m, g),
-            4,
-        );
-        let mut third = split_at(&zero, 0.0).restore(offloaded.record());
-        resumed = step(
-            resumed,
-            &mut |m, g| Optimizer::step(&mut third, LR, m, g),
-            5,
-        );
-        assert_eq!(third.host_chunks(), &[] as &[usize]);
+        resumed = step(resumed, &mut first, 2);
+        let mut record = Optimizer::<Block<Train>, Train>::to_record(&first);
+        for (i, frac) in [(3, 1.0), (4, 0.0), (5, 0.5)] {
+            let (model, zero) = shard(unshard(resumed), &ctx, &optim_frac(&config, frac))?;
+            let mut optimizer = adam(&zero).restore(record);
+            resumed = step(model, &mut optimizer, i);
+            if frac == 0.0 {
+                assert_eq!(optimizer.host_chunks(), &[] as &[usize]);
+            }
+            record = optimizer.record();
+        }
         assert!(
             params_bits_equal(&param_values(&straight), &param_values(&resumed)),
             "rank {}: the resumed run left the uninterrupted one",
@@ -253,17 +222,11 @@ fn records_resume_bitwise_into_any_split_and_a_fraction_outside_0_to_1_is_refuse
     })
     .unwrap();
 
-    let refused = launch::<Flex, _, _, ZeroError>(1, &[Default::default()], |ctx| {
-        let (_, zero) = shard(base.clone(), &ctx, &config)?;
-        Ok([-0.1, 1.5, f64::NAN].map(|frac| {
-            SplitZeroOptimizer::<Adam, Flex, Flex>::new(&zero, AdamConfig::new().build(), frac)
-                .err()
-                .map(|error| error.to_string())
-        }))
-    })
-    .unwrap();
-    for error in &refused[0] {
-        let error = error.as_deref().unwrap_or("accepted");
+    for frac in [-0.1, 1.5, f64::NAN] {
+        let refused = launch::<Flex, _, _, ZeroError>(1, &[Default::default()], |ctx| {
+            shard(base.clone(), &ctx, &optim_frac(&config, frac)).map(drop)
+        });
+        let error = refused.expect_err("a fraction outside 0..1").to_string();
         assert!(
             error.contains("offload_optim_frac must be a fraction"),
             "{error}"
@@ -275,25 +238,23 @@ fn records_resume_bitwise_into_any_split_and_a_fraction_outside_0_to_1_is_refuse
 fn chunks_moved_to_the_device_between_steps_train_the_same_bits() {
     let base = base_model(&Default::default());
     let config = config(3, ChunkSize::Elements(256));
-    let whole = train(&base, &config, |zero| {
-        ZeroOptimizer::new(zero, AdamConfig::new().build()).with_accumulation(2)
-    });
+    let whole = train(&base, &config, |zero| adam(zero).with_accumulation(2));
     let moved = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
-        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer = split_at(&zero, 1.0).with_accumulation(2);
+        let (mut model, zero) = shard(base.clone(), &ctx, &optim_frac(&config, 1.0))?;
+        let mut optimizer = adam(&zero).with_accumulation(2);
         let all = optimizer.host_chunks().to_vec();
         let mut reads = Vec::new();
         for step in 0..STEPS {
             if step == 1 {
                 assert_eq!(
                     optimizer.place_on_device(&all[..1]),
-                    Err(SplitError::InsideAccumulation(1))
+                    Err(OptimizerError::InsideAccumulation(1))
                 );
             }
             if step == 2 {
                 assert_eq!(
                     optimizer.place_on_device(&[usize::MAX]),
-                    Err(SplitError::NotOnHost(usize::MAX))
+                    Err(OptimizerError::NotOnHost(usize::MAX))
                 );
                 optimizer.place_on_device(&all[..all.len() / 2]).unwrap();
             }

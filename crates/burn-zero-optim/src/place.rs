@@ -9,7 +9,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use burn_zero_comm::RankCounters;
 
 /// Where the optimizer's tensors live, for a model computing on `B`.
-pub trait Placement<B: Backend>: Send + Sync + Clone + 'static {
+pub trait Place<B: Backend>: Send + Sync + Clone + 'static {
     /// The backend the master shards and optimizer state live on.
     type Host: Backend;
 
@@ -52,9 +52,9 @@ pub trait Placement<B: Backend>: Send + Sync + Clone + 'static {
 
 /// Masters and optimizer state on the model's own device (no offload).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct OnDevice;
+pub(crate) struct OnDevice;
 
-impl<B: Backend> Placement<B> for OnDevice {
+impl<B: Backend> Place<B> for OnDevice {
     type Host = B;
     const STATE_ON_HOST: bool = false;
 
@@ -92,9 +92,9 @@ impl<B: Backend> Placement<B> for OnDevice {
 /// bytes at stage 3 in half precision), the host the 12Ψ/N bytes of fp32 masters and Adam
 /// moments.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Offload<H>(PhantomData<H>);
+pub(crate) struct Offload<H>(PhantomData<H>);
 
-impl<B: Backend, H: Backend> Placement<B> for Offload<H> {
+impl<B: Backend, H: Backend> Place<B> for Offload<H> {
     type Host = H;
     const STATE_ON_HOST: bool = true;
 
