@@ -23,12 +23,14 @@ use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::module::Module;
 use burn::optim::AdamConfig;
+use burn::optim::SimpleOptimizer;
 use burn::optim::lr_scheduler::cosine::CosineAnnealingLrSchedulerConfig;
 use burn::tensor::backend::Backend;
 use burn_train::metric::{AccuracyMetric, LearningRateMetric, LossMetric};
 use burn_train::{Learner, SupervisedTraining, TrainingStrategy};
 use burn_zero::comm::sync::lock;
-use burn_zero::{PerTensor, Zero, ZeroConfig, ZeroOptimizer};
+use burn_zero::optim::StateBytes;
+use burn_zero::{OptimizerConfig, PerTensor, Placement, Zero, ZeroConfig, ZeroOptimizer};
 use burn_zero_gpt::learner::{TextGpt, WindowBatcher, windows};
 use burn_zero_gpt::train::process::{ProcessRank, Timeouts};
 use burn_zero_gpt::{Corpus, Materialise, Preset, TEXT, param_values, params_digest};
@@ -83,6 +85,15 @@ struct Args {
     /// Resume from the checkpoint saved after this epoch (needs --checkpoint-dir).
     #[arg(long)]
     resume_after: Option<usize>,
+    /// The optimizer: `fused-adam` or `burn-adam` (the same bits on Flex).
+    #[arg(long, value_enum, default_value_t = OptimizerArg::FusedAdam)]
+    optimizer: OptimizerArg,
+    /// Stage 3: the fraction (0 to 1) of the chunks' parameter shards kept in host memory.
+    #[arg(long, default_value_t = 0.0)]
+    offload_param_frac: f64,
+    /// The fraction (0 to 1) of the chunks' optimizer state kept and stepped on the host.
+    #[arg(long, default_value_t = 0.0)]
+    offload_optim_frac: f64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,17 +102,30 @@ enum BackendArg {
     Cuda,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum OptimizerArg {
+    /// burn-zero's fused Adam (one pass, one kernel launch per chunk).
+    FusedAdam,
+    /// Burn's own Adam, tensor by tensor, for comparison.
+    BurnAdam,
+}
+
 fn main() {
     let args = Args::parse();
     let config = ZeroConfig::new()
         .with_stage(args.stage)
-        .with_persist_below_numel(1024);
+        .with_persist_below_numel(1024)
+        .with_placement(Placement::fractions(
+            args.offload_param_frac,
+            args.offload_optim_frac,
+        ));
     let result = match args.backend {
-        BackendArg::Flex => flex_strategy(&args, config)
-            .and_then(|(world, strategy)| run::<Flex>(&args, world, Default::default(), strategy)),
+        BackendArg::Flex => flex_strategy(&args, config).and_then(|(world, strategy)| {
+            run_with::<Flex>(&args, world, Default::default(), strategy)
+        }),
         #[cfg(feature = "cuda")]
         BackendArg::Cuda => cuda_strategy(&args, config)
-            .and_then(|(world, device, strategy)| run(&args, world, device, strategy)),
+            .and_then(|(world, device, strategy)| run_with(&args, world, device, strategy)),
         #[cfg(not(feature = "cuda"))]
         BackendArg::Cuda => Err(
             "--backend cuda: this build has no CUDA backend; rebuild with --features cuda".into(),
@@ -195,14 +219,37 @@ fn cuda_strategy(
     ))
 }
 
-/// Trains on `world_size` ranks computing on `B` (the model initialised on `device`), as
-/// `strategy` starts them.
-fn run<B: Backend>(
+/// [`run`] with the optimizer `--optimizer` names.
+fn run_with<B: Backend>(
     args: &Args,
     world_size: usize,
     device: B::Device,
     strategy: ZeroStrategy<B>,
 ) -> Result<(), String> {
+    match args.optimizer {
+        OptimizerArg::FusedAdam => run(args, world_size, device, strategy, AdamConfig::new()),
+        OptimizerArg::BurnAdam => {
+            let adam = PerTensor(AdamConfig::new().build());
+            run(args, world_size, device, strategy, adam)
+        }
+    }
+}
+
+/// Trains on `world_size` ranks computing on `B` (the model initialised on `device`), as
+/// `strategy` starts them, with the optimizer `adam` configures.
+fn run<B: Backend, C>(
+    args: &Args,
+    world_size: usize,
+    device: B::Device,
+    strategy: ZeroStrategy<B>,
+    adam: C,
+) -> Result<(), String>
+where
+    C: OptimizerConfig,
+    C::Optimizer: SimpleOptimizer<B> + SimpleOptimizer<Flex>,
+    <C::Optimizer as SimpleOptimizer<B>>::State<1>: StateBytes,
+    <C::Optimizer as SimpleOptimizer<Flex>>::State<1>: StateBytes,
+{
     let preset = match args.preset.as_str() {
         "tiny" => Preset::Tiny,
         "small" => Preset::Small,
@@ -255,8 +302,8 @@ fn run<B: Backend>(
         .with_min_lr(args.lr / 10.0)
         .init()
         .map_err(|e| format!("the learning-rate schedule: {e}"))?;
-    let optimizer = ZeroOptimizer::unbound(PerTensor(AdamConfig::new().build()))
-        .unwrap()
+    let optimizer = ZeroOptimizer::<B, C::Optimizer>::unbound(adam)
+        .map_err(|e| format!("the optimizer: {e}"))?
         .with_accumulation(args.accumulation);
     let learner = Learner::new(model, optimizer, scheduler);
 

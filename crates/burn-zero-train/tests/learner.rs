@@ -23,7 +23,7 @@ use burn_train::{
     SupervisedTraining, TrainingStrategy,
 };
 use burn_zero_comm::{Communicator, LocalGroup, RankContext, launch};
-use burn_zero_core::{Zero, ZeroConfig, ZeroError, shard};
+use burn_zero_core::{Placement, Zero, ZeroConfig, ZeroError, shard};
 use burn_zero_gpt::learner::{TextBatch, TextGpt, WindowBatcher, windows};
 use burn_zero_gpt::{Corpus, GptConfig, Materialise, TEXT, param_values};
 use burn_zero_optim::{PerTensor, ZeroOptimizer};
@@ -818,4 +818,62 @@ fn fewer_training_items_than_ranks_is_refused_by_name() {
         "{message}"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The Learner trains every placement: half the chunks' parameter shards and optimizer state in
+/// host memory (the optimizer's part stepped there on Flex) ends bitwise where everything on the
+/// device does, and the checkpoint it saves resumes with everything on the device.
+#[test]
+fn every_placement_trains_under_the_learner_the_same_bits() {
+    let corpus = Corpus::new(TEXT);
+    let on_device = learner_run(
+        &corpus,
+        &temp_dir("placement-device"),
+        Setup {
+            epochs: 1,
+            ..Setup::default()
+        },
+    );
+    let checkpoints = temp_dir("placement-host-checkpoints");
+    let placed = |placement: Placement| {
+        ZeroStrategy::<Flex>::new(
+            WORLD,
+            Default::default(),
+            zero_config().with_placement(placement),
+        )
+        .with_seed(3)
+        .with_timeout(Duration::from_secs(60))
+    };
+    let on_host = learner_run(
+        &corpus,
+        &temp_dir("placement-host"),
+        Setup {
+            strategy: Some(placed(Placement::fractions(0.5, 0.5))),
+            checkpoints: Some(checkpoints.clone()),
+            epochs: 1,
+            ..Setup::default()
+        },
+    );
+    assert_eq!(bits(&on_host.params), bits(&on_device.params));
+    // Its checkpoint of epoch 1 resumes with the optimizer whole on the device.
+    let resumed = learner_run(
+        &corpus,
+        &temp_dir("placement-resumed"),
+        Setup {
+            strategy: Some(placed(Placement::device())),
+            checkpoints: Some(checkpoints),
+            resume_after: Some(1),
+            epochs: 2,
+            ..Setup::default()
+        },
+    );
+    let straight = learner_run(
+        &corpus,
+        &temp_dir("placement-straight"),
+        Setup {
+            epochs: 2,
+            ..Setup::default()
+        },
+    );
+    assert_eq!(bits(&resumed.params), bits(&straight.params));
 }
