@@ -32,7 +32,7 @@ pub enum MemoryKind {
     /// uploaded for each all-gather.
     HostParameterShards,
     /// This rank's shards of reduced gradients moved to host memory as they arrive, for an
-    /// optimizer that steps on the host (`ZeroOptimizer::offloaded`).
+    /// optimizer that steps on the host (`Placement::offload_optim_frac`).
     HostGradientShards,
     /// fp32 master copies kept on a host backend by an optimizer that steps there.
     HostMasterWeights,
@@ -152,7 +152,7 @@ pub struct MemoryReport {
     /// Shards of reduced gradients moved to host memory for an offloaded optimizer; not
     /// counted in `gradient_shards`.
     pub host_gradient_shards: Usage,
-    /// fp32 master copies on a host backend (`ZeroOptimizer::offloaded`, a split optimizer's
+    /// fp32 master copies on a host backend (`Placement::offload_optim_frac`: the optimizer's
     /// host chunks); not counted in `master_weights`.
     pub host_master_weights: Usage,
     /// Optimizer state on a host backend; not counted in `optimizer_state`.

@@ -7,7 +7,7 @@
 //! optimizer they would be two of three passes through memory — on a GPU, two of three kernel
 //! launches per chunk. An optimizer that implements [`OnePass`] takes both into its own pass,
 //! and `ZeroOptimizer` calls it in place of the step when it was built with
-//! `ZeroOptimizer::adam`/`adamw` or told so with `with_one_pass`.
+//! `AdamConfig` or `AdamWConfig` (their `OptimizerConfig::one_pass`).
 //!
 //! The results are bitwise those of the separate passes: the factor is applied to the f32
 //! gradient exactly as `mul_scalar` applies it (rounded to f32 first), and the cast rounds to

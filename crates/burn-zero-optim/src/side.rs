@@ -61,7 +61,7 @@ where
     /// Bytes of one master copy's optimizer state, given the state and the copy's length.
     state_size: StateSize<O, P::Host>,
     /// The optimizer's one-pass step (gradient multiplier and parameter cast in its pass),
-    /// when it has one and was asked to use it ([`Self::with_one_pass`]).
+    /// when its configuration has one ([`crate::OptimizerConfig::one_pass`]).
     pub(crate) one_pass: Option<OnePassFn<O, P::Host>>,
     /// The bytes of masters, state and accumulators last reported to the memory accounting
     /// (`None` until the first step with a gradient).

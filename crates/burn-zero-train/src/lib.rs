@@ -5,7 +5,7 @@
 //! parameters, gradients and optimizer state. Moving a Learner setup to ZeRO:
 //!
 //! 1. the backend `Autodiff<B>` becomes `Autodiff<Zero<B>>`;
-//! 2. the optimizer becomes `ZeroOptimizer::unbound(AdamConfig::new().build())` (accumulation:
+//! 2. the optimizer becomes `ZeroOptimizer::unbound(AdamConfig::new())?` (accumulation:
 //!    `.with_accumulation(k)` instead of burn-train's `grads_accumulation`);
 //! 3. `SupervisedTraining::with_training_strategy(TrainingStrategy::Custom(Arc::new(
 //!    ZeroStrategy::new(ranks, device, ZeroConfig::new()))))`;

@@ -134,7 +134,7 @@ fn train_rank<B: Backend>(
     let device = ctx.device().clone();
     let config = ZeroConfig::new().with_stage(3).with_persist_below_numel(0);
     let (mut model, zero) = shard(initial.clone(), &ctx, &config)?;
-    let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new().build());
+    let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new())?;
     let local = BATCH / ctx.world_size();
     let rows = ctx.rank() * local..(ctx.rank() + 1) * local;
     let mut losses = Vec::with_capacity(steps);

@@ -88,7 +88,7 @@ pub(crate) struct PassRecord {
     "the device had {needed} bytes in use ({:.1} MiB) during the placement's warm-up, with every \
      parameter shard in host memory, but its capacity is {capacity} bytes ({:.1} MiB) \
      (the auto placement's capacity): the model does not fit; a smaller micro-batch, activation \
-     checkpointing, more ranks, or the optimizer on the host (ZeroOptimizer::offloaded) need \
+     checkpointing, more ranks, or the optimizer on the host (offload_optim_frac) need \
      less",
     *needed as f64 / MIB,
     *capacity as f64 / MIB

@@ -1,5 +1,5 @@
 //! Which reduced gradient shards go to host memory as their reduction delivers them: those an
-//! optimizer steps on the host asked for, all of them (`ZeroOptimizer::offloaded`) or the
+//! optimizer steps on the host asked for, all of them (`offload_optim_frac` 1) or the
 //! parameters of its host-stepped chunks (a split optimizer, whose other chunks step on the
 //! device and keep their gradients there).
 //!
