@@ -7,6 +7,10 @@
 //! - no top-level module does either, and each one uses only modules listed before it in the
 //!   layer list of `docs/architecture.md`, which must name every top-level module,
 //! - nothing inside the crate imports through the crate root's re-exports.
+//!
+//! Every other crate of the workspace (and the tools) is held to the first rule: no import
+//! circle between its files, nor between its top-level modules. There a path through the crate
+//! root counts as a use of the module the root re-exports it from.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -31,12 +35,17 @@ fn modules(dir: &Path, prefix: &Module, out: &mut BTreeMap<Module, PathBuf>) {
             .expect("utf-8 file name")
             .to_string();
         if path.is_dir() {
+            if prefix.is_empty() && name == "bin" {
+                // Binaries are crates of their own, using this one by name.
+                continue;
+            }
             let mut sub = prefix.clone();
             sub.push(name);
             modules(&path, &sub, out);
         } else if path.extension().is_some_and(|e| e == "rs") {
             let module = match name.as_str() {
                 "lib" | "mod" => prefix.clone(),
+                "main" if prefix.is_empty() => prefix.clone(),
                 _ => {
                     let mut m = prefix.clone();
                     m.push(name);
@@ -129,13 +138,15 @@ impl<'ast> Visit<'ast> for Paths {
 }
 
 /// The module of this crate that `path`, written in module `from` (with its inline modules
-/// `inline`), names; `None` for another crate's path or an item in scope. `Err` for a path
-/// through the crate root's re-exports.
+/// `inline`), names; `None` for another crate's path or an item in scope. A path through the
+/// crate root's re-exports is an `Err`, or, given the root's `exports` (item name to module),
+/// the module the item comes from.
 fn resolve(
     from: &Module,
     inline: &[String],
     path: &[String],
     known: &BTreeMap<Module, PathBuf>,
+    exports: Option<&BTreeMap<String, Module>>,
 ) -> Result<Option<Module>, String> {
     let Some(first) = path.first() else {
         return Ok(None);
@@ -169,11 +180,16 @@ fn resolve(
         }
     }
     if found.is_empty() {
-        return if first == "crate" && !rest.is_empty() {
-            Err(format!("`{}` goes through the crate root", path.join("::")))
-        } else {
-            Ok(None)
+        if first != "crate" || rest.is_empty() {
+            return Ok(None);
+        }
+        let Some(exports) = exports else {
+            return Err(format!("`{}` goes through the crate root", path.join("::")));
         };
+        match exports.get(&rest[0]) {
+            Some(module) => found = module.clone(),
+            None => return Ok(None),
+        }
     }
     if found.starts_with(from) {
         // The file's own items, or its inline modules'.
@@ -182,10 +198,47 @@ fn resolve(
     Ok(Some(found))
 }
 
-/// Module-to-module edges of the crate, by file module; and paths through the crate root.
-fn edges(src: &Path) -> (BTreeMap<Module, BTreeSet<Module>>, Vec<String>) {
+/// The items the crate root brings in with `use`, by name, with the module each comes from.
+fn root_exports(known: &BTreeMap<Module, PathBuf>) -> BTreeMap<String, Module> {
+    let Some(root) = known.get(&Vec::new()) else {
+        return BTreeMap::new();
+    };
+    let text = std::fs::read_to_string(root).expect("crate root");
+    let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", root.display()));
+    let mut paths = Paths::default();
+    for item in &ast.items {
+        if let syn::Item::Use(item) = item {
+            paths.use_tree(&[], &item.tree);
+        }
+    }
+    let mut exports = BTreeMap::new();
+    for (_, path) in paths.paths {
+        let rest = match path.first().map(String::as_str) {
+            Some("crate" | "self") => &path[1..],
+            _ => &path[..],
+        };
+        // The deepest module of this crate along the path, as `resolve` walks it.
+        let mut module = Vec::new();
+        for segment in rest {
+            module.push(segment.clone());
+            if !known.contains_key(&module) {
+                module.pop();
+                break;
+            }
+        }
+        if let (Some(name), false) = (path.last(), module.is_empty()) {
+            exports.insert(name.clone(), module);
+        }
+    }
+    exports
+}
+
+/// Module-to-module edges of the crate, by file module; and paths through the crate root
+/// (errors unless `through_root`, where they resolve through the root's re-exports).
+fn edges(src: &Path, through_root: bool) -> (BTreeMap<Module, BTreeSet<Module>>, Vec<String>) {
     let mut known = BTreeMap::new();
     modules(src, &Vec::new(), &mut known);
+    let exports = through_root.then(|| root_exports(&known));
     let mut graph: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
     let mut errors = Vec::new();
     for (module, file) in &known {
@@ -199,7 +252,7 @@ fn edges(src: &Path) -> (BTreeMap<Module, BTreeSet<Module>>, Vec<String>) {
         paths.visit_file(&ast);
         let entry = graph.entry(module.clone()).or_default();
         for (inline, path) in paths.paths {
-            match resolve(module, &inline, &path, &known) {
+            match resolve(module, &inline, &path, &known, exports.as_ref()) {
                 Ok(Some(target)) => {
                     entry.insert(target);
                 }
@@ -284,7 +337,7 @@ fn documented_layers(doc: &str) -> Vec<BTreeSet<String>> {
 #[test]
 fn module_dependencies_run_one_way() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let (graph, errors) = edges(&root.join("src"));
+    let (graph, errors) = edges(&root.join("src"), false);
     assert!(
         errors.is_empty(),
         "imports through the crate root:\n{}",
@@ -356,10 +409,80 @@ fn the_check_finds_a_circle() {
         "macro_rules! m { () => { $crate::a::x::X } }\npub struct B;\n",
     )
     .unwrap();
-    let (graph, errors) = edges(&src);
+    let (graph, errors) = edges(&src, false);
     std::fs::remove_dir_all(&dir).ok();
     assert!(errors.is_empty(), "{errors:?}");
     let cycle = find_cycle(&graph).expect("a -> y -> b -> x -> y is a circle");
     let cycle: Vec<String> = cycle.iter().map(show).collect();
     assert_eq!(cycle, ["a::x", "a::y", "b", "a::x"]);
+}
+
+/// Every crate of the workspace and every tool: no import circle between files or top-level
+/// modules.
+#[test]
+fn no_crate_of_the_workspace_has_an_import_circle() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut sources = vec![workspace.join("src")];
+    for group in ["crates", "tools"] {
+        let mut found: Vec<PathBuf> = std::fs::read_dir(workspace.join(group))
+            .expect("workspace folder")
+            .map(|entry| entry.expect("directory entry").path().join("src"))
+            .filter(|src| src.is_dir())
+            .collect();
+        found.sort();
+        sources.extend(found);
+    }
+    assert!(
+        sources.len() > 8,
+        "the workspace's crates were not found: {sources:?}"
+    );
+    let mut circles = Vec::new();
+    for src in &sources {
+        let (graph, _) = edges(src, true);
+        if let Some(cycle) = find_cycle(&graph) {
+            let cycle: Vec<String> = cycle.iter().map(show).collect();
+            circles.push(format!("{}: files {}", src.display(), cycle.join(" -> ")));
+        }
+        let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (from, targets) in &graph {
+            let Some(first) = from.first() else { continue };
+            let entry = top.entry(first.clone()).or_default();
+            for to in targets.iter().filter_map(|t| t.first()) {
+                if to != first {
+                    entry.insert(to.clone());
+                }
+            }
+        }
+        if let Some(cycle) = find_cycle(&top) {
+            circles.push(format!("{}: modules {}", src.display(), cycle.join(" -> ")));
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles:\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn the_check_follows_the_crate_root_s_re_exports() {
+    // Outside core a path through the root is allowed, and counts as a use of its module.
+    let dir = std::env::temp_dir().join(format!("burn-zero-arch-root-{}", std::process::id()));
+    let src = dir.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(
+        src.join("lib.rs"),
+        "mod a;\nmod b;\npub use a::A;\npub use b::B;\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("a.rs"), "pub struct A(crate::B);\n").unwrap();
+    std::fs::write(src.join("b.rs"), "pub struct B(Box<crate::A>);\n").unwrap();
+    let (strict, errors) = edges(&src, false);
+    let (through, _) = edges(&src, true);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(find_cycle(&strict).is_none());
+    let cycle = find_cycle(&through).expect("a -> b -> a through the root is a circle");
+    let cycle: Vec<String> = cycle.iter().map(show).collect();
+    assert_eq!(cycle, ["a", "b", "a"]);
 }

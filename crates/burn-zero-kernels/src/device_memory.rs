@@ -7,15 +7,7 @@ use std::time::Duration;
 
 use burn::tensor::backend::Backend;
 
-/// Device memory as cubecl counts it, summed over every stream of the device.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DeviceMemory {
-    /// Bytes of live allocations.
-    pub in_use: u64,
-    /// Bytes cubecl has reserved from the device (live allocations, their padding and the
-    /// free space of its pools): what the device has given up.
-    pub reserved: u64,
-}
+use crate::memory_reading::DeviceMemory;
 
 /// What cubecl holds on `device` when `B` is a `CubeBackend` (wgpu or CUDA, plain or fused)
 /// in this build, summed over every stream that may have allocated there; `None` for other

@@ -1,12 +1,14 @@
-//! Pack and unpack with Burn tensor ops: works on every backend.
+//! Pack, unpack and cut with Burn tensor ops: works on every backend.
 //!
 //! This is the arithmetic the kernels reproduce: cast to the reduce dtype first, then divide
-//! in that dtype; padding is zeros.
+//! in that dtype; padding is zeros. Cutting a member out of an all-gathered chunk is a slice
+//! (one rank) or its blocks joined (several); the cut kernel takes the slice for members that
+//! are views.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Shape, Slice, Tensor, TensorMetadata, TensorPrimitive};
 
-use crate::spec::{BucketSpec, MemberSpec};
+use crate::spec::{BucketSpec, GatheredMember, MemberSpec};
 
 /// A bucket being assembled from `[rows, len]` blocks, concatenated at the end.
 pub(crate) struct FallbackPacker<B: Backend> {
@@ -92,4 +94,32 @@ pub(crate) fn unpack<B: Backend>(
         part.cast(dtype)
     };
     part.into_primitive().tensor()
+}
+
+/// One member of an all-gathered chunk (see `cut_gathered`) with Burn's ops: a slice of the one row, or the member's blocks of every row
+/// joined (a copy) and its padding cut off.
+pub(crate) fn cut_member<B: Backend>(
+    gathered: B::FloatTensorPrimitive,
+    ranks: usize,
+    member: &GatheredMember,
+) -> B::FloatTensorPrimitive {
+    let GatheredMember {
+        offset,
+        block_len,
+        numel,
+    } = *member;
+    if ranks == 1 {
+        return B::float_slice(gathered, &[Slice::from(offset..offset + numel)]);
+    }
+    let row = gathered.shape()[0] / ranks;
+    let rows = B::float_reshape(gathered, Shape::new([ranks, row]));
+    let blocks = B::float_slice(
+        rows,
+        &[
+            Slice::from(0..ranks),
+            Slice::from(offset..offset + block_len),
+        ],
+    );
+    let flat = B::float_reshape(blocks, Shape::new([ranks * block_len]));
+    B::float_slice(flat, &[Slice::from(0..numel)])
 }

@@ -6,10 +6,11 @@
 //! instead of one, as the pack and unpack kernels do. At one rank each member is a range of
 //! the row: a view where the device's memory alignment allows, so no launch at all.
 
+use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Shape, Slice, TensorMetadata};
 
 use crate::KernelError;
+use crate::fallback::cut_member;
 use crate::spec::{GatheredMember, PackPath, is_float};
 
 /// Every member of `gathered` (1-D: `ranks` equal rows, each a rank's shard of the chunk), flat,
@@ -62,36 +63,8 @@ pub fn cut_gathered<B: Backend>(
     }
     Ok(members
         .iter()
-        .map(|member| cut::<B>(gathered.clone(), ranks, member))
+        .map(|member| cut_member::<B>(gathered.clone(), ranks, member))
         .collect())
-}
-
-/// One member with Burn's ops: a slice of the one row, or the member's blocks of every row
-/// joined (a copy) and its padding cut off.
-pub(crate) fn cut<B: Backend>(
-    gathered: B::FloatTensorPrimitive,
-    ranks: usize,
-    member: &GatheredMember,
-) -> B::FloatTensorPrimitive {
-    let GatheredMember {
-        offset,
-        block_len,
-        numel,
-    } = *member;
-    if ranks == 1 {
-        return B::float_slice(gathered, &[Slice::from(offset..offset + numel)]);
-    }
-    let row = gathered.shape()[0] / ranks;
-    let rows = B::float_reshape(gathered, Shape::new([ranks, row]));
-    let blocks = B::float_slice(
-        rows,
-        &[
-            Slice::from(0..ranks),
-            Slice::from(offset..offset + block_len),
-        ],
-    );
-    let flat = B::float_reshape(blocks, Shape::new([ranks * block_len]));
-    B::float_slice(flat, &[Slice::from(0..numel)])
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

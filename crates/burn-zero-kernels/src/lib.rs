@@ -25,6 +25,7 @@ pub mod host;
 mod join;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod kernel;
+mod memory_reading;
 mod pack;
 mod spec;
 mod unpack;
@@ -32,7 +33,7 @@ mod unpack;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 
-pub use device_memory::{DeviceMemory, DeviceMemorySampler, device_memory, peak_device_memory};
+pub use device_memory::{DeviceMemorySampler, device_memory, peak_device_memory};
 pub use error::KernelError;
 pub use gathered::cut_gathered;
 pub use host::BufferPool;
@@ -41,6 +42,7 @@ pub use join::join;
 pub use kernel::fused;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use kernel::launches::{LaunchCountError, LaunchLog};
+pub use memory_reading::DeviceMemory;
 pub use pack::Packer;
 pub use spec::{BucketSpec, GatheredMember, MemberSpec, PackPath, RowPart};
 pub use unpack::{unpack, unpack_row};

@@ -25,78 +25,13 @@ use burn_zero_core::{ParamStore, ShardedView, ZeroTensor};
 use burn_zero_kernels::{KernelError, PackPath, join};
 
 use crate::master::{Master, cast_to};
+use crate::pending::{ChunkGrad, PendingChunks};
 use crate::place::Place;
 use crate::side::{Grad, Side, Taken, flat};
 use crate::state_tree::{join_states, split_state};
 
 /// New values by parameter key, while a step writes them.
 type ByKey<B> = HashMap<usize, ZeroTensor<B>>;
-
-/// The chunks of one step not yet stepped. The step walks the module and steps a chunk when
-/// it reaches the chunk's first member; the members' new values wait in `stepped` for the walk
-/// to reach them, and their old values leave `values`. So a chunk's old values are dropped
-/// (when nothing else holds the module) before the next chunk's new ones are written: the
-/// device holds one chunk twice at most, not every parameter twice, as stepping every chunk
-/// before the walk did.
-pub(crate) struct PendingChunks<B: Backend, H: Backend> {
-    /// Each chunk's gradient, by chunk id.
-    grads: HashMap<usize, ChunkGrad<H>>,
-    /// The chunk of each member with a gradient, by parameter.
-    chunk_of: HashMap<ParamId, usize>,
-    /// The current value of every collected parameter not yet stepped, by key.
-    values: HashMap<usize, ZeroTensor<B>>,
-    /// Every collected parameter's id, by key.
-    ids: HashMap<usize, ParamId>,
-    /// New values of stepped chunks' members the walk has not reached yet.
-    stepped: HashMap<ParamId, ZeroTensor<B>>,
-}
-
-impl<B: Backend, H: Backend> PendingChunks<B, H> {
-    /// The chunks of `grads` to step, their members' current `values` and ids by key.
-    pub(crate) fn new(
-        store: &ParamStore<B>,
-        grads: Vec<ChunkGrad<H>>,
-        values: HashMap<usize, ZeroTensor<B>>,
-        ids: HashMap<usize, ParamId>,
-    ) -> Self {
-        let chunks = store.chunks();
-        let mut chunk_of = HashMap::new();
-        for grad in &grads {
-            for member in &chunks.chunks()[grad.chunk].members {
-                if let Some(&id) = ids.get(&member.key) {
-                    chunk_of.insert(id, grad.chunk);
-                }
-            }
-        }
-        Self {
-            grads: grads.into_iter().map(|g| (g.chunk, g)).collect(),
-            chunk_of,
-            values,
-            ids,
-            stepped: HashMap::new(),
-        }
-    }
-
-    /// Drops parameter `key`'s old value, stepped outside chunks.
-    pub(crate) fn forget(&mut self, key: usize) {
-        self.values.remove(&key);
-    }
-
-    /// Whether every chunk was stepped and every new value written.
-    pub(crate) fn is_done(&self) -> bool {
-        self.grads.is_empty() && self.stepped.is_empty()
-    }
-}
-
-/// A trainable chunk's gradient on this rank: its members' parts end to end, in f32.
-pub(crate) struct ChunkGrad<H: Backend> {
-    /// The chunk's id in the layout.
-    pub chunk: usize,
-    /// Whether the parts are shards (every rank's part counts in the global norm) rather than
-    /// whole replicated gradients (counted on rank 0 only).
-    pub sharded: bool,
-    pub grad: Tensor<H, 1>,
-}
 
 impl<O, B: Backend, P: Place<B>> Side<O, B, P>
 where
@@ -175,16 +110,14 @@ where
         pending: &mut PendingChunks<B, P::Host>,
         id: ParamId,
     ) -> Option<ZeroTensor<B>> {
-        if let Some(chunk) = pending.chunk_of.remove(&id)
-            && let Some(grad) = pending.grads.remove(&chunk)
-        {
+        if let Some(grad) = pending.first_reached(id) {
             self.step_chunk(lr, factor, grad, pending);
         }
-        pending.stepped.remove(&id)
+        pending.take_new_value(id)
     }
 
-    /// Steps one chunk of `pending` and writes its members' new values into `pending.stepped`;
-    /// their old values leave `pending.values`.
+    /// Steps one chunk of `pending` and hands its members' new values to `pending`, which
+    /// drops their old ones.
     fn step_chunk(
         &mut self,
         lr: f64,
@@ -195,7 +128,7 @@ where
         let zero = self.zero.clone().expect("a stepping optimizer is bound");
         let store = zero.store().clone();
         let chunk = &store.chunks().chunks()[grad.chunk];
-        let values = &pending.values;
+        let values = pending.values();
         self.chunk_master(&store, chunk, values);
         let master = self.flat.get_mut(&chunk.id).expect("made above");
         let updated = master.step(
@@ -218,14 +151,7 @@ where
             );
             self.write_back(&store, chunk, updated, values, &mut stepped);
         }
-        for member in &chunk.members {
-            pending.values.remove(&member.key);
-        }
-        for (key, value) in stepped {
-            if let Some(&id) = pending.ids.get(&key) {
-                pending.stepped.insert(id, value);
-            }
-        }
+        pending.replace(chunk.members.iter().map(|m| m.key), stepped);
     }
 
     /// Makes sure `chunk` has its flat master: kept from the last step, joined from its

@@ -14,6 +14,7 @@ mod loss_scale;
 mod master;
 mod one_pass;
 mod optimizer;
+mod pending;
 mod place;
 mod record;
 mod rule;

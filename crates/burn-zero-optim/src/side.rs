@@ -14,11 +14,11 @@ use burn_zero_comm::RankCounters;
 use burn_zero_core::store::SharedRow;
 use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
 
-use crate::chunked::{ChunkGrad, PendingChunks};
 use crate::clip::{LocalStats, NormType, combine};
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
 use crate::master::{Master, cast_to};
 use crate::one_pass::OnePassFn;
+use crate::pending::{ChunkGrad, PendingChunks};
 use crate::place::Place;
 
 /// One side of a [`crate::ZeroOptimizer`]: the parameters whose fp32 masters, optimizer

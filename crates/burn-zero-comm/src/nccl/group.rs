@@ -229,7 +229,7 @@ impl NcclGroup {
                 .split(0, self.rank, started, self.options.timeout);
             let (child, progress) = self.split_started(&mut link, split, started, during)?;
             drop(link);
-            let child = super::init::finish_init(
+            let child = super::setup::finish_init(
                 self.rank,
                 child,
                 progress,
@@ -282,7 +282,7 @@ impl NcclGroup {
         for (byte, value) in id.iter_mut().zip(shared) {
             *byte = value as u8;
         }
-        let child = super::init::init_comm(
+        let child = super::setup::init_comm(
             self.rank,
             self.world_size,
             &self.context,
@@ -376,7 +376,7 @@ impl NcclGroup {
         let (child, progress) = self.split_started(&mut link, split, started, during)?;
         drop(link);
         let child =
-            super::init::finish_init(rank, child, progress, started, self.options.timeout, during)
+            super::setup::finish_init(rank, child, progress, started, self.options.timeout, during)
                 .map_err(|error| {
                     let mut link = self.lock();
                     self.fail(&mut link, error)

@@ -19,6 +19,7 @@
 mod fusion;
 mod group;
 mod init;
+mod setup;
 mod sys;
 
 use std::time::Duration;
@@ -104,7 +105,7 @@ pub fn cuda_device_count() -> Result<usize, CommError> {
 /// Whether the NCCL engine can run here: the CUDA driver, NVRTC and NCCL load (under the names
 /// [`crate::libraries`] lists) and NCCL is 2.14 or newer.
 pub fn nccl_available() -> Result<(), CommError> {
-    init::ensure_nccl()
+    setup::ensure_nccl()
 }
 
 /// [`crate::launch()`] for NCCL: runs `rank_fn` once per device, each rank on its own thread with

@@ -78,7 +78,11 @@ pub(super) fn cut<B: Backend, R: CubeRuntime>(
         );
         let view = ranks == 1 && start % alignment == 0 && end % alignment == 0;
         if view || member.numel == 0 {
-            cut[index] = Some(crate::gathered::cut::<B>(gathered.clone(), ranks, member));
+            cut[index] = Some(crate::fallback::cut_member::<B>(
+                gathered.clone(),
+                ranks,
+                member,
+            ));
             continue;
         }
         let widths: &[usize] = if contiguous {

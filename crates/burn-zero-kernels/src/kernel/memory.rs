@@ -13,7 +13,7 @@ use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
 use cubecl::stream_id::StreamId;
 
 use super::{is_runtime, same_type_ref};
-use crate::DeviceMemory;
+use crate::memory_reading::DeviceMemory;
 
 /// The device memory of `device` on runtime `R`, summed over every stream slot.
 pub(super) fn usage<B: Backend, R: CubeRuntime>(device: &B::Device) -> Option<DeviceMemory> {

@@ -66,7 +66,9 @@ pub(crate) fn available<B: Backend>() -> bool {
 }
 
 /// The device memory cubecl holds for `device`, when `B` is a `CubeBackend` in this build.
-pub(crate) fn device_memory<B: Backend>(device: &B::Device) -> Option<crate::DeviceMemory> {
+pub(crate) fn device_memory<B: Backend>(
+    device: &B::Device,
+) -> Option<crate::memory_reading::DeviceMemory> {
     #[cfg(feature = "wgpu")]
     if let Some(usage) = memory::usage::<B, cubecl::wgpu::WgpuRuntime>(device) {
         return Some(usage);

@@ -1,7 +1,7 @@
 //! [`EnvError`]: a launcher environment that cannot describe a rank, said before any network
 //! call so that a misconfigured job fails at once instead of waiting out a rendezvous.
 
-use super::source::EnvSource;
+use super::launcher::EnvSource;
 
 /// A launcher environment that is missing, malformed or contradicts itself. Every variant
 /// but [`EnvError::NotLaunched`] and [`EnvError::UnknownLauncher`] names the launcher whose

@@ -21,6 +21,7 @@
 mod device;
 mod error;
 pub mod hostlist;
+mod launcher;
 pub mod lsf;
 mod master;
 pub mod mpi;
@@ -34,11 +35,12 @@ use std::fmt;
 pub use device::{DeviceChoiceError, choose_device};
 pub use error::EnvError;
 pub use hostlist::{HostListError, expand_hostlist};
+pub use launcher::EnvSource;
 pub use master::{
     DEFAULT_PORT, DERIVED_PORT_BASE, DERIVED_PORT_SPAN, MASTER_ADDR, MASTER_PORT, MasterOrigin,
     derived_port,
 };
-pub use source::{EnvSource, KUBERNETES_SERVICE_HOST, LAUNCHER};
+pub use source::{KUBERNETES_SERVICE_HOST, LAUNCHER};
 
 use master::Derived;
 use vars::{Counted, Vars};

@@ -4,8 +4,8 @@
 
 use super::Reading;
 use super::error::EnvError;
+use super::launcher::EnvSource;
 use super::master::{DEFAULT_PORT, Derived};
-use super::source::EnvSource;
 use super::vars::Vars;
 
 /// Rank of this process among all of Open MPI's ranks.

@@ -2,7 +2,7 @@
 //! the variable.
 
 use super::error::EnvError;
-use super::source::EnvSource;
+use super::launcher::EnvSource;
 
 /// Answers `None` for an unset variable and `Err(lossy text)` for a value that is not UTF-8.
 pub(crate) type Lookup<'a> = &'a dyn Fn(&str) -> Option<Result<String, String>>;
