@@ -11,13 +11,16 @@
 //!   gather cache, memory accounting and live parameter blocks of one rank.
 //! - [`param`]: [`ShardedParam`], a handle on one block that points to its store.
 //! - `prefetch`: the recorded gather order of a pass and the gathers issued ahead of use.
+//! - `shard_placement`: where each parameter shard lives (static fractions, or the auto
+//!   placement), what the store asks before it moves or uploads a shard.
 //! - `auto_placement`: the auto placement's warm-up readings and its decision of which
 //!   parameter shards move to the device.
 //! - `residency`: after that decision, the host shards kept on the device between uses,
 //!   period by period, evicting the one used furthest ahead.
 //!
-//! Dependencies run one way: `param` → `param_store` → `auto_placement`, `block`, `cache`,
-//! `groups`, `prefetch`, `residency`, `table`. Where each rank's padded block of a tensor lies is [`crate::chunk::BlockLayout`]'s.
+//! Dependencies run one way: `param` → `param_store` → `shard_placement`, `block`, `cache`,
+//! `groups`, `prefetch`, `table`; `shard_placement` → `auto_placement`, `residency`. Where each
+//! rank's padded block of a tensor lies is [`crate::chunk::BlockLayout`]'s.
 
 pub(crate) mod auto_placement;
 pub mod block;
@@ -28,6 +31,7 @@ pub mod param;
 pub mod param_store;
 pub(crate) mod prefetch;
 mod residency;
+mod shard_placement;
 pub mod table;
 
 /// Where each rank's padded block of a flat tensor lies (defined with the chunk layout).
@@ -35,6 +39,7 @@ pub use crate::chunk::BlockLayout;
 pub use auto_placement::CapacityExceeded;
 pub use block::{Block, SharedRow, host_slices};
 pub use groups::Groups;
+pub use host_gradients::StepSite;
 pub use param::{ShardRole, ShardedParam};
 pub use param_store::ParamStore;
 pub use prefetch::GatherStats;

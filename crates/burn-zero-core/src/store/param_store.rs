@@ -3,34 +3,27 @@
 //! memory accounting and the live parameter blocks.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::{DType, Shape, Slice, Tensor, TensorData, TensorMetadata, TensorPrimitive};
-use burn_zero_comm::sync::{lock, read, write};
+use burn_zero_comm::sync::lock;
 use burn_zero_comm::{CommError, Communicator, OrderedComm, RankCounters};
-use burn_zero_kernels::{
-    DeviceMemorySampler, GatheredMember, PackPath, cut_gathered, device_memory, join,
-};
+use burn_zero_kernels::{GatheredMember, PackPath, cut_gathered, join};
 
-use crate::chunk::placement::{
-    device_chunks, host_chunks, largest_shard_bytes, member_keys, shard_bytes,
-};
 use crate::chunk::{BlockLayout, Chunk, ChunkKind, ChunkLayout};
 use crate::config::ZeroConfig;
 use crate::memory::{
     AutoPlacementReport, ChunkCounts, KeptShardStats, MemoryKind, MemoryReport, MemoryTracker,
 };
-use crate::placement::Capacity;
-use crate::store::auto_placement::{AutoPlacement, CapacityExceeded, SAMPLE_EVERY};
 use crate::store::block::Block;
 use crate::store::cache::GatherCache;
 use crate::store::groups::Groups;
-use crate::store::host_gradients::HostGradients;
+use crate::store::host_gradients::{HostGradients, StepSite};
 use crate::store::prefetch::{GatherStats, InFlight, Prefetcher};
-use crate::store::residency::Residency;
+use crate::store::shard_placement::ShardPlacement;
 use crate::store::table::{ParamInfo, ParamTable};
 
 /// One rank's store of a sharded module's parameters.
@@ -46,13 +39,9 @@ pub struct ParamStore<B: Backend> {
     table: OnceLock<ParamTable>,
     /// Which parameters are gathered and reduced together; set once, after the table.
     chunks: OnceLock<ChunkLayout>,
-    /// The parameters whose shards live in host memory (`offload_param_frac`, or the auto
-    /// placement's warm-up and choice); set with the chunks.
-    host_keys: RwLock<HashSet<usize>>,
-    /// The auto placement (`Placement::auto`), when configured.
-    auto: Option<Mutex<AutoPlacement>>,
-    /// The host shards the auto placement keeps on the device between uses, once it decided.
-    residency: Mutex<Option<Residency<B::FloatTensorPrimitive>>>,
+    /// Where each parameter shard lives (static fractions, or the auto placement's warm-up
+    /// and choice).
+    placement: ShardPlacement<B>,
     /// Which reduced gradient shards go to host memory as they arrive.
     gradients_on_host: Arc<HostGradients>,
     cache: Mutex<GatherCache<B::FloatTensorPrimitive>>,
@@ -100,11 +89,14 @@ impl<B: Backend> ParamStore<B> {
             Some(_) if config.prefetches() => config.prefetch,
             _ => 0,
         };
-        let auto = match config.placement.auto {
-            Some(Capacity::MiB(capacity)) => Some(Mutex::new(AutoPlacement::new(capacity))),
-            // `shard` reads the device's capacity into MiB before the store is made.
-            Some(Capacity::Device) | None => None,
-        };
+        let memory = Arc::new(MemoryTracker::default());
+        // `shard` reads the device's capacity into MiB before the store is made.
+        let placement = ShardPlacement::new(
+            &config.placement,
+            device.clone(),
+            groups.world.rank(),
+            memory.clone(),
+        );
         Self {
             prefetch: Mutex::new(Prefetcher::new(depth)),
             ordered,
@@ -113,12 +105,10 @@ impl<B: Backend> ParamStore<B> {
             cache: Mutex::new(GatherCache::new(config.max_live_gathered_bytes)),
             groups,
             config,
-            memory: Arc::new(MemoryTracker::default()),
+            memory,
             table: OnceLock::new(),
             chunks: OnceLock::new(),
-            host_keys: RwLock::new(HashSet::new()),
-            auto,
-            residency: Mutex::new(None),
+            placement,
             gradients_on_host: Arc::new(HostGradients::default()),
             live: Mutex::new(LiveBlocks {
                 blocks: HashMap::new(),
@@ -143,16 +133,11 @@ impl<B: Backend> ParamStore<B> {
     /// (all of them for the auto placement's warm-up), and shards staged on the host while
     /// sharding ([`Self::stages_shards_on_host`]) whose chunks stay on the device back to it.
     pub(crate) fn set_chunks(&self, chunks: ChunkLayout) {
-        let frac = match self.auto {
-            Some(_) => 1.0,
-            None => self.config.placement.offload_param_frac,
-        };
-        let host_keys = member_keys(&chunks, &host_chunks(&chunks, frac));
         if self.chunks.set(chunks).is_err() {
             tracing::warn!("the chunk layout of a sharded module was set twice");
             return;
         }
-        *write(&self.host_keys) = host_keys;
+        self.placement.lay_out(self.chunks());
         // One walk; the host-bound shards move first, so that the device frees their memory
         // before it takes the others.
         let (to_host, to_device): (Vec<_>, Vec<_>) = self
@@ -175,7 +160,7 @@ impl<B: Backend> ParamStore<B> {
     /// from lazily initialised parameters; the chunks that stay on the device are uploaded
     /// once the layout is known.
     pub(crate) fn stages_shards_on_host(&self) -> bool {
-        self.auto.is_some() || self.config.placement.offload_param_frac > 0.0
+        self.placement.stages_shards_on_host()
     }
 
     /// The current blocks of the parameters `wanted` picks, with their keys.
@@ -188,24 +173,25 @@ impl<B: Backend> ParamStore<B> {
             .collect()
     }
 
-    /// Moves every reduced gradient shard to host memory as soon as its reduction delivers it
-    /// (during backward, on the thread that reduces), for an optimizer that steps on the host:
-    /// the device then frees gradients as it goes instead of holding them until the step.
-    pub fn keep_gradients_on_host(&self) {
-        self.gradients_on_host.keep_all();
-    }
-
-    /// As [`Self::keep_gradients_on_host`], for the parameters `keys` only (those of the
-    /// chunks a split optimizer steps on the host); a bucket is read back to the host when
-    /// every one of its members is among them.
-    pub fn keep_gradients_on_host_of(&self, keys: impl IntoIterator<Item = usize>) {
-        self.gradients_on_host.keep(keys);
-    }
-
-    /// Undoes [`Self::keep_gradients_on_host_of`] for the parameters `keys`, whose optimizer
-    /// state moved to the device.
-    pub fn keep_gradients_on_device_of(&self, keys: impl IntoIterator<Item = usize>) {
-        self.gradients_on_host.forget(keys);
+    /// Where the optimizer steps the parameters `keys` (`None`: every parameter), which decides
+    /// where their reduced gradient shards go: to host memory as their reduction delivers them
+    /// ([`StepSite::Host`]; a bucket is read back when every one of its members steps there),
+    /// or kept on the device ([`StepSite::Device`], whose moved state takes device room from
+    /// the auto placement's kept shards). Parameters never named step on the device.
+    pub fn step_on(&self, keys: Option<&HashSet<usize>>, site: StepSite) {
+        match (site, keys) {
+            (StepSite::Host, None) => self.gradients_on_host.keep_all(),
+            (StepSite::Host, Some(keys)) => self.gradients_on_host.keep(keys.iter().copied()),
+            (StepSite::Device { moved_state_bytes }, keys) => {
+                match keys {
+                    None => self.gradients_on_host.forget_all(),
+                    Some(keys) => self.gradients_on_host.forget(keys.iter().copied()),
+                }
+                if moved_state_bytes > 0 {
+                    self.placement.take_device_room(moved_state_bytes);
+                }
+            }
+        }
     }
 
     /// Whether parameter `key`'s reduced gradient shard goes to host memory as it arrives.
@@ -222,137 +208,37 @@ impl<B: Backend> ParamStore<B> {
     /// Whether parameter `key`'s shard lives in host memory (`offload_param_frac`, or the
     /// auto placement); until the chunk layout is set, whether shards are staged there.
     pub fn is_on_host(&self, key: usize) -> bool {
-        if self.chunks.get().is_none() {
-            return self.stages_shards_on_host();
-        }
-        read(&self.host_keys).contains(&key)
+        self.placement.is_on_host(key)
     }
 
     /// What the auto placement measured and decided (`None` without it, or before its
     /// warm-up has ended).
     pub fn auto_placement(&self) -> Option<AutoPlacementReport> {
-        lock(self.auto.as_ref()?).report()
+        self.placement.report()
     }
 
     /// What the host shards kept on the device between uses did (`None` without the auto
     /// placement, or before it decided).
     pub fn kept_shards(&self) -> Option<KeptShardStats> {
-        lock(&self.residency).as_ref().map(Residency::stats)
-    }
-
-    /// Tells the auto placement that `bytes` of the device room it measured now hold something
-    /// else for good (optimizer chunks moved into the margin): the host shards it keeps on the
-    /// device between uses plan for that much less in every period.
-    pub fn take_device_room(&self, bytes: u64) {
-        if let Some(residency) = lock(&self.residency).as_mut() {
-            let freed = residency.take(bytes);
-            self.memory.sub(MemoryKind::ParameterShards, freed as usize);
-        }
+        self.placement.kept_shards()
     }
 
     /// The auto placement's part at a gather of parameter `gathered_key` or (`None`) at the end
-    /// of a pass: a reading of the device's memory during the warm-up, and at the first gather
-    /// after it, the decision; from then on, the kept shards follow the periods.
-    ///
-    /// # Panics
-    /// When a warm-up reading is above the capacity ([`CapacityExceeded`]).
+    /// of a pass (see [`ShardPlacement::at_gather`]): the chunks it moves to the device for
+    /// good take their live blocks there.
     fn place_automatically(&self, gathered_key: Option<usize>) {
-        let Some(auto) = &self.auto else { return };
-        // Periods are told apart by the chunk they gather.
-        let gathered = gathered_key.map(|key| {
-            self.chunks()
-                .place(key)
-                .map_or(usize::MAX, |(chunk, _)| chunk.id)
-        });
-        let mut auto = lock(auto);
-        if auto.warming_up() {
-            self.read_warmup(&mut auto, gathered);
-            let Some(room) = auto.room().filter(|_| gathered.is_some()) else {
-                return;
-            };
-            self.decide_placement(&mut auto, room);
-        }
-        drop(auto);
-        if let Some(residency) = lock(&self.residency).as_mut() {
-            let freed = match gathered {
-                Some(chunk) => residency.gathering(chunk),
-                None => residency.end_pass(),
-            };
-            self.memory.sub(MemoryKind::ParameterShards, freed as usize);
-        }
-    }
-
-    /// A warm-up reading at a period's boundary: the device's bytes in use now and the most
-    /// the sampler saw since the last boundary.
-    fn read_warmup(&self, auto: &mut AutoPlacement, gathered: Option<usize>) {
-        auto.keep_sampling(|| DeviceMemorySampler::start::<B>(&self.device, SAMPLE_EVERY));
-        let now = device_memory::<B>(&self.device).map(|now| now.in_use);
-        let reading = [now, auto.sampled()].into_iter().flatten().max();
-        if let Some(reading) = reading {
-            self.refuse_over_capacity(auto.observe(reading));
-            auto.boundary(reading, gathered);
-        }
-        if gathered.is_none() {
-            auto.end_pass();
-        }
+        self.placement
+            .at_gather(gathered_key, self.chunks(), |keys: &HashSet<usize>| {
+                for (_, block) in self.live_blocks(|key| keys.contains(&key)) {
+                    block.move_to_device();
+                }
+            });
     }
 
     /// During the auto placement's warm-up, a reading of the device's bytes in use inside the
-    /// current period (backward hands over a gradient): on a GPU a period is shorter than the
-    /// sampler's interval, and this is where a layer's gradient and activations are alive
-    /// together.
-    ///
-    /// # Panics
-    /// When the reading is above the capacity ([`CapacityExceeded`]).
+    /// current period (see [`ShardPlacement::read_within_period`]).
     pub(crate) fn read_within_period(&self) {
-        let Some(auto) = &self.auto else { return };
-        let mut auto = lock(auto);
-        if !auto.warming_up() {
-            return;
-        }
-        if let Some(now) = device_memory::<B>(&self.device) {
-            self.refuse_over_capacity(auto.within(now.in_use));
-        }
-    }
-
-    /// Panics with a warm-up reading above the capacity, naming the rank.
-    fn refuse_over_capacity(&self, reading: Result<(), CapacityExceeded>) {
-        if let Err(error) = reading {
-            panic!("burn-zero: rank {}: {error}", self.rank());
-        }
-    }
-
-    /// The auto placement's decision once its warm-up is over: the chunks whose shards fit in
-    /// `room`, less the largest chunk's shard for the step (see
-    /// [`AutoPlacementReport::step_bytes`]), move to the device for good, and the others'
-    /// shards are kept between uses by the recorded periods.
-    fn decide_placement(&self, auto: &mut AutoPlacement, room: u64) {
-        let step = largest_shard_bytes(self.chunks()) as u64;
-        let room = room.saturating_sub(step);
-        let ids = device_chunks(self.chunks(), room as usize);
-        let keys = member_keys(self.chunks(), &ids);
-        write(&self.host_keys).retain(|key| !keys.contains(key));
-        for (_, block) in self.live_blocks(|key| keys.contains(&key)) {
-            block.move_to_device();
-        }
-        let host = self.chunks().count(ChunkKind::Sharded) - ids.len();
-        let bytes = ids
-            .iter()
-            .map(|&id| shard_bytes(&self.chunks().chunks()[id]) as u64)
-            .sum();
-        let residency = auto
-            .recorded()
-            .filter(|pass| !pass.order.is_empty() && host > 0)
-            .map(|pass| {
-                let planned = auto.planned().saturating_sub(step);
-                Residency::new(pass.order.clone(), &pass.needs, planned, bytes)
-            });
-        let periods = residency
-            .as_ref()
-            .map_or((0, 0), |r| (r.periods(), r.most_room()));
-        let report = auto.decide((room, step), (ids.len(), bytes), host, periods);
-        *lock(&self.residency) = residency;
-        tracing::info!(rank = self.rank(), ?report, "parameter shards placed");
+        self.placement.read_within_period();
     }
 
     /// The chunk layout: which parameters are gathered, reduced and stepped together (empty
@@ -705,21 +591,8 @@ impl<B: Backend> ParamStore<B> {
             return None;
         }
         let versions: Vec<u64> = members.iter().map(|&(_, version)| version).collect();
-        let mut residency = lock(&self.residency);
-        if let Some(kept) = residency.as_mut().and_then(|r| r.get(chunk.id, &versions)) {
-            return Some(Tensor::from_primitive(TensorPrimitive::Float(kept)));
-        }
-        let shard = self.upload_host_shard(blocks)?;
-        if let Some(residency) = residency.as_mut() {
-            let bytes = shard_bytes(chunk) as u64;
-            let primitive = shard.clone().into_primitive().tensor();
-            let (kept, freed) = residency.offer(chunk.id, versions, primitive, bytes);
-            self.memory.sub(MemoryKind::ParameterShards, freed as usize);
-            if kept {
-                self.memory.add(MemoryKind::ParameterShards, bytes as usize);
-            }
-        }
-        Some(shard)
+        self.placement
+            .kept_or_uploaded(chunk, versions, || self.upload_host_shard(blocks))
     }
 
     /// `blocks` joined in host memory and uploaded once, when every one of them is there.
@@ -968,11 +841,8 @@ impl<B: Backend> ParamStore<B> {
     /// Records `block` as the current block of parameter `key`, moved to host memory when the
     /// parameter's chunk lives there, to the device when it does not.
     pub(crate) fn track_block(&self, key: usize, block: &Arc<Block<B>>, version: u64) {
-        if let Some(residency) = lock(&self.residency).as_mut()
-            && let Some((chunk, _)) = self.chunks().place(key)
-        {
-            let freed = residency.forget(chunk.id);
-            self.memory.sub(MemoryKind::ParameterShards, freed as usize);
+        if let Some((chunk, _)) = self.chunks().place(key) {
+            self.placement.forget_kept(chunk.id);
         }
         if self.is_on_host(key) {
             block.move_to_host();
