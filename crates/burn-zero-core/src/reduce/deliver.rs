@@ -8,8 +8,9 @@ use std::sync::Arc;
 use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
 
-use crate::reduce::bucket::{Bucket, Member, Mode, Values};
+use crate::reduce::bucket::{Bucket, Member, Mode};
 use crate::reduce::queue::Reduced;
+use crate::reduce::reduction::Values;
 use crate::reduce::slot::GradSlot;
 use crate::reduce::stats::ReductionStats;
 use crate::store::{ParamStore, ShardedParam, SharedRow};

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use burn::tensor::backend::Backend;
 
 use crate::memory::{MemoryKind, MemoryTracker};
-use crate::reduce::bucket::{self, Bucket, ReduceError, Reduction, Values};
+use crate::reduce::bucket::Bucket;
+use crate::reduce::reduction::{self, ReduceError, Reduction, Values};
 
 /// One reduced bucket: its index in the layout and each member's reduced flat gradient.
 pub(crate) struct Reduced<B: Backend> {
@@ -79,7 +80,7 @@ impl<B: Backend> BucketQueue<B> {
                 })
             })
             .collect();
-        let values = bucket::reduce(ctx, bucket, grads)?;
+        let values = reduction::reduce(ctx, bucket, grads)?;
         Ok(Reduced {
             bucket: index,
             values,

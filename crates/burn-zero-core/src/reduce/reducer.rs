@@ -19,7 +19,7 @@
 //! ([`burn_zero_comm::ordered`]). With `overlap_comm` it reduces each bucket in the hook that
 //! completes it, on the training thread, in the same order and with the same arithmetic: no
 //! communication thread to hand the gradients over to (each bucket is still finished on the
-//! device once; see [`crate::reduce::bucket::reduce`]).
+//! device once; see [`crate::reduce::reduction::reduce`]).
 //!
 //! A gradient waits in one of two places until its bucket is reduced: the bucket queue (of
 //! the communication thread, or of this thread without one) or, when it is itself sharded
@@ -34,9 +34,10 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorMetadata};
 
 use crate::memory::MemoryKind;
-use crate::reduce::bucket::{self, Bucket, ReduceError, Reduction};
+use crate::reduce::bucket::{self, Bucket};
 use crate::reduce::deliver::{Destinations, deliver};
 use crate::reduce::queue::{BucketQueue, Reduced};
+use crate::reduce::reduction::{ReduceError, Reduction};
 use crate::reduce::slot::GradSlot;
 use crate::reduce::stats::ReductionStats;
 use crate::reduce::thread::CommThread;

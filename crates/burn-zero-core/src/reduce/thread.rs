@@ -25,8 +25,9 @@ use burn_zero_comm::sync::lock;
 use burn_zero_comm::{CommError, Communicator, RankCounters, Reservation};
 
 use crate::memory::MemoryTracker;
-use crate::reduce::bucket::{self, Bucket, ReduceError, Reduction};
+use crate::reduce::bucket::Bucket;
 use crate::reduce::queue::{BucketQueue, Reduced};
+use crate::reduce::reduction::{self, ReduceError, Reduction};
 use crate::store::groups::OrderedGroups;
 use crate::store::host_gradients::HostGradients;
 
@@ -397,7 +398,7 @@ impl<B: Backend> Pass<B> {
                 // for a whole collective across ranks, not for an instant.
                 at_peak: None,
             };
-            let values = bucket::reduce(&ctx, &bucket, grads);
+            let values = reduction::reduce(&ctx, &bucket, grads);
             Ok((bucket, values))
         });
         let result = match outcome {
