@@ -43,5 +43,7 @@ pub use placement::{Capacity, Placement};
 pub use reduce::{GradientReducer, ReductionStats};
 pub use shard::{shard, unshard};
 pub use state::ZeroState;
-pub use store::{CapacityExceeded, GatherStats, ParamInfo, ParamStore, ShardRole, ShardedParam};
+pub use store::{
+    CapacityExceeded, GatherStats, ParamInfo, ParamStore, ShardRole, ShardedParam, StepSite,
+};
 pub use tensor::{ShardedView, ZeroTensor};

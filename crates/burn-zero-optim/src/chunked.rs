@@ -25,10 +25,10 @@ use burn_zero_core::{ParamStore, ShardedView, ZeroTensor};
 use burn_zero_kernels::{KernelError, PackPath, join};
 
 use crate::master::{Master, cast_to};
+use crate::masters::Masters;
 use crate::pending::{ChunkGrad, PendingChunks};
 use crate::place::Place;
 use crate::side::{Grad, Side, Taken, flat};
-use crate::state_tree::{join_states, split_state};
 
 /// New values by parameter key, while a step writes them.
 type ByKey<B> = HashMap<usize, ZeroTensor<B>>;
@@ -129,8 +129,7 @@ where
         let store = zero.store().clone();
         let chunk = &store.chunks().chunks()[grad.chunk];
         let values = pending.values();
-        self.chunk_master(&store, chunk, values);
-        let master = self.flat.get_mut(&chunk.id).expect("made above");
+        let master = Self::chunk_master(&mut self.masters, &store, chunk, values);
         let updated = master.step(
             &self.optim,
             self.one_pass,
@@ -154,78 +153,28 @@ where
         pending.replace(chunk.members.iter().map(|m| m.key), stepped);
     }
 
-    /// Makes sure `chunk` has its flat master: kept from the last step, joined from its
-    /// members' restored entries, or made from the members' current `values`.
-    fn chunk_master(
-        &mut self,
+    /// `chunk`'s flat master: kept from the last step, joined from its members' restored
+    /// entries, or made from the members' current `values`. At stage 3 the store learns that
+    /// the members' values have a master (for `reuse_fp16_shard`).
+    fn chunk_master<'m>(
+        masters: &'m mut Masters<O, P::Host>,
         store: &ParamStore<B>,
         chunk: &Chunk,
         values: &HashMap<usize, ZeroTensor<B>>,
-    ) {
-        if !self.flat.contains_key(&chunk.id) {
-            let master = match self.join_restored(chunk) {
-                Some(master) => master,
-                None => {
-                    let parts: Vec<Tensor<B, 1>> = chunk
-                        .members
-                        .iter()
-                        .map(|m| part_of(store, chunk, values, m.key))
-                        .collect();
-                    Master::new(P::to_host(Tensor::cat(parts, 0), store.counters()))
-                }
-            };
-            self.flat.insert(chunk.id, master);
-        }
+    ) -> &'m mut Master<O, P::Host> {
         if chunk.kind == ChunkKind::Sharded && store.config().stage == 3 {
             for member in &chunk.members {
                 store.hold_master(member.key);
             }
         }
-    }
-
-    /// The chunk's master joined from its members' per-parameter entries (a restored record),
-    /// when every member has one.
-    fn join_restored(&mut self, chunk: &Chunk) -> Option<Master<O, P::Host>> {
-        if !chunk
-            .members
-            .iter()
-            .all(|m| self.masters.contains_key(&m.key))
-        {
-            return None;
-        }
-        let parts: Vec<Master<O, P::Host>> = chunk
-            .members
-            .iter()
-            .map(|m| self.masters.remove(&m.key).expect("checked above"))
-            .collect();
-        let device = parts[0].values.device();
-        let lens: Vec<usize> = parts.iter().map(|p| p.values.dims()[0]).collect();
-        let values = Tensor::cat(parts.iter().map(|p| p.values.clone()).collect(), 0);
-        let state = match parts.iter().filter(|p| p.state.is_some()).count() {
-            0 => None,
-            n if n == parts.len() => {
-                let states = parts
-                    .into_iter()
-                    .zip(&lens)
-                    .map(|(p, &len)| (p.state.expect("counted"), len))
-                    .collect();
-                Some(
-                    join_states::<P::Host, O::State<1>>(states, &device).unwrap_or_else(|reason| {
-                        panic!(
-                            "burn-zero: the restored optimizer state of chunk #{} cannot be \
-                             joined: {reason}",
-                            chunk.id
-                        )
-                    }),
-                )
-            }
-            _ => panic!(
-                "burn-zero: some parameters of chunk #{} have optimizer state and others none; \
-                 a chunk's parameters are stepped together",
-                chunk.id
-            ),
-        };
-        Some(Master { values, state })
+        masters.chunk_or_make(chunk, || {
+            let parts: Vec<Tensor<B, 1>> = chunk
+                .members
+                .iter()
+                .map(|m| part_of(store, chunk, values, m.key))
+                .collect();
+            Master::new(P::to_host(Tensor::cat(parts, 0), store.counters()))
+        })
     }
 
     /// Writes a chunk's `updated` values (on the model's device, in the parameters' dtype)
@@ -285,56 +234,6 @@ where
                 }
             }
         }
-    }
-
-    /// The per-parameter entries of every chunk's master (for records): its values and state
-    /// split at its members' boundaries.
-    pub(crate) fn split_chunk_masters(&self) -> Vec<(usize, Master<O, P::Host>)> {
-        let Some(zero) = &self.zero else {
-            return Vec::new();
-        };
-        let chunks = zero.store().chunks();
-        let mut entries = Vec::new();
-        for (&id, master) in &self.flat {
-            let Some(chunk) = chunks.chunks().get(id) else {
-                continue;
-            };
-            let lens: Vec<usize> = chunk.members.iter().map(|m| m.block_len).collect();
-            let len = master.values.dims()[0];
-            let states = master.state.clone().map(|state| {
-                let device = master.values.device();
-                split_state::<P::Host, O::State<1>>(state, len, &lens, &device).unwrap_or_else(
-                    |reason| {
-                        panic!(
-                            "burn-zero: the optimizer state of chunk #{id} cannot be split into \
-                             its parameters': {reason}"
-                        )
-                    },
-                )
-            });
-            let mut start = 0;
-            for (i, member) in chunk.members.iter().enumerate() {
-                let values = master.values.clone().slice(start..start + lens[i]);
-                let state = states.as_ref().map(|s| s[i].clone());
-                entries.push((member.key, Master { values, state }));
-                start += lens[i];
-            }
-        }
-        entries
-    }
-
-    /// Parameter `key`'s part of its chunk's master, when a chunk's master holds it.
-    pub(crate) fn chunk_master_values(&self, key: usize) -> Option<Tensor<P::Host, 1>> {
-        let zero = self.zero.as_ref()?;
-        let (chunk, index) = zero.store().chunks().place(key)?;
-        let master = self.flat.get(&chunk.id)?;
-        let member = &chunk.members[index];
-        Some(
-            master
-                .values
-                .clone()
-                .slice(member.offset..member.offset + member.block_len),
-        )
     }
 }
 

@@ -12,6 +12,7 @@ mod fused;
 mod fused_sgd;
 mod loss_scale;
 mod master;
+mod masters;
 mod one_pass;
 mod optimizer;
 mod pending;

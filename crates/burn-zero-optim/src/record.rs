@@ -11,6 +11,7 @@ use burn_zero_core::{Zero, ZeroState};
 use serde::{Deserialize, Serialize};
 
 use crate::master::Master;
+use crate::masters::Masters;
 use crate::place::Place;
 use crate::side::{Side, keep_host_gradients};
 
@@ -194,20 +195,12 @@ where
     pub(crate) fn record(&self) -> ZeroOptimizerRecord<B, O, P::Host> {
         ZeroOptimizerRecord {
             placement: self.placement,
-            masters: {
-                let mut entries: Vec<MasterEntry<O, P::Host>> = self
-                    .masters
-                    .iter()
-                    .map(|(&key, m)| (key, m.values.clone(), m.state.clone()))
-                    .chain(
-                        self.split_chunk_masters()
-                            .into_iter()
-                            .map(|(key, m)| (key, m.values, m.state)),
-                    )
-                    .collect();
-                entries.sort_by_key(|(key, _, _)| *key);
-                entries
-            },
+            masters: self
+                .masters
+                .entries(self.zero.as_ref().map(|zero| zero.store().chunks()))
+                .into_iter()
+                .map(|(key, m)| (key, m.values, m.state))
+                .collect(),
             accumulated: self
                 .accumulated
                 .iter()
@@ -230,13 +223,13 @@ where
             self.zero = Some(zero);
         }
         self.placement = record.placement;
-        self.masters = record
-            .masters
-            .into_iter()
-            .map(|(key, values, state)| (key, Master { values, state }))
-            .collect();
         // Chunks' masters are joined from these entries at the next step.
-        self.flat.clear();
+        self.masters = Masters::from_entries(
+            record
+                .masters
+                .into_iter()
+                .map(|(key, values, state)| (key, Master { values, state })),
+        );
         self.accumulated = record.accumulated.into_iter().collect();
         self.micro_steps = record.micro_steps;
         self.skipped = record.skipped;

@@ -12,11 +12,12 @@ use burn::tensor::backend::{AutodiffBackend, Backend, BackendTypes};
 use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_zero_comm::RankCounters;
 use burn_zero_core::store::SharedRow;
-use burn_zero_core::{MemoryKind, ShardedView, Zero, ZeroState, ZeroTensor};
+use burn_zero_core::{MemoryKind, ShardedView, StepSite, Zero, ZeroState, ZeroTensor};
 
 use crate::clip::{LocalStats, NormType, combine};
 use crate::loss_scale::{DynamicLossScaler, LossScalerConfig};
 use crate::master::{Master, cast_to};
+use crate::masters::Masters;
 use crate::one_pass::OnePassFn;
 use crate::pending::{ChunkGrad, PendingChunks};
 use crate::place::Place;
@@ -43,10 +44,8 @@ where
     /// for an optimizer made with [`ZeroOptimizer::unbound`] until its binding record is
     /// loaded.
     pub(crate) zero: Option<ZeroState<B>>,
-    pub(crate) masters: BTreeMap<usize, Master<O, P::Host>>,
-    /// With a chunk layout: one flat master per trainable chunk, by chunk id (see
-    /// [`crate::chunked`]).
-    pub(crate) flat: BTreeMap<usize, Master<O, P::Host>>,
+    /// The fp32 master copies and their optimizer state, by parameter and by chunk.
+    pub(crate) masters: Masters<O, P::Host>,
     clipping: Option<(f32, NormType)>,
     pub(crate) scaler: Option<DynamicLossScaler>,
     pub(crate) skipped: usize,
@@ -82,7 +81,6 @@ where
             optim: self.optim.clone(),
             zero: self.zero.clone(),
             masters: self.masters.clone(),
-            flat: self.flat.clone(),
             clipping: self.clipping,
             scaler: self.scaler.clone(),
             skipped: self.skipped,
@@ -163,8 +161,7 @@ where
         Self {
             optim,
             zero,
-            masters: BTreeMap::new(),
-            flat: BTreeMap::new(),
+            masters: Masters::default(),
             clipping: None,
             scaler: None,
             skipped: 0,
@@ -253,8 +250,7 @@ where
     /// Bytes of optimizer state this rank holds (e.g. Adam's two moments per master copy).
     pub(crate) fn state_bytes(&self) -> usize {
         self.masters
-            .values()
-            .chain(self.flat.values())
+            .iter()
             .filter_map(|m| {
                 let numel = m.values.shape().num_elements();
                 m.state.as_ref().map(|s| (self.state_size)(s, numel))
@@ -264,12 +260,12 @@ where
 
     /// Bytes of chunk `id`'s flat master and its state, when it has one.
     pub(crate) fn flat_bytes(&self, id: usize) -> Option<usize> {
-        self.flat.get(&id).map(|m| self.master_state_bytes(m))
+        self.masters.of_chunk(id).map(|m| self.master_state_bytes(m))
     }
 
     /// Bytes of parameter `key`'s own master and its state, when it has one.
     pub(crate) fn master_entry_bytes(&self, key: usize) -> Option<usize> {
-        self.masters.get(&key).map(|m| self.master_state_bytes(m))
+        self.masters.of_param(key).map(|m| self.master_state_bytes(m))
     }
 
     fn master_state_bytes(&self, master: &Master<O, P::Host>) -> usize {
@@ -318,8 +314,7 @@ where
     /// Bytes of fp32 master copies this rank holds.
     pub(crate) fn master_bytes(&self) -> usize {
         self.masters
-            .values()
-            .chain(self.flat.values())
+            .iter()
             .map(|m| m.values.shape().num_elements() * DType::F32.size())
             .sum()
     }
@@ -458,11 +453,8 @@ where
         device: &B::Device,
         dtype: DType,
     ) -> Option<Tensor<B, 1>> {
-        let master = self
-            .masters
-            .get(&key)
-            .map(|master| master.values.clone())
-            .or_else(|| self.chunk_master_values(key))?;
+        let layout = self.zero.as_ref().map(|zero| zero.store().chunks());
+        let master = self.masters.values_of(key, layout)?;
         let counters = bound(&self.zero).store().counters();
         Some(written_back::<B, P>(master, device, dtype, counters))
     }
@@ -572,8 +564,8 @@ pub(crate) fn keep_host_gradients<B: Backend, P: Place<B>>(zero: &ZeroState<B>, 
         return;
     }
     match owned {
-        Owned::All => zero.store().keep_gradients_on_host(),
-        Owned::Only(keys) => zero.store().keep_gradients_on_host_of(keys.iter().copied()),
+        Owned::All => zero.store().step_on(None, StepSite::Host),
+        Owned::Only(keys) => zero.store().step_on(Some(keys), StepSite::Host),
         // A part that steps on the host everything but some keys is not made.
         Owned::Except(_) => {}
     }
@@ -829,7 +821,7 @@ where
         let sharded_grad = store.gradient_is_sharded(key);
         let shape = value.shape();
         let dtype = value.dtype();
-        let master = self.optimizer.masters.entry(key).or_insert_with(|| {
+        let master = self.optimizer.masters.param_or_make(key, || {
             let values = match &value {
                 ZeroTensor::Sharded(view) => flat(view.param().shard().clone()),
                 ZeroTensor::Local(full) if sharded_grad => store.own_block(flat(full.clone())),

@@ -1,7 +1,7 @@
-//! Which reduced gradient shards go to host memory as their reduction delivers them: those an
-//! optimizer steps on the host asked for, all of them (`offload_optim_frac` 1) or the
-//! parameters of its host-stepped chunks (a split optimizer, whose other chunks step on the
-//! device and keep their gradients there).
+//! Where the optimizer steps each parameter ([`StepSite`], what it tells the store), and so
+//! which reduced gradient shards go to host memory as their reduction delivers them: all of
+//! them (`offload_optim_frac` 1) or the parameters of the chunks stepped on the host (the
+//! other chunks step on the device and keep their gradients there).
 //!
 //! Shared between the store and the communication thread that reduces during backward: the
 //! thread holds this, not the store, which it must not keep alive.
@@ -11,6 +11,20 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn_zero_comm::sync::{read, write};
+
+/// Where an optimizer steps some parameters of a sharded module: the one thing the store needs
+/// to know of the optimizer's placement ([`crate::ParamStore::step_on`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StepSite {
+    /// In host memory: their reduced gradient shards are read back there as their reduction
+    /// delivers them (during backward, on the thread that reduces), so the device frees
+    /// gradients as it goes instead of holding them until the step.
+    Host,
+    /// On the device, where their gradients stay. `moved_state_bytes` of optimizer state (masters
+    /// and moments) came onto the device for them, for good: the auto placement's kept
+    /// parameter shards plan for that much less room in every period (0 when nothing moved).
+    Device { moved_state_bytes: u64 },
+}
 
 /// The parameters whose reduced gradient shards go to host memory.
 #[derive(Debug, Default)]
@@ -36,6 +50,12 @@ impl HostGradients {
         for key in keys {
             set.remove(&key);
         }
+    }
+
+    /// No parameter's any more.
+    pub fn forget_all(&self) {
+        self.all.store(false, Ordering::Relaxed);
+        write(&self.keys).clear();
     }
 
     /// Whether parameter `key`'s goes to host memory.

@@ -140,7 +140,7 @@ impl<B: Backend> ShardedParam<B> {
     }
 
     /// This rank's shard of parameter `key`'s reduced gradient, moved to host memory when an
-    /// optimizer that steps there asked for it ([`ParamStore::keep_gradients_on_host`]).
+    /// optimizer that steps there asked for it ([`ParamStore::step_on`]).
     pub(crate) fn gradient(
         store: &Arc<ParamStore<B>>,
         key: usize,

@@ -74,11 +74,10 @@ where
             taken += bytes as u64;
             moving.push(id);
         }
+        // The state moved takes room the kept parameter shards planned for (the store is told
+        // as the chunks move).
         self.place_on_device(&moving)
             .expect("at a step boundary, host chunks only");
-        // The state moved takes room the kept parameter shards planned for.
-        let zero = self.device.zero_state().expect("made bound");
-        zero.store().take_device_room(taken);
         let report = MarginReport {
             budget_bytes: budget,
             moved_chunks: moving.len(),

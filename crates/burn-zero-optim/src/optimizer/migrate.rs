@@ -14,6 +14,7 @@ use burn::optim::SimpleOptimizer;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn_zero_comm::RankCounters;
+use burn_zero_core::StepSite;
 use burn_zero_core::chunk::placement::member_keys;
 
 use super::ZeroOptimizer;
@@ -28,8 +29,9 @@ where
     O: SimpleOptimizer<B> + SimpleOptimizer<H>,
 {
     /// Moves the optimizer state of the host chunks `ids` to the device, where they step from
-    /// the next step on (their gradients stay on the device from the next backward). Only
-    /// between steps: inside an accumulation window the sums would have to move too.
+    /// the next step on (their gradients stay on the device from the next backward, and the
+    /// auto placement's kept shards give up the room the state takes). Only between steps:
+    /// inside an accumulation window the sums would have to move too.
     pub fn place_on_device(&mut self, ids: &[usize]) -> Result<(), OptimizerError> {
         if self.device.micro_steps != 0 {
             return Err(OptimizerError::InsideAccumulation(self.device.micro_steps));
@@ -37,21 +39,25 @@ where
         if let Some(&id) = ids.iter().find(|id| !self.host_chunks.contains(id)) {
             return Err(OptimizerError::NotOnHost(id));
         }
+        let moved_state_bytes = ids
+            .iter()
+            .filter_map(|&id| self.chunk_state_bytes(id))
+            .sum::<usize>() as u64;
         let zero = crate::side::bound(&self.device.zero).clone();
         let store = zero.store();
         let device = zero.device().clone();
         let counters = store.counters();
         for &id in ids {
-            if let Some(Master { values, state }) = self.host.flat.remove(&id) {
+            if let Some(Master { values, state }) = self.host.masters.take_chunk(id) {
                 let (values, state) = master_to_device::<O, B, H>(values, state, &device, counters);
-                self.device.flat.insert(id, Master { values, state });
+                self.device.masters.put_chunk(id, Master { values, state });
             }
         }
         let keys = member_keys(store.chunks(), ids);
         for &key in &keys {
-            if let Some(Master { values, state }) = self.host.masters.remove(&key) {
+            if let Some(Master { values, state }) = self.host.masters.take_param(key) {
                 let (values, state) = master_to_device::<O, B, H>(values, state, &device, counters);
-                self.device.masters.insert(key, Master { values, state });
+                self.device.masters.put_param(key, Master { values, state });
             }
         }
         let on_host: HashSet<usize> = match &self.host.owned {
@@ -61,7 +67,7 @@ where
         let on_host = Arc::new(on_host);
         self.host.owned = Owned::Only(on_host.clone());
         self.device.owned = Owned::Except(on_host);
-        store.keep_gradients_on_device_of(keys.iter().copied());
+        store.step_on(Some(&keys), StepSite::Device { moved_state_bytes });
         self.host_chunks.retain(|id| !ids.contains(id));
         // The accounting moves the bytes from the host's kinds to the device's.
         self.device.report_memory();
