@@ -248,48 +248,39 @@ impl Rendezvous {
             return Ok(());
         }
         let listener = listener.listener;
-        if blob.len() > MAX_MESSAGE {
-            return Err(RendezvousError::Connection {
-                peer: "every rank".into(),
-                reason: format!(
-                    "a blob of {} bytes is over the limit of {MAX_MESSAGE}",
-                    blob.len()
-                ),
-            });
-        }
+        check_blob_size(blob)?;
         let started = Instant::now();
         let deadline = started + self.timeout;
         tracing::debug!(endpoint = %self.endpoint(), world_size = self.world_size, "rendezvous: waiting for ranks");
+        let mut peers = self.gather(&listener, started, deadline)?;
+        hand_out(&mut peers, blob)?;
+        tracing::debug!(elapsed = ?started.elapsed(), "rendezvous: every rank has the blob");
+        Ok(())
+    }
 
+    /// Rank 0 waits until every other rank has joined, and returns their connections:
+    /// element `r` is rank `r`'s (`None` for rank 0). A connection that does not say hello is
+    /// passed over; a rank that does not fit the job, or the deadline, ends the wait with an
+    /// error that every rank already waiting is told too, so that none of them waits for a
+    /// blob that will not come.
+    fn gather(
+        &self,
+        listener: &TcpListener,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Vec<Option<TcpStream>>, RendezvousError> {
         // peers[r] is the connection of rank r (None for rank 0 and ranks not yet joined).
         let mut peers: Vec<Option<TcpStream>> = (0..self.world_size).map(|_| None).collect();
         let mut joined = 1;
         while joined < self.world_size {
             let now = Instant::now();
             if now >= deadline {
-                let missing: Vec<usize> = (1..self.world_size)
-                    .filter(|&r| peers[r].is_none())
-                    .collect();
-                let error = RendezvousError::Timeout {
-                    endpoint: self.endpoint(),
-                    waited: started.elapsed(),
-                    missing,
-                };
+                let error = self.missing_ranks(&peers, started);
                 reject_all(&mut peers, &error);
                 return Err(error);
             }
-            let (mut stream, address) = match listener.accept() {
-                Ok(accepted) => accepted,
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    thread::sleep(Duration::from_millis(5));
-                    continue;
-                }
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Err(error) => {
-                    tracing::warn!(%error, "rendezvous: accept failed");
-                    thread::sleep(Duration::from_millis(5));
-                    continue;
-                }
+            let Some((mut stream, address)) = accept_waiting(listener) else {
+                continue;
             };
             let hello_deadline = (now + HELLO_TIMEOUT).min(deadline);
             let (rank, world_size) = match read_hello(&mut stream, hello_deadline) {
@@ -300,23 +291,7 @@ impl Rendezvous {
                     continue;
                 }
             };
-            let problem = if world_size != self.world_size {
-                Some(RendezvousError::WorldSizeMismatch {
-                    rank,
-                    theirs: world_size,
-                    ours: self.world_size,
-                })
-            } else if rank >= self.world_size {
-                Some(RendezvousError::RankOutOfRange {
-                    rank,
-                    world_size: self.world_size,
-                })
-            } else if rank == 0 || peers[rank].is_some() {
-                Some(RendezvousError::DuplicateRank { rank })
-            } else {
-                None
-            };
-            if let Some(error) = problem {
+            if let Some(error) = self.misfit(rank, world_size, &peers) {
                 // A misconfigured job: tell this client and every rank already waiting.
                 let _ = send_reply(&mut stream, REJECTED, error.to_string().as_bytes());
                 reject_all(&mut peers, &error);
@@ -326,19 +301,47 @@ impl Rendezvous {
             peers[rank] = Some(stream);
             joined += 1;
         }
+        Ok(peers)
+    }
 
-        for (rank, stream) in peers.iter_mut().enumerate() {
-            if let Some(stream) = stream {
-                send_reply(stream, ACCEPTED, blob).map_err(|error| {
-                    RendezvousError::Connection {
-                        peer: format!("rank {rank}"),
-                        reason: error.to_string(),
-                    }
-                })?;
-            }
+    /// The timeout error of a wait begun at `started`, naming the ranks that have not joined
+    /// (those without a connection in `peers`).
+    fn missing_ranks(&self, peers: &[Option<TcpStream>], started: Instant) -> RendezvousError {
+        let missing: Vec<usize> = (1..self.world_size)
+            .filter(|&r| peers[r].is_none())
+            .collect();
+        RendezvousError::Timeout {
+            endpoint: self.endpoint(),
+            waited: started.elapsed(),
+            missing,
         }
-        tracing::debug!(elapsed = ?started.elapsed(), "rendezvous: every rank has the blob");
-        Ok(())
+    }
+
+    /// Why a joining rank that said hello with `rank` and `world_size` does not fit this job:
+    /// another world size, a rank out of range, or a rank that has already joined (or is 0,
+    /// this rank's own). `None` when it fits.
+    fn misfit(
+        &self,
+        rank: usize,
+        world_size: usize,
+        peers: &[Option<TcpStream>],
+    ) -> Option<RendezvousError> {
+        if world_size != self.world_size {
+            Some(RendezvousError::WorldSizeMismatch {
+                rank,
+                theirs: world_size,
+                ours: self.world_size,
+            })
+        } else if rank >= self.world_size {
+            Some(RendezvousError::RankOutOfRange {
+                rank,
+                world_size: self.world_size,
+            })
+        } else if rank == 0 || peers[rank].is_some() {
+            Some(RendezvousError::DuplicateRank { rank })
+        } else {
+            None
+        }
     }
 
     /// The side of every rank but 0: joins rank 0 and returns its blob.
@@ -564,6 +567,54 @@ fn went_away(error: &io::Error) -> bool {
 /// hello and never meet the master. Such a connection is dropped and the attempt repeated.
 fn is_self_connection(stream: &TcpStream) -> bool {
     matches!((stream.local_addr(), stream.peer_addr()), (Ok(local), Ok(peer)) if local == peer)
+}
+
+/// Refuses a blob over [`MAX_MESSAGE`], the most a joining rank reads, before any rank is
+/// waited for.
+fn check_blob_size(blob: &[u8]) -> Result<(), RendezvousError> {
+    if blob.len() > MAX_MESSAGE {
+        return Err(RendezvousError::Connection {
+            peer: "every rank".into(),
+            reason: format!(
+                "a blob of {} bytes is over the limit of {MAX_MESSAGE}",
+                blob.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// One connection waiting on rank 0's non-blocking `listener`, or `None` when there is none
+/// yet: then it sleeps a moment first (as after a failed accept, which it logs), so that the
+/// wait does not spin; an interrupted accept is retried at once.
+fn accept_waiting(listener: &TcpListener) -> Option<(TcpStream, SocketAddr)> {
+    match listener.accept() {
+        Ok(accepted) => Some(accepted),
+        Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+            thread::sleep(Duration::from_millis(5));
+            None
+        }
+        Err(error) if error.kind() == io::ErrorKind::Interrupted => None,
+        Err(error) => {
+            tracing::warn!(%error, "rendezvous: accept failed");
+            thread::sleep(Duration::from_millis(5));
+            None
+        }
+    }
+}
+
+/// Sends `blob` to every rank that joined, in rank order; the first rank that cannot be
+/// written to fails the rendezvous.
+fn hand_out(peers: &mut [Option<TcpStream>], blob: &[u8]) -> Result<(), RendezvousError> {
+    for (rank, stream) in peers.iter_mut().enumerate() {
+        if let Some(stream) = stream {
+            send_reply(stream, ACCEPTED, blob).map_err(|error| RendezvousError::Connection {
+                peer: format!("rank {rank}"),
+                reason: error.to_string(),
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// Tells every connected rank why the rendezvous failed.

@@ -248,9 +248,25 @@ impl<P: Clone> Rendezvous<P> {
         };
         let start = Instant::now();
         let deadline = start + self.timeout;
-        let world_size = self.world_size;
+        let state = self.lock();
+        let state = self.deposit(state, key, rank, call, payload)?;
+        let state = self.await_round(state, key, rank, call, start, deadline)?;
+        Ok(self.collect(state, key))
+    }
 
-        let mut state = self.lock();
+    /// Puts `rank`'s call and payload into round `key`, opening the round if this rank is the
+    /// first to reach it. Fails instead when the group has already failed, or when the call
+    /// does not match the one of a rank that arrived before (which ends the group, so that
+    /// every rank hears of the mismatch). The last rank to arrive wakes the others.
+    fn deposit<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State<P>>,
+        key: RoundKey,
+        rank: usize,
+        call: &CollectiveCall,
+        payload: P,
+    ) -> Result<MutexGuard<'a, State<P>>, CommError> {
+        let world_size = self.world_size;
         if let Some(failure) = self.failure_in(&state) {
             return Err(failure);
         }
@@ -284,7 +300,22 @@ impl<P: Clone> Rendezvous<P> {
         if round.arrived == world_size {
             self.changed.notify_all();
         }
+        Ok(state)
+    }
 
+    /// Waits until every rank has deposited into round `key`. Until then the group's failure
+    /// ends the wait, and so do a missing rank that departed or the deadline, which end the
+    /// group too ([`Rendezvous::abandoned`]). A duplicated group wakes every [`PARENT_POLL`]
+    /// to look at its parent's failure, which does not wake it.
+    fn await_round<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State<P>>,
+        key: RoundKey,
+        rank: usize,
+        call: &CollectiveCall,
+        start: Instant,
+        deadline: Instant,
+    ) -> Result<MutexGuard<'a, State<P>>, CommError> {
         loop {
             // A round every rank reached completes even if the group fails meanwhile: the
             // others may already have returned from it.
@@ -292,32 +323,14 @@ impl<P: Clone> Rendezvous<P> {
                 .rounds
                 .get(&key)
                 .unwrap_or_else(|| unreachable!("a round lives until every rank collected it"));
-            if round.arrived == world_size {
-                break;
+            if round.arrived == self.world_size {
+                return Ok(state);
             }
             if let Some(failure) = self.failure_in(&state) {
                 return Err(failure);
             }
-            let missing: Vec<usize> = (0..world_size)
-                .filter(|&r| round.calls[r].is_none())
-                .collect();
-            let error = if let Some(&peer) = missing.iter().find(|&&r| state.departed[r]) {
-                Some(CommError::PeerExited {
-                    peer: self.origin(peer),
-                    rank: self.origin(rank),
-                    call: Box::new(call.clone()),
-                })
-            } else if Instant::now() >= deadline {
-                Some(CommError::Timeout {
-                    rank: self.origin(rank),
-                    call: Box::new(call.clone()),
-                    waited: start.elapsed(),
-                    missing: missing.iter().map(|&r| self.origin(r)).collect(),
-                })
-            } else {
-                None
-            };
-            if let Some(error) = error {
+            let abandoned = self.abandoned(round, &state.departed, rank, call, start, deadline);
+            if let Some(error) = abandoned {
                 let failure = self.end(state, error);
                 tracing::error!(rank, %failure, "collective abandoned");
                 return Err(failure);
@@ -332,7 +345,44 @@ impl<P: Clone> Rendezvous<P> {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+    }
 
+    /// Why `rank`, waiting for the ranks missing from `round`, gives up on it: a missing rank
+    /// has departed (it will never arrive), or the deadline has passed (the error names every
+    /// missing rank). `None` while it should wait on.
+    fn abandoned(
+        &self,
+        round: &Round<P>,
+        departed: &[bool],
+        rank: usize,
+        call: &CollectiveCall,
+        start: Instant,
+        deadline: Instant,
+    ) -> Option<CommError> {
+        let missing: Vec<usize> = (0..self.world_size)
+            .filter(|&r| round.calls[r].is_none())
+            .collect();
+        if let Some(&peer) = missing.iter().find(|&&r| departed[r]) {
+            Some(CommError::PeerExited {
+                peer: self.origin(peer),
+                rank: self.origin(rank),
+                call: Box::new(call.clone()),
+            })
+        } else if Instant::now() >= deadline {
+            Some(CommError::Timeout {
+                rank: self.origin(rank),
+                call: Box::new(call.clone()),
+                waited: start.elapsed(),
+                missing: missing.iter().map(|&r| self.origin(r)).collect(),
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Takes a copy of every rank's payload of the completed round `key`, in rank order; the
+    /// last rank to collect removes the round.
+    fn collect(&self, mut state: MutexGuard<'_, State<P>>, key: RoundKey) -> Vec<P> {
         let round = state
             .rounds
             .get_mut(&key)
@@ -346,9 +396,9 @@ impl<P: Clone> Rendezvous<P> {
             })
             .collect();
         round.collected += 1;
-        if round.collected == world_size {
+        if round.collected == self.world_size {
             state.rounds.remove(&key);
         }
-        Ok(payloads)
+        payloads
     }
 }

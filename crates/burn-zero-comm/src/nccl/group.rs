@@ -104,6 +104,18 @@ enum Kind {
     Broadcast(usize),
 }
 
+/// The buffers of one collective on the device, and their sizes in elements.
+#[derive(Debug, Clone, Copy)]
+struct Transfer {
+    send: DevicePtr,
+    recv: DevicePtr,
+    /// Elements of the input.
+    numel: usize,
+    /// Elements of the output.
+    out_numel: usize,
+    data_type: DataType,
+}
+
 impl NcclGroup {
     /// Wraps a communicator that was created on `context`'s device and has finished
     /// initialising.
@@ -586,50 +598,19 @@ impl NcclGroup {
         let dtype = input.dtype;
         let call = self.call(op, Some(dtype), numel);
         let during = call.to_string();
-        {
-            let mut link = self.lock();
-            self.usable(&mut link)?;
-            let checked = self.validate(&call).and_then(|dtype| {
-                if input.device != self.device {
-                    Err(CommError::InvalidGroup(format!(
-                        "rank {}'s NCCL group runs on {:?}, the tensor of its {during} is on {:?}",
-                        self.rank, self.device, input.device
-                    )))
-                } else {
-                    Ok(dtype)
-                }
-            });
-            if let Err(error) = checked {
-                return Err(self.fail(&mut link, error));
-            }
-        }
-        // Every rank agrees on this call before NCCL touches a buffer.
-        if let Some(control) = &self.control
-            && let Err(error) = control.check(&call)
-        {
-            let mut link = self.lock();
-            return Err(self.fail(&mut link, error));
-        }
+        self.admit(&call, &during, &input)?;
         let data_type = data_type(dtype).unwrap_or(DataType::F32);
-        let out_numel = match kind {
-            Kind::AllGather => numel * self.world_size,
-            Kind::ReduceScatter(_) => numel / self.world_size,
-            Kind::AllReduce(_) | Kind::Broadcast(_) => numel,
-        };
+        let out_numel = self.out_numel(kind, numel);
         if out_numel == 0 || numel == 0 {
             // Nothing moves; every rank agrees on the (empty) result without NCCL.
             return Ok(input);
         }
 
-        let device_error = |reason: String| CommError::Device {
-            rank: self.rank,
-            reason,
-        };
         // Failing before NCCL is called still fails the group, so this rank's schedule never
         // silently diverges from the others'.
         let fail_now = |reason: String| {
             let mut link = self.lock();
-            self.fail(&mut link, device_error(reason))
+            self.fail(&mut link, self.device_error(reason))
         };
         let input = into_contiguous(input);
         let client = input.client.clone();
@@ -655,8 +636,99 @@ impl NcclGroup {
         )
         .map_err(|e| fail_now(format!("finishing the input: {e}")))?;
 
-        let send_ptr = DevicePtr(send.resource().ptr);
-        let recv_ptr = DevicePtr(recv.resource().ptr);
+        let transfer = Transfer {
+            send: DevicePtr(send.resource().ptr),
+            recv: DevicePtr(recv.resource().ptr),
+            numel,
+            out_numel,
+            data_type,
+        };
+        self.launch(kind, transfer, &call, &during)?;
+        // The buffers were in use until here.
+        drop((send, recv, input));
+        Ok(CubeTensor::new_contiguous(
+            client,
+            self.device.clone(),
+            Shape::new([out_numel]),
+            output,
+            dtype,
+        ))
+    }
+
+    /// Checks `call` (described by `during`) before any buffer is touched: the group must be
+    /// usable, the call valid ([`NcclGroup::validate`]) and `input` on the group's device; with
+    /// a control connection, every rank must also agree on the call. A check that does not
+    /// pass fails the group, so that the other ranks stop too.
+    fn admit(
+        &self,
+        call: &CollectiveCall,
+        during: &str,
+        input: &CubeTensor<CudaRuntime>,
+    ) -> Result<(), CommError> {
+        {
+            let mut link = self.lock();
+            self.usable(&mut link)?;
+            let checked = self.validate(call).and_then(|dtype| {
+                if input.device != self.device {
+                    Err(CommError::InvalidGroup(format!(
+                        "rank {}'s NCCL group runs on {:?}, the tensor of its {during} is on {:?}",
+                        self.rank, self.device, input.device
+                    )))
+                } else {
+                    Ok(dtype)
+                }
+            });
+            if let Err(error) = checked {
+                return Err(self.fail(&mut link, error));
+            }
+        }
+        // Every rank agrees on this call before NCCL touches a buffer.
+        if let Some(control) = &self.control
+            && let Err(error) = control.check(call)
+        {
+            let mut link = self.lock();
+            return Err(self.fail(&mut link, error));
+        }
+        Ok(())
+    }
+
+    /// The number of elements of a collective's result on this rank, for `numel` elements of
+    /// input: every rank's input side by side for a gather, this rank's share for a
+    /// reduce-scatter, as many as the input otherwise.
+    fn out_numel(&self, kind: Kind, numel: usize) -> usize {
+        match kind {
+            Kind::AllGather => numel * self.world_size,
+            Kind::ReduceScatter(_) => numel / self.world_size,
+            Kind::AllReduce(_) | Kind::Broadcast(_) => numel,
+        }
+    }
+
+    /// A device error of this rank, not yet recorded as the group's failure.
+    fn device_error(&self, reason: String) -> CommError {
+        CommError::Device {
+            rank: self.rank,
+            reason,
+        }
+    }
+
+    /// Enqueues the NCCL call of `kind` on the group's stream, then waits
+    /// ([`NcclGroup::wait`]) until NCCL has enqueued all of it (a call it reports pending is
+    /// still being enqueued), and until the group's `done` event, recorded on the stream after
+    /// the call, says that it completed on the device. Any failure fails the group.
+    fn launch(
+        &self,
+        kind: Kind,
+        transfer: Transfer,
+        call: &CollectiveCall,
+        during: &str,
+    ) -> Result<(), CommError> {
+        let Transfer {
+            send: send_ptr,
+            recv: recv_ptr,
+            numel,
+            out_numel,
+            data_type,
+        } = transfer;
         let started = Instant::now();
         let mut link = self.lock();
         self.bind(&mut link)?;
@@ -676,29 +748,21 @@ impl NcclGroup {
                 }
             }
         };
-        let progress = launched.map_err(|f| self.fail(&mut link, self.nccl_error(&during, f)))?;
+        let progress = launched.map_err(|f| self.fail(&mut link, self.nccl_error(during, f)))?;
         if progress == Progress::Pending {
-            self.wait(&mut link, &call, started, |_| Ok(true))?;
+            self.wait(&mut link, call, started, |_| Ok(true))?;
         }
         let recorded = link.done.record(&self.stream);
         if let Err(error) = recorded {
-            return Err(self.fail(&mut link, device_error(format!("CUDA: {error}"))));
+            return Err(self.fail(&mut link, self.device_error(format!("CUDA: {error}"))));
         }
-        self.wait(&mut link, &call, started, |link| {
+        self.wait(&mut link, call, started, |link| {
             link.done
                 .try_is_complete()
-                .map_err(|e| device_error(format!("CUDA: {e}")))
+                .map_err(|e| self.device_error(format!("CUDA: {e}")))
         })?;
         drop(link);
-        // The buffers were in use until here.
-        drop((send, recv, input));
-        Ok(CubeTensor::new_contiguous(
-            client,
-            self.device.clone(),
-            Shape::new([out_numel]),
-            output,
-            dtype,
-        ))
+        Ok(())
     }
 
     /// Polls until `ready` says so, NCCL reports an error, an abort is requested, or the

@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{ControlFailure, FirstCause};
+use super::error::ControlFailure;
+use super::first_cause::FirstCause;
 
 /// What the store tells the ranks after an event.
 #[derive(Debug, Clone, PartialEq, Eq)]

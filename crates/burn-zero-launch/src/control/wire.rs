@@ -2,11 +2,19 @@
 //!
 //! Every message is one frame: `length: u32` (big-endian, of what follows), `tag: u8`, then
 //! the fields, integers big-endian, byte strings as `length: u32, bytes`. The connection opens
-//! with a hello carrying [`MAGIC`], so a stray client is told apart at once.
+//! with a hello carrying [`MAGIC`], so a stray client is told apart at once. Both sides bound
+//! the hello and every write with the same timeouts ([`HELLO_TIMEOUT`], [`WRITE_TIMEOUT`]).
 
 use std::io::{self, Read, Write};
+use std::time::Duration;
 
-use super::{ControlFailure, FirstCause};
+use super::error::ControlFailure;
+use super::first_cause::FirstCause;
+
+/// How long the store waits for a connected client to say who it is.
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a write to one peer may block before that peer is given up.
+pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Identifies the protocol and its version on the wire. Version 2 added the failure reports
 /// ([`ToStore::Report`], [`ToRank::Cause`]): a rank of another version is refused at its hello
