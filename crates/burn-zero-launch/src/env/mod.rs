@@ -271,7 +271,7 @@ fn log_detected(detected: &Detected) {
     );
 }
 
-/// The process environment, as [`Lookup`] answers.
+/// The process environment, as `Lookup` answers.
 fn process_lookup(var: &str) -> Option<Result<String, String>> {
     std::env::var_os(var).map(|value| match value.into_string() {
         Ok(text) => Ok(text),
