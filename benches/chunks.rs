@@ -583,97 +583,134 @@ fn counts_per_step(f: &Figures) -> [f64; 7] {
     ]
 }
 
+/// Every target of every measured plan, in the report's order: per plan the collective and
+/// synchronisation counts (GPT small only), the gathered peak, the padding, the step time and
+/// both sides' model state.
 fn targets(measured: &[Measured]) -> Vec<Target> {
     let mut out = Vec::new();
     for m in measured {
-        let (kind, preset) = (m.plan.kind.name(), m.plan.preset.name());
-        let per = m.side(Side::PerParameter);
-        let searched = m.side(Side::Searched);
-        let layout = searched.layout;
-        let counts = counts_per_step(searched);
         // Collectives and synchronisations: GPT small at stage 3.
         if m.plan.preset == Preset::Small {
-            let collectives: f64 = counts[..4].iter().sum();
-            let limit = 3 * layout.sharded_chunks + layout.replicated_chunks + 1;
-            out.push(Target {
-                what: format!(
-                    "{kind} {preset}, searched: collectives per step ≤ 3 × sharded chunks + \
-                     replicated chunks + 1"
-                ),
-                figures: format!(
-                    "{collectives} ({} all-gathers, {} reduce-scatters, {} all-reduces, {} other) \
-                     ≤ 3 × {} + {} + 1 = {limit}",
-                    counts[0],
-                    counts[1],
-                    counts[2],
-                    counts[3],
-                    layout.sharded_chunks,
-                    layout.replicated_chunks,
-                ),
-                pass: collectives <= limit as f64,
-            });
-            out.push(Target {
-                what: format!(
-                    "{kind} {preset}, searched: device synchronisations per step ≤ collectives"
-                ),
-                figures: format!("{} ≤ {collectives}", counts[4]),
-                pass: counts[4] <= collectives,
-            });
+            out.extend(collective_targets(m));
         }
-        // Gathered peak: per-parameter peak plus two of the largest chunks.
-        let (peak_searched, peak_per) = (searched.memory.gathered.peak, per.memory.gathered.peak);
-        let limit = peak_per + 2 * layout.largest_chunk_bytes as u64;
-        out.push(Target {
+        out.push(gathered_peak_target(m));
+        out.push(padding_target(m));
+        out.push(step_time_target(m));
+        out.extend(model_state_targets(m));
+    }
+    out
+}
+
+/// The searched side's collectives per step against 3 × sharded chunks + replicated chunks
+/// + 1, and its device synchronisations per step against its collectives.
+fn collective_targets(m: &Measured) -> [Target; 2] {
+    let (kind, preset) = (m.plan.kind.name(), m.plan.preset.name());
+    let layout = m.side(Side::Searched).layout;
+    let counts = counts_per_step(m.side(Side::Searched));
+    let collectives: f64 = counts[..4].iter().sum();
+    let limit = 3 * layout.sharded_chunks + layout.replicated_chunks + 1;
+    [
+        Target {
             what: format!(
-                "{kind} {preset}: gathered peak ≤ per-parameter peak + 2 × largest chunk"
+                "{kind} {preset}, searched: collectives per step ≤ 3 × sharded chunks + \
+                 replicated chunks + 1"
             ),
             figures: format!(
-                "{:.2} MB ≤ {:.2} + 2 × {:.2} = {:.2} MB",
-                mb(peak_searched as f64),
-                mb(peak_per as f64),
-                mb(layout.largest_chunk_bytes as f64),
-                mb(limit as f64)
+                "{collectives} ({} all-gathers, {} reduce-scatters, {} all-reduces, {} other) \
+                 ≤ 3 × {} + {} + 1 = {limit}",
+                counts[0],
+                counts[1],
+                counts[2],
+                counts[3],
+                layout.sharded_chunks,
+                layout.replicated_chunks,
             ),
-            pass: peak_searched <= limit,
-        });
-        // Padding.
-        let share = layout.padding as f64 / layout.parameters as f64;
-        out.push(Target {
-            what: format!("{kind} {preset}, searched: padding ≤ 1% of parameters"),
-            figures: format!(
-                "{} of {} elements ({:.3}%)",
-                layout.padding,
-                layout.parameters,
-                100.0 * share
+            pass: collectives <= limit as f64,
+        },
+        Target {
+            what: format!(
+                "{kind} {preset}, searched: device synchronisations per step ≤ collectives"
             ),
-            pass: share <= 0.01,
-        });
-        // Step time.
-        let ratios = m.ratios();
-        let (lo, hi) = min_max(&ratios);
-        let median = workload::median(&ratios);
-        let (rule, ok) = match m.plan.kind {
-            Kind::Flex => (
-                format!("≤ 1/0.97 = {FLEX_RATIO_LIMIT:.3} (no worse)"),
-                median <= FLEX_RATIO_LIMIT,
-            ),
-            Kind::Wgpu => ("< 1 (better)".to_string(), median < 1.0),
-        };
-        out.push(Target {
-            what: format!("{kind} {preset}: step time searched / per parameter {rule}"),
-            figures: format!(
-                "median {median:.3} (min {lo:.3}, max {hi:.3}) over {} rounds of {} steps",
-                ratios.len(),
-                m.plan.steps
-            ),
-            pass: ok,
-        });
-        // Model state: the formula plus the padding, exactly, on both sides.
-        for side in Side::BOTH {
+            figures: format!("{} ≤ {collectives}", counts[4]),
+            pass: counts[4] <= collectives,
+        },
+    ]
+}
+
+/// The searched side's gathered peak against the per-parameter side's plus two of the
+/// largest chunks.
+fn gathered_peak_target(m: &Measured) -> Target {
+    let (kind, preset) = (m.plan.kind.name(), m.plan.preset.name());
+    let per = m.side(Side::PerParameter);
+    let searched = m.side(Side::Searched);
+    let layout = searched.layout;
+    let (peak_searched, peak_per) = (searched.memory.gathered.peak, per.memory.gathered.peak);
+    let limit = peak_per + 2 * layout.largest_chunk_bytes as u64;
+    Target {
+        what: format!("{kind} {preset}: gathered peak ≤ per-parameter peak + 2 × largest chunk"),
+        figures: format!(
+            "{:.2} MB ≤ {:.2} + 2 × {:.2} = {:.2} MB",
+            mb(peak_searched as f64),
+            mb(peak_per as f64),
+            mb(layout.largest_chunk_bytes as f64),
+            mb(limit as f64)
+        ),
+        pass: peak_searched <= limit,
+    }
+}
+
+/// The searched layout's padding: at most 1% of the parameters.
+fn padding_target(m: &Measured) -> Target {
+    let (kind, preset) = (m.plan.kind.name(), m.plan.preset.name());
+    let layout = m.side(Side::Searched).layout;
+    let share = layout.padding as f64 / layout.parameters as f64;
+    Target {
+        what: format!("{kind} {preset}, searched: padding ≤ 1% of parameters"),
+        figures: format!(
+            "{} of {} elements ({:.3}%)",
+            layout.padding,
+            layout.parameters,
+            100.0 * share
+        ),
+        pass: share <= 0.01,
+    }
+}
+
+/// The median over the rounds of the searched side's step time over the per-parameter
+/// side's: at most 1/0.97 on Flex (no worse), below 1 on wgpu (better).
+fn step_time_target(m: &Measured) -> Target {
+    let (kind, preset) = (m.plan.kind.name(), m.plan.preset.name());
+    let ratios = m.ratios();
+    let (lo, hi) = min_max(&ratios);
+    let median = workload::median(&ratios);
+    let (rule, ok) = match m.plan.kind {
+        Kind::Flex => (
+            format!("≤ 1/0.97 = {FLEX_RATIO_LIMIT:.3} (no worse)"),
+            median <= FLEX_RATIO_LIMIT,
+        ),
+        Kind::Wgpu => ("< 1 (better)".to_string(), median < 1.0),
+    };
+    Target {
+        what: format!("{kind} {preset}: step time searched / per parameter {rule}"),
+        figures: format!(
+            "median {median:.3} (min {lo:.3}, max {hi:.3}) over {} rounds of {} steps",
+            ratios.len(),
+            m.plan.steps
+        ),
+        pass: ok,
+    }
+}
+
+/// Each side's model state against the formula plus the padding, to the byte.
+fn model_state_targets(m: &Measured) -> Vec<Target> {
+    let (kind, preset) = (m.plan.kind.name(), m.plan.preset.name());
+    Side::BOTH
+        .into_iter()
+        .map(|side| {
             let figures = m.side(side);
             let got = figures.model_state_bytes();
             let want = figures.layout.formula_bytes();
-            out.push(Target {
+            Target {
                 what: format!(
                     "{kind} {preset}, {}: model state = (4+4+12)(Ψ_sharded + padding)/N + \
                      (4+12)Ψ_replicated, exactly",
@@ -684,10 +721,9 @@ fn targets(measured: &[Measured]) -> Vec<Target> {
                     got as i64 - want as i64
                 ),
                 pass: got == want,
-            });
-        }
-    }
-    out
+            }
+        })
+        .collect()
 }
 
 /// The kernels launched on a wgpu `device` while `work` runs, from cubecl's execution log

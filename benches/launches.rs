@@ -251,18 +251,19 @@ fn main() {
     }
     let device = WgpuDevice::default();
     let corpus = workload::corpus();
-    let plain = {
-        let model = workload::model::<Plain>(&corpus, &device);
-        let mut adam = AdamConfig::new().init();
-        let (windows, _) = counted_step(model, &mut adam, &corpus, &device, &Counts::default);
-        Side {
-            name: "plain Burn, Burn's Adam".into(),
-            chunks: None,
-            windows,
-            counts: None,
-        }
-    };
-    let mut sides = vec![plain];
+    let sides = all_sides(&device, &corpus);
+    let targets = targets(&sides);
+    let md = markdown(&sides, &targets);
+    let json = report_json(&sides, &targets);
+    report::publish("launches", &md, Some(&json));
+}
+
+/// Counts every side, in the order the report and the targets index them: plain Burn; stage
+/// 0 and 3 per parameter and stage 3 searched, with Burn's Adam (1–3) and then the fused one
+/// (4–6); then the replicated chunks with the fused Adam: stage 0 searched (7) and stage 3
+/// searched with the default persistence threshold (8).
+fn all_sides(device: &WgpuDevice, corpus: &Corpus) -> Vec<Side> {
+    let mut sides = vec![plain_side(device, corpus)];
     let searched = ChunkSize::default_search();
     for fused in [false, true] {
         for layout in [
@@ -270,15 +271,36 @@ fn main() {
             (3, ChunkSize::PerParameter, 0),
             (3, searched, 0),
         ] {
-            sides.push(sharded(&device, &corpus, layout, fused));
+            sides.push(sharded(device, corpus, layout, fused));
         }
     }
     // Replicated chunks, whose gradients are joined for the step: stage 0's (every parameter
     // replicated) and stage 3's with the default persistence threshold.
     let persisting = ZeroConfig::new().persist_below_numel;
     for layout in [(0, searched, 0), (3, searched, persisting)] {
-        sides.push(sharded(&device, &corpus, layout, true));
+        sides.push(sharded(device, corpus, layout, true));
     }
+    sides
+}
+
+/// The baseline side: plain Burn's autodiff over the same backend with Burn's Adam, no
+/// burn-zero (so no counts of its own).
+fn plain_side(device: &WgpuDevice, corpus: &Corpus) -> Side {
+    let model = workload::model::<Plain>(corpus, device);
+    let mut adam = AdamConfig::new().init();
+    let (windows, _) = counted_step(model, &mut adam, corpus, device, &Counts::default);
+    Side {
+        name: "plain Burn, Burn's Adam".into(),
+        chunks: None,
+        windows,
+        counts: None,
+    }
+}
+
+/// The targets, each with whether it is met: the searched chunks with the fused Adam against
+/// plain Burn and against stage 0 plus two launches per chunk, stage 0's replicated searched
+/// chunks against its one parameter per chunk, and one device sync per reduced bucket.
+fn targets(sides: &[Side]) -> Vec<(String, bool)> {
     let (plain, stage0, searched) = (&sides[0], &sides[4], &sides[6]);
     let replicated = &sides[7];
     let chunks = searched.chunks.unwrap_or_default();
@@ -328,8 +350,13 @@ fn main() {
         ),
         syncs == buckets,
     ));
-    let md = markdown(&sides, &targets);
-    let json = json!({
+    targets
+}
+
+/// `launches.json`: the setup, each side's launches per window and its counts, and the
+/// targets with their verdicts.
+fn report_json(sides: &[Side], targets: &[(String, bool)]) -> serde_json::Value {
+    json!({
         "preset": "small",
         "world_size": 1,
         "backend": "CubeBackend<WgpuRuntime>",
@@ -344,6 +371,5 @@ fn main() {
         })).collect::<Vec<_>>(),
         "targets": targets.iter().map(|(what, pass)| json!({"what": what, "pass": pass}))
             .collect::<Vec<_>>(),
-    });
-    report::publish("launches", &md, Some(&json));
+    })
 }

@@ -440,6 +440,8 @@ impl SizeResult {
     }
 }
 
+/// Measures every side at `n` parameters: builds and warms them up, alternates them (and
+/// PyTorch, when `torch`) for `rounds` rounds, then checks that the sides agree bit for bit.
 fn measure_size(
     n: usize,
     rounds: usize,
@@ -449,89 +451,9 @@ fn measure_size(
 ) -> SizeResult {
     let steps = steps_for(n);
     let (start, grad) = inputs(n);
-    let flex = Default::default();
-    let fused = FusedAdam::new(&AdamConfig::new()).expect("Burn's default Adam fuses");
-    assert!(
-        fused.fuses::<Flex>(),
-        "FusedAdam takes the one-pass path on Flex"
-    );
-    let mut sides: Vec<(Kind, Box<dyn Side>)> = vec![
-        (
-            Kind::Triad,
-            Box::new(Triad {
-                a: vec![0.0; n],
-                b: start.clone(),
-                c: grad.clone(),
-                threads,
-            }),
-        ),
-        (
-            Kind::Pass,
-            Box::new(Pass {
-                p: start.clone(),
-                g: grad.clone(),
-                m: vec![0.0; n],
-                v: vec![0.0; n],
-                time: 0,
-                threads,
-            }),
-        ),
-        (
-            Kind::Fused,
-            Box::new(Optimizer::<Flex, _> {
-                optimizer: fused.clone(),
-                p: Some(flat(&start, &flex)),
-                g: flat(&grad, &flex),
-                state: None,
-                device: flex,
-            }),
-        ),
-        (
-            Kind::Burn,
-            Box::new(Optimizer::<Flex, _> {
-                optimizer: AdamConfig::new().build(),
-                p: Some(flat(&start, &flex)),
-                g: flat(&grad, &flex),
-                state: None,
-                device: flex,
-            }),
-        ),
-    ];
-    if let Some(device) = wgpu {
-        sides.push((
-            Kind::WgpuBurn,
-            Box::new(Optimizer::<Wgpu, _> {
-                optimizer: AdamConfig::new().build(),
-                p: Some(flat(&start, device)),
-                g: flat(&grad, device),
-                state: None,
-                device: device.clone(),
-            }),
-        ));
-        sides.push((
-            Kind::WgpuFused,
-            Box::new(Optimizer::<Wgpu, _> {
-                optimizer: fused.clone(),
-                p: Some(flat(&start, device)),
-                g: flat(&grad, device),
-                state: None,
-                device: device.clone(),
-            }),
-        ));
-    }
+    let mut sides = build_sides(&start, &grad, threads, wgpu);
     drop((start, grad));
-    for (kind, side) in &mut sides {
-        let started = Instant::now();
-        for _ in 0..WARM_UP {
-            side.step();
-        }
-        eprintln!(
-            "{}: {} warmed up ({WARM_UP} steps, {:.1} s)",
-            label(n),
-            kind.name(),
-            started.elapsed().as_secs_f64()
-        );
-    }
+    warm_up(&mut sides, n);
     let mut samples = vec![Samples::default(); sides.len()];
     let (mut torch_foreach, mut torch_fused) = (Vec::new(), Vec::new());
     for r in 0..rounds {
@@ -546,24 +468,155 @@ fn measure_size(
             );
         }
         if torch {
-            match torch_round(n, steps, threads) {
-                Ok(t) => {
-                    assert_eq!(t.threads, threads, "PyTorch's thread count");
-                    eprintln!(
-                        "{} round {r}: PyTorch {} foreach {:.3} ms, fused {:.3} ms",
-                        label(n),
-                        t.version,
-                        median(&t.foreach),
-                        median(&t.fused)
-                    );
-                    torch_foreach.extend(t.foreach);
-                    torch_fused.extend(t.fused);
-                }
-                Err(e) => eprintln!("{} round {r}: PyTorch failed: {e}", label(n)),
-            }
+            torch_side(n, r, steps, threads, &mut torch_foreach, &mut torch_fused);
         }
     }
-    // Same start, same gradient, same number of steps: the host sides must agree bit for bit.
+    let (bitwise, wgpu_bitwise) = compare_params(&mut sides, wgpu);
+    SizeResult {
+        n,
+        steps,
+        sides: sides.iter().map(|(k, _)| *k).zip(samples).collect(),
+        torch_foreach,
+        torch_fused,
+        bitwise,
+        wgpu_bitwise,
+    }
+}
+
+/// Every side of the comparison, all from the same parameters `start` and gradient `grad`:
+/// the triad, the pass alone, `FusedAdam` and Burn's Adam on Flex, and with a `wgpu` device
+/// Burn's Adam and `FusedAdam` there too.
+fn build_sides(
+    start: &[f32],
+    grad: &[f32],
+    threads: usize,
+    wgpu: Option<&WgpuDevice>,
+) -> Vec<(Kind, Box<dyn Side>)> {
+    let n = start.len();
+    let flex = Default::default();
+    let fused = FusedAdam::new(&AdamConfig::new()).expect("Burn's default Adam fuses");
+    assert!(
+        fused.fuses::<Flex>(),
+        "FusedAdam takes the one-pass path on Flex"
+    );
+    let mut sides: Vec<(Kind, Box<dyn Side>)> = vec![
+        (
+            Kind::Triad,
+            Box::new(Triad {
+                a: vec![0.0; n],
+                b: start.to_vec(),
+                c: grad.to_vec(),
+                threads,
+            }),
+        ),
+        (
+            Kind::Pass,
+            Box::new(Pass {
+                p: start.to_vec(),
+                g: grad.to_vec(),
+                m: vec![0.0; n],
+                v: vec![0.0; n],
+                time: 0,
+                threads,
+            }),
+        ),
+        (
+            Kind::Fused,
+            Box::new(Optimizer::<Flex, _> {
+                optimizer: fused.clone(),
+                p: Some(flat(start, &flex)),
+                g: flat(grad, &flex),
+                state: None,
+                device: flex,
+            }),
+        ),
+        (
+            Kind::Burn,
+            Box::new(Optimizer::<Flex, _> {
+                optimizer: AdamConfig::new().build(),
+                p: Some(flat(start, &flex)),
+                g: flat(grad, &flex),
+                state: None,
+                device: flex,
+            }),
+        ),
+    ];
+    if let Some(device) = wgpu {
+        sides.push((
+            Kind::WgpuBurn,
+            Box::new(Optimizer::<Wgpu, _> {
+                optimizer: AdamConfig::new().build(),
+                p: Some(flat(start, device)),
+                g: flat(grad, device),
+                state: None,
+                device: device.clone(),
+            }),
+        ));
+        sides.push((
+            Kind::WgpuFused,
+            Box::new(Optimizer::<Wgpu, _> {
+                optimizer: fused.clone(),
+                p: Some(flat(start, device)),
+                g: flat(grad, device),
+                state: None,
+                device: device.clone(),
+            }),
+        ));
+    }
+    sides
+}
+
+/// `WARM_UP` untimed steps of every side (the first allocates and touches the moments), each
+/// side's time reported, so that the timed rounds see steady-state steps only.
+fn warm_up(sides: &mut [(Kind, Box<dyn Side>)], n: usize) {
+    for (kind, side) in sides {
+        let started = Instant::now();
+        for _ in 0..WARM_UP {
+            side.step();
+        }
+        eprintln!(
+            "{}: {} warmed up ({WARM_UP} steps, {:.1} s)",
+            label(n),
+            kind.name(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// PyTorch's round `r` at `n`: its foreach and fused samples appended to `foreach` and
+/// `fused`, or why it failed reported (the bench goes on without them).
+fn torch_side(
+    n: usize,
+    r: usize,
+    steps: usize,
+    threads: usize,
+    foreach: &mut Vec<f64>,
+    fused: &mut Vec<f64>,
+) {
+    match torch_round(n, steps, threads) {
+        Ok(t) => {
+            assert_eq!(t.threads, threads, "PyTorch's thread count");
+            eprintln!(
+                "{} round {r}: PyTorch {} foreach {:.3} ms, fused {:.3} ms",
+                label(n),
+                t.version,
+                median(&t.foreach),
+                median(&t.fused)
+            );
+            foreach.extend(t.foreach);
+            fused.extend(t.fused);
+        }
+        Err(e) => eprintln!("{} round {r}: PyTorch failed: {e}", label(n)),
+    }
+}
+
+/// Whether the host sides (pass alone, fused and Burn on Flex) and, with `wgpu`, the two wgpu
+/// sides ended with the same parameters bit for bit: they took the same steps from the same
+/// start with the same gradient.
+fn compare_params(
+    sides: &mut [(Kind, Box<dyn Side>)],
+    wgpu: Option<&WgpuDevice>,
+) -> (Option<bool>, Option<bool>) {
     let mut params = |kind: Kind| {
         sides
             .iter_mut()
@@ -578,15 +631,7 @@ fn measure_size(
     );
     let bitwise = Some(pass == fused_p && fused_p == burn_p);
     let wgpu_bitwise = wgpu.map(|_| bits(params(Kind::WgpuBurn)) == bits(params(Kind::WgpuFused)));
-    SizeResult {
-        n,
-        steps,
-        sides: sides.iter().map(|(k, _)| *k).zip(samples).collect(),
-        torch_foreach,
-        torch_fused,
-        bitwise,
-        wgpu_bitwise,
-    }
+    (bitwise, wgpu_bitwise)
 }
 
 fn main() {

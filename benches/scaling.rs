@@ -32,18 +32,21 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use burn::backend::ndarray::NdArrayDevice;
 use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorMetadata};
 use burn_zero::comm::{CommError, Communicator, RankContext, ReduceOp, launch};
 use burn_zero::core::ReductionStats;
-use burn_zero::{MemoryReport, PerTensor, Zero, ZeroConfig, ZeroError, ZeroOptimizer, shard};
+use burn_zero::{
+    MemoryReport, PerTensor, Zero, ZeroConfig, ZeroError, ZeroOptimizer, ZeroState, shard,
+};
 use criterion::{BenchmarkId, Criterion, SamplingMode};
 use serde_json::{Value, json};
 
-use burn_zero_gpt::Gpt;
+use burn_zero_gpt::{Corpus, Gpt};
 
 type Inner = NdArray;
 type Train = Autodiff<Zero<Inner>>;
@@ -345,107 +348,13 @@ struct Session {
 }
 
 impl Session {
+    /// Starts `world_size` ranks of `setup` on a thread of their own; they take their
+    /// accounting step at once, then wait for criterion's calls.
     fn start(setup: Setup, world_size: usize) -> Self {
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..world_size).map(|_| channel::<Option<u64>>()).unzip();
         let (time_tx, times) = channel();
-        let ranks = std::thread::spawn(move || {
-            let receivers: Vec<Mutex<Receiver<Option<u64>>>> =
-                receivers.into_iter().map(Mutex::new).collect();
-            let device = burn::backend::ndarray::NdArrayDevice::default();
-            let corpus = workload::corpus();
-            let base: Gpt<Train> = workload::model(&corpus, &device);
-            let config = setup.config();
-            launch::<Inner, _, _, ZeroError>(world_size, &[device], |ctx| {
-                let counters = Arc::new(Counters::default());
-                let counting = Arc::new(Counting {
-                    inner: ctx.comm().clone(),
-                    counters: counters.clone(),
-                });
-                let ctx = RankContext::new(*ctx.device(), counting);
-                let (rank, device) = (ctx.rank(), ctx.device());
-                let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-                let mut optimizer =
-                    ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
-                // Step 0 creates the fp32 masters and Adam's state.
-                model = workload::step(model, &mut optimizer, &corpus, 0, rank, world_size, device);
-
-                // Step 1, taken apart.
-                let start = counters.snapshot();
-                let loss = workload::loss(&model, &corpus, 1, rank, world_size, device);
-                let forward = counters.snapshot();
-                let grads = GradientsParams::from_grads(loss.backward(), &model);
-                let backward = counters.snapshot();
-                let after_backward = zero.memory_report();
-                let reduction = zero.last_reduction();
-                let mut held = GradBytes {
-                    grads: &grads,
-                    bytes: 0,
-                };
-                model.visit(&mut held);
-                let gradient_bytes = held.bytes;
-                model = Optimizer::step(&mut optimizer, workload::LR, model, grads);
-                let stepped = counters.snapshot();
-                let after_step = zero.memory_report();
-                let (master_bytes, state_bytes) =
-                    (optimizer.master_bytes(), optimizer.state_bytes());
-
-                // A few steps timed phase by phase.
-                let (timed, phases) = workload::timed_phases(
-                    model,
-                    &mut optimizer,
-                    &corpus,
-                    2,
-                    rank,
-                    world_size,
-                    device,
-                );
-                model = timed;
-                let figures = RankFigures {
-                    forward: forward.since(start),
-                    backward: backward.since(forward),
-                    optimizer: stepped.since(backward),
-                    after_backward,
-                    gradient_bytes,
-                    reduction,
-                    phases,
-                    after_step,
-                    master_bytes,
-                    state_bytes,
-                    params: zero
-                        .params()
-                        .into_iter()
-                        .map(|info| (info.path, info.shape.num_elements()))
-                        .collect(),
-                };
-
-                // Then whatever criterion asks for.
-                let mut next = 2 + workload::PHASE_STEPS;
-                let commands = receivers[rank].lock().unwrap();
-                while let Ok(Some(iters)) = commands.recv() {
-                    let started = Instant::now();
-                    for _ in 0..iters {
-                        model = workload::step(
-                            model,
-                            &mut optimizer,
-                            &corpus,
-                            next,
-                            rank,
-                            world_size,
-                            device,
-                        );
-                        next += 1;
-                    }
-                    if rank == 0 {
-                        time_tx
-                            .send(started.elapsed())
-                            .expect("the bench is listening");
-                    }
-                }
-                Ok(figures)
-            })
-            .expect("benchmark ranks")
-        });
+        let ranks = std::thread::spawn(move || run_ranks(setup, world_size, receivers, time_tx));
         Self {
             commands: senders,
             times,
@@ -467,6 +376,158 @@ impl Session {
         }
         self.ranks.join().expect("benchmark ranks")
     }
+}
+
+/// The optimizer every rank steps with: `ZeroOptimizer` over Burn's Adam, per tensor.
+type RankOptimizer = ZeroOptimizer<Inner, Adam>;
+
+/// What a rank trains on and where it stands in the group, for the helpers of its run.
+struct RankPlace<'a> {
+    corpus: &'a Corpus,
+    rank: usize,
+    world_size: usize,
+    device: &'a NdArrayDevice,
+}
+
+/// The body of a session's thread: shards the same model on `world_size` ranks (each behind
+/// a counting communicator), lets each take its accounting step, then the steps its receiver
+/// asks for until the session ends, rank 0 sending their times to `time_tx`. Returns every
+/// rank's figures.
+fn run_ranks(
+    setup: Setup,
+    world_size: usize,
+    receivers: Vec<Receiver<Option<u64>>>,
+    time_tx: Sender<Duration>,
+) -> Vec<RankFigures> {
+    let receivers: Vec<Mutex<Receiver<Option<u64>>>> =
+        receivers.into_iter().map(Mutex::new).collect();
+    let device = NdArrayDevice::default();
+    let corpus = workload::corpus();
+    let base: Gpt<Train> = workload::model(&corpus, &device);
+    let config = setup.config();
+    launch::<Inner, _, _, ZeroError>(world_size, &[device], |ctx| {
+        let counters = Arc::new(Counters::default());
+        let counting = Arc::new(Counting {
+            inner: ctx.comm().clone(),
+            counters: counters.clone(),
+        });
+        let ctx = RankContext::new(*ctx.device(), counting);
+        let (rank, device) = (ctx.rank(), ctx.device());
+        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
+        let place = RankPlace {
+            corpus: &corpus,
+            rank,
+            world_size,
+            device,
+        };
+        // Step 0 creates the fp32 masters and Adam's state.
+        model = workload::step(model, &mut optimizer, &corpus, 0, rank, world_size, device);
+        let (timed, figures) = account(model, &mut optimizer, &zero, &counters, &place);
+        model = timed;
+
+        // Then whatever criterion asks for.
+        let commands = receivers[rank].lock().unwrap();
+        model = serve(model, &mut optimizer, &place, &commands, &time_tx);
+        // The model is dropped last, after the optimizer and the module state, as before the
+        // rank's steps were split into helpers.
+        drop(commands);
+        drop(optimizer);
+        drop(zero);
+        drop(model);
+        Ok(figures)
+    })
+    .expect("benchmark ranks")
+}
+
+/// Step 1 taken apart (traffic per phase, memory after backward and after the step, the
+/// gradients' bytes, the reduction's account), then a few steps timed phase by phase.
+/// Returns the model after them and the rank's figures.
+fn account(
+    mut model: Gpt<Train>,
+    optimizer: &mut RankOptimizer,
+    zero: &ZeroState<Inner>,
+    counters: &Counters,
+    place: &RankPlace,
+) -> (Gpt<Train>, RankFigures) {
+    let RankPlace {
+        corpus,
+        rank,
+        world_size,
+        device,
+    } = *place;
+    let start = counters.snapshot();
+    let loss = workload::loss(&model, corpus, 1, rank, world_size, device);
+    let forward = counters.snapshot();
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let backward = counters.snapshot();
+    let after_backward = zero.memory_report();
+    let reduction = zero.last_reduction();
+    let mut held = GradBytes {
+        grads: &grads,
+        bytes: 0,
+    };
+    model.visit(&mut held);
+    let gradient_bytes = held.bytes;
+    model = Optimizer::step(optimizer, workload::LR, model, grads);
+    let stepped = counters.snapshot();
+    let after_step = zero.memory_report();
+    let (master_bytes, state_bytes) = (optimizer.master_bytes(), optimizer.state_bytes());
+
+    // A few steps timed phase by phase.
+    let (timed, phases) =
+        workload::timed_phases(model, optimizer, corpus, 2, rank, world_size, device);
+    let figures = RankFigures {
+        forward: forward.since(start),
+        backward: backward.since(forward),
+        optimizer: stepped.since(backward),
+        after_backward,
+        gradient_bytes,
+        reduction,
+        phases,
+        after_step,
+        master_bytes,
+        state_bytes,
+        params: zero
+            .params()
+            .into_iter()
+            .map(|info| (info.path, info.shape.num_elements()))
+            .collect(),
+    };
+    (timed, figures)
+}
+
+/// Takes the steps criterion asks for through `commands` until the session ends (a `None` or
+/// a closed channel); rank 0 sends the time of each call's steps to `time_tx`. Returns the
+/// model, so that the rank drops it after its optimizer and module state.
+fn serve(
+    mut model: Gpt<Train>,
+    optimizer: &mut RankOptimizer,
+    place: &RankPlace,
+    commands: &Receiver<Option<u64>>,
+    time_tx: &Sender<Duration>,
+) -> Gpt<Train> {
+    let RankPlace {
+        corpus,
+        rank,
+        world_size,
+        device,
+    } = *place;
+    let mut next = 2 + workload::PHASE_STEPS;
+    while let Ok(Some(iters)) = commands.recv() {
+        let started = Instant::now();
+        for _ in 0..iters {
+            model = workload::step(model, optimizer, corpus, next, rank, world_size, device);
+            next += 1;
+        }
+        if rank == 0 {
+            time_tx
+                .send(started.elapsed())
+                .expect("the bench is listening");
+        }
+    }
+    model
 }
 
 fn main() {

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use burn::backend::{Autodiff, Flex};
-use burn::data::dataloader::DataLoaderBuilder;
+use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
 use burn::module::Module;
 use burn::optim::AdamConfig;
 use burn::optim::SimpleOptimizer;
@@ -31,7 +31,7 @@ use burn_train::{Learner, SupervisedTraining, TrainingStrategy};
 use burn_zero::comm::sync::lock;
 use burn_zero::optim::StateBytes;
 use burn_zero::{OptimizerConfig, PerTensor, Placement, Zero, ZeroConfig, ZeroOptimizer};
-use burn_zero_gpt::learner::{TextGpt, WindowBatcher, windows};
+use burn_zero_gpt::learner::{TextBatch, TextGpt, WindowBatcher, windows};
 use burn_zero_gpt::train::process::{ProcessRank, Timeouts};
 use burn_zero_gpt::{Corpus, Materialise, Preset, TEXT, param_values, params_digest};
 use burn_zero_train::ZeroStrategy;
@@ -250,21 +250,7 @@ where
     <C::Optimizer as SimpleOptimizer<B>>::State<1>: StateBytes,
     <C::Optimizer as SimpleOptimizer<Flex>>::State<1>: StateBytes,
 {
-    let preset = match args.preset.as_str() {
-        "tiny" => Preset::Tiny,
-        "small" => Preset::Small,
-        "base" => Preset::Base,
-        other => return Err(format!("--preset {other}: tiny, small or base")),
-    };
-    if args.stage > 3 {
-        return Err(format!("--stage {} does not exist (0 to 3)", args.stage));
-    }
-    if args.world_size == 0 || args.batch_size == 0 || args.seq_len == 0 {
-        return Err("--world-size, --batch-size and --seq-len must be at least 1".into());
-    }
-    if args.resume_after.is_some() && args.checkpoint_dir.is_none() {
-        return Err("--resume-after needs --checkpoint-dir".into());
-    }
+    let preset = checked_preset(args)?;
     let corpus = Corpus::new(TEXT);
     let split = corpus.len() * 9 / 10;
     if args.seq_len + 1 >= corpus.len() - split {
@@ -272,29 +258,10 @@ where
     }
 
     // Data: windows of the text, batched by burn-train's ordinary data loaders.
-    let mut train_windows = windows(&corpus, 0..split, args.seq_len);
-    let available = burn::data::dataset::Dataset::len(&train_windows);
-    let take = args.train_windows.min(available);
-    train_windows = burn::data::dataset::InMemDataset::new(
-        (0..take)
-            .filter_map(|i| burn::data::dataset::Dataset::get(&train_windows, i))
-            .collect(),
-    );
-    let batcher = WindowBatcher::new(&corpus, args.seq_len);
-    let train = DataLoaderBuilder::<Autodiff<Zero<B>>, _, _>::new(batcher.clone())
-        .batch_size(args.batch_size)
-        .build(train_windows);
-    let valid = DataLoaderBuilder::<Zero<B>, _, _>::new(batcher)
-        .batch_size(args.batch_size)
-        .build(windows(&corpus, split..corpus.len(), args.seq_len));
+    let Data { train, valid, take } = data_loaders::<B>(args, &corpus, split);
 
     // The model and the learner: an ordinary Learner, with ZeroOptimizer as its optimizer.
-    <Autodiff<Zero<B>> as Backend>::seed(&device, args.seed);
-    let gpt = preset
-        .config(corpus.vocab(), args.seq_len)
-        .init::<Autodiff<Zero<B>>>(&device);
-    gpt.visit(&mut Materialise);
-    let model = TextGpt { gpt };
+    let model = init_model::<B>(args, preset, &corpus, &device);
     let parameters = model.num_params();
     let steps_per_epoch = (take / world_size).div_ceil(args.batch_size);
     let total = (steps_per_epoch * args.epochs).max(1);
@@ -334,21 +301,101 @@ where
         training = training.checkpoint(epoch);
     }
     let result = training.launch(learner);
+    print_trained(args, &result.model, &corpus, split, &device);
+    Ok(())
+}
 
-    // The returned model is gathered: an ordinary model on this thread.
-    let probe = WindowBatcher::new(&corpus, args.seq_len).tensors::<Zero<B>>(
-        &(0..4).map(|i| split + i * args.seq_len).collect::<Vec<_>>(),
-        &device,
+/// The model preset `--preset` names, after checking the flags that need no text: the stage
+/// exists, the sizes are at least 1, and `--resume-after` has a checkpoint folder.
+fn checked_preset(args: &Args) -> Result<Preset, String> {
+    let preset = match args.preset.as_str() {
+        "tiny" => Preset::Tiny,
+        "small" => Preset::Small,
+        "base" => Preset::Base,
+        other => return Err(format!("--preset {other}: tiny, small or base")),
+    };
+    if args.stage > 3 {
+        return Err(format!("--stage {} does not exist (0 to 3)", args.stage));
+    }
+    if args.world_size == 0 || args.batch_size == 0 || args.seq_len == 0 {
+        return Err("--world-size, --batch-size and --seq-len must be at least 1".into());
+    }
+    if args.resume_after.is_some() && args.checkpoint_dir.is_none() {
+        return Err("--resume-after needs --checkpoint-dir".into());
+    }
+    Ok(preset)
+}
+
+/// A data loader of text windows on backend `B`.
+type Loader<B> = Arc<dyn DataLoader<B, TextBatch<B>>>;
+
+/// The learner's data: its two loaders, and how many windows an epoch trains on.
+struct Data<B: Backend> {
+    train: Loader<Autodiff<Zero<B>>>,
+    valid: Loader<Zero<B>>,
+    /// Training windows per epoch.
+    take: usize,
+}
+
+/// The training loader (at most `--train-windows` windows of the text before `split`), the
+/// validation loader (the windows after it), and how many training windows there are.
+fn data_loaders<B: Backend>(args: &Args, corpus: &Corpus, split: usize) -> Data<B> {
+    let mut train_windows = windows(corpus, 0..split, args.seq_len);
+    let available = burn::data::dataset::Dataset::len(&train_windows);
+    let take = args.train_windows.min(available);
+    train_windows = burn::data::dataset::InMemDataset::new(
+        (0..take)
+            .filter_map(|i| burn::data::dataset::Dataset::get(&train_windows, i))
+            .collect(),
     );
-    let loss = result.model.classify(probe).loss.into_scalar();
+    let batcher = WindowBatcher::new(corpus, args.seq_len);
+    let train = DataLoaderBuilder::<Autodiff<Zero<B>>, _, _>::new(batcher.clone())
+        .batch_size(args.batch_size)
+        .build(train_windows);
+    let valid = DataLoaderBuilder::<Zero<B>, _, _>::new(batcher)
+        .batch_size(args.batch_size)
+        .build(windows(corpus, split..corpus.len(), args.seq_len));
+    Data { train, valid, take }
+}
+
+/// The GPT of `preset` for the corpus' symbols, initialised on `device` from `--seed` and
+/// materialised, wrapped for burn-train.
+fn init_model<B: Backend>(
+    args: &Args,
+    preset: Preset,
+    corpus: &Corpus,
+    device: &B::Device,
+) -> TextGpt<Autodiff<Zero<B>>> {
+    <Autodiff<Zero<B>> as Backend>::seed(device, args.seed);
+    let gpt = preset
+        .config(corpus.vocab(), args.seq_len)
+        .init::<Autodiff<Zero<B>>>(device);
+    gpt.visit(&mut Materialise);
+    TextGpt { gpt }
+}
+
+/// The trained model's loss on 4 validation windows (those from `split` on), its parameters'
+/// digest and where the metrics are. The model the learner returns is gathered: an ordinary
+/// model on this thread.
+fn print_trained<B: Backend>(
+    args: &Args,
+    model: &TextGpt<Zero<B>>,
+    corpus: &Corpus,
+    split: usize,
+    device: &B::Device,
+) {
+    let probe = WindowBatcher::new(corpus, args.seq_len).tensors::<Zero<B>>(
+        &(0..4).map(|i| split + i * args.seq_len).collect::<Vec<_>>(),
+        device,
+    );
+    let loss = model.classify(probe).loss.into_scalar();
     println!("learner_gpt: the trained model's loss on 4 validation windows: {loss:.4}");
     println!(
         "learner_gpt: final parameters: {}",
-        params_digest(&param_values(&result.model))
+        params_digest(&param_values(model))
     );
     println!(
         "learner_gpt: metrics under {}",
         args.dir.join("train").display()
     );
-    Ok(())
 }

@@ -358,6 +358,25 @@ fn run<B: Backend>(
     device: B::Device,
     ranks: impl FnOnce(&RankFn<'_, B>) -> Result<Vec<RankOutcome>, String>,
 ) -> Result<(), String> {
+    let config = checked_config::<B>(args, world_size, &device)?;
+    print_setup(args, &config);
+    let bar = progress_bar(config.steps);
+    let on_step = step_printer(&bar, &config);
+    let started = Instant::now();
+    let ranks = train_with::<B>(&config, device, on_step, ranks)?;
+    bar.finish_and_clear();
+    let wall = started.elapsed().as_secs_f64();
+    finish(args, &config, &ranks, wall)
+}
+
+/// The run's configuration for `world_size` ranks, refused before any training starts when
+/// it is invalid, when `--memory-report` cannot be written, or when the backend does not
+/// support the parameters' dtype on `device`.
+fn checked_config<B: Backend>(
+    args: &Args,
+    world_size: usize,
+    device: &B::Device,
+) -> Result<RunConfig, String> {
     let config = RunConfig {
         world_size,
         ..args.run_config()
@@ -368,12 +387,19 @@ fn run<B: Backend>(
         check_writable(path).map_err(|e| format!("--memory-report {}: {e}", path.display()))?;
     }
     let (backend, precision) = names(args);
-    if !B::supports_dtype(&device, config.precision) {
+    if !B::supports_dtype(device, config.precision) {
         return Err(format!(
             "the {backend} backend does not support {precision} parameters (try --precision f32, \
              or --backend flex for f16/bf16)"
         ));
     }
+    Ok(config)
+}
+
+/// The opening line: the model, the corpus, the ranks, stage, backend and dtype, the batch and
+/// the optimizer.
+fn print_setup(args: &Args, config: &RunConfig) {
+    let (backend, precision) = names(args);
     let corpus = Corpus::new(TEXT);
     println!(
         "GPT '{}' on {} characters ({} symbols) | {} ranks, ZeRO stage {}, {backend} {precision} | \
@@ -389,14 +415,23 @@ fn run<B: Backend>(
         config.steps,
         config.lr
     );
+}
 
-    let bar = ProgressBar::new(config.steps as u64);
+/// Rank 0's progress bar over `steps` steps.
+fn progress_bar(steps: usize) -> ProgressBar {
+    let bar = ProgressBar::new(steps as u64);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
             .expect("a valid template"),
     );
+    bar
+}
+
+/// What each step reports: its loss, throughput and rank 0's memory as the bar's message,
+/// also printed above the bar for every tenth of the run and for the last step.
+fn step_printer<'a>(bar: &'a ProgressBar, config: &'a RunConfig) -> impl Fn(&StepInfo) + Sync + 'a {
     let every = (config.steps / 10).max(1);
-    let on_step = |info: &StepInfo| {
+    move |info: &StepInfo| {
         let memory = info
             .memory
             .as_ref()
@@ -417,12 +452,13 @@ fn run<B: Backend>(
         if info.step.is_multiple_of(every) || info.step + 1 == config.steps {
             bar.suspend(|| println!("{line}"));
         }
-    };
-    let started = Instant::now();
-    let ranks = train_with::<B>(&config, device, on_step, ranks)?;
-    bar.finish_and_clear();
-    let wall = started.elapsed().as_secs_f64();
+    }
+}
 
+/// After training: where it resumed from, the sample, the summary, the check that every rank
+/// ended with the same parameters and generated the same sample, and the memory report.
+/// Fails when there was nothing to train (a fresh run of 0 steps) or the ranks disagree.
+fn finish(args: &Args, config: &RunConfig, ranks: &[RankOutcome], wall: f64) -> Result<(), String> {
     let first = &ranks[0];
     if let Some(step) = first.resumed_from {
         println!("resumed from the checkpoint of step {step}");
@@ -448,7 +484,7 @@ fn run<B: Backend>(
             return Err("ranks generated different samples".into());
         }
     }
-    summary(&config, &ranks, wall);
+    summary(config, ranks, wall);
     // Every rank must end with the same model (read back gathered at stage 3), bit for bit.
     if ranks.iter().any(|r| !same_bits(&r.params, &first.params)) {
         return Err("ranks ended with different parameters".into());
@@ -458,10 +494,10 @@ fn run<B: Backend>(
         println!("final parameters: {}", params_digest(params));
     }
     if let Some(path) = &args.memory_report {
-        write_report(path, args, &config, &ranks)?;
+        write_report(path, args, config, ranks)?;
         println!(
             "memory report: {}",
-            own_report_path(path, &config, &ranks).display()
+            own_report_path(path, config, ranks).display()
         );
     }
     Ok(())
@@ -476,7 +512,19 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// The end-of-run summary: the totals, rank 0's counts of its last step, where its state
+/// lived and how it gathered, then the per-rank memory table.
 fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
+    let first = &ranks[0];
+    print_totals(config, ranks, wall);
+    print_step_counts(first);
+    print_placement(first);
+    print_rank_table(ranks);
+}
+
+/// Parameters, the loss from the first to the last step, throughput over all ranks, wall
+/// and training time, the gradient bytes reduced per step, and the loss scaler's skips.
+fn print_totals(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
     let first = &ranks[0];
     let (start, end) = (first.losses[0], *first.losses.last().expect("one step"));
     let frozen = match first.parameters - first.trainable {
@@ -497,6 +545,11 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
     if first.skipped_steps > 0 {
         println!("loss scaler skipped {} step(s)", first.skipped_steps);
     }
+}
+
+/// The collectives, synchronisations and host transfers of `first`'s last step, and its
+/// chunks.
+fn print_step_counts(first: &RankOutcome) {
     let counts = first.step_counts;
     let chunks = first.chunks;
     println!(
@@ -519,6 +572,12 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
         chunks.replicated,
         chunks.padding
     );
+}
+
+/// Where `first`'s state lived and how it gathered, each line only where it applies: the
+/// automatic placement of parameter shards, optimizer state stepped on the host, host shards
+/// kept on the device, and the gathers (prefetched, and the time waited for them).
+fn print_placement(first: &RankOutcome) {
     if let Some(placed) = first.memory.as_ref().and_then(|m| m.auto_placement) {
         println!(
             "rank {} placed parameter shards automatically: {} chunks on the device, {} on the \
@@ -561,6 +620,12 @@ fn summary(config: &RunConfig, ranks: &[RankOutcome], wall: f64) {
             gathers.exposed.as_secs_f64() * 1e3
         );
     }
+}
+
+/// The per-rank table: memory by kind after the last step (gradients, buckets and gathered at
+/// their peak), the sum of every kind's peak, throughput and the rank's own first and last
+/// loss.
+fn print_rank_table(ranks: &[RankOutcome]) {
     println!(
         "\nper rank (after the last step; grads, buckets and gathered at their peak; \"sum of peaks\" \
          adds every kind's peak):"

@@ -399,9 +399,29 @@ impl Report {
             .sum()
     }
 
+    /// The whole of `scaling.md`: the preamble, then the step-time, memory and communication
+    /// sections, each a table followed by its reading notes.
     fn markdown(&self) -> String {
-        let psi = self.psi as f64;
         let mut md = String::new();
+        self.preamble(&mut md);
+        self.step_time_table(&mut md);
+        self.step_time_notes(&mut md);
+        self.rounds_table(&mut md);
+        if let Some(instructions) = &self.instructions {
+            md.push_str(&instructions_section(instructions));
+        }
+        self.phases_table(&mut md);
+        self.memory_table(&mut md);
+        self.memory_ratio_table(&mut md);
+        self.memory_notes(&mut md);
+        self.comm_table(&mut md);
+        self.comm_notes(&mut md);
+        md
+    }
+
+    /// The title, where the report comes from, and the machine, workload and both sides of
+    /// the comparison, so that the figures below can be read without the benches' source.
+    fn preamble(&self, md: &mut String) {
         let _ = writeln!(md, "# Scaling benchmarks\n");
         let _ = writeln!(
             md,
@@ -442,8 +462,11 @@ impl Report {
              step function (`benches/common/workload.rs`) and the same NdArray build features \
              (no rayon, no SIMD feature), so NdArray computes on one thread per rank.\n"
         );
+    }
 
-        // Step time.
+    /// The step-time section's heading and table: each configuration's median step (and the
+    /// samples' range) at every N, against plain Burn's at N = 1.
+    fn step_time_table(&self, md: &mut String) {
         let sizes = self.world_sizes();
         let _ = writeln!(md, "## Step time\n");
         let _ = writeln!(
@@ -470,36 +493,42 @@ impl Report {
             let _ = writeln!(md, "{row}");
         }
         for name in self.names() {
-            let mut row = format!("| {} |", label(&name));
-            for n in &sizes {
-                match self.run(&name, *n) {
-                    Some(r) => {
-                        let _ = write!(
-                            row,
-                            " {:.1} ({:.1}–{:.1}) |",
-                            r.step_ms, r.spread_ms.0, r.spread_ms.1
-                        );
-                    }
-                    None => row.push_str(" – |"),
-                }
-            }
-            match (self.plain_ms, self.run(&name, 1)) {
-                (Some((plain, _)), Some(r)) => {
-                    let _ = write!(row, " {} |", percent(r.step_ms / plain));
-                }
-                _ => row.push_str(" – |"),
-            }
-            let _ = writeln!(md, "{row}");
+            let _ = writeln!(md, "{}", self.step_time_row(&name, &sizes));
         }
         let _ = writeln!(md);
-        self.step_time_notes(&mut md);
-        self.rounds_table(&mut md);
-        if let Some(instructions) = &self.instructions {
-            md.push_str(&instructions_section(instructions));
-        }
-        self.phases_table(&mut md);
+    }
 
-        // Memory.
+    /// One configuration's row of the step-time table: its median (and range) at each of
+    /// `sizes`, then its N = 1 median against plain Burn's ("–" where either is missing).
+    fn step_time_row(&self, name: &str, sizes: &[u64]) -> String {
+        let mut row = format!("| {} |", label(name));
+        for n in sizes {
+            match self.run(name, *n) {
+                Some(r) => {
+                    let _ = write!(
+                        row,
+                        " {:.1} ({:.1}–{:.1}) |",
+                        r.step_ms, r.spread_ms.0, r.spread_ms.1
+                    );
+                }
+                None => row.push_str(" – |"),
+            }
+        }
+        match (self.plain_ms, self.run(name, 1)) {
+            (Some((plain, _)), Some(r)) => {
+                let _ = write!(row, " {} |", percent(r.step_ms / plain));
+            }
+            _ => row.push_str(" – |"),
+        }
+        row
+    }
+
+    /// The memory section's heading and table: rank 0's model state by part after backward,
+    /// against the ZeRO paper's formula, with the buckets' and gathers' peaks (the cached
+    /// stage-3 run is left out: its model state equals stage 3's).
+    fn memory_table(&self, md: &mut String) {
+        let psi = self.psi as f64;
+        let sizes = self.world_sizes();
         let _ = writeln!(md, "## Memory per rank\n");
         let _ = writeln!(
             md,
@@ -540,32 +569,44 @@ impl Report {
             }
         }
         let _ = writeln!(md);
-        if let (Some(first), Some(last)) = (sizes.first(), sizes.last()) {
-            let _ = writeln!(
-                md,
-                "N = {last} against N = {first}, model state per rank:\n\n| stage | N = {first} | N = {last} | measured ratio | formula ratio | N = {last}: measured / formula |\n|---|---|---|---|---|---|"
-            );
-            for name in self.names().iter().filter(|n| *n != "stage3_cached") {
-                if let (Some(a), Some(b)) = (self.run(name, *first), self.run(name, *last)) {
-                    let fa = formula(a.stage, *first as f64);
-                    let fb = formula(b.stage, *last as f64);
-                    let _ = writeln!(
-                        md,
-                        "| {} | {} | {} | {:.4} | {:.4} | {} |",
-                        a.stage,
-                        mb(a.model_state() as f64),
-                        mb(b.model_state() as f64),
-                        b.model_state() as f64 / a.model_state() as f64,
-                        fb / fa,
-                        percent(b.model_state() as f64 / (fb * psi)),
-                    );
-                }
-            }
-            let _ = writeln!(md);
-        }
-        self.memory_notes(&mut md);
+    }
 
-        // Communication.
+    /// The model state per rank at the largest N against the smallest, measured and by the
+    /// formula, so that the 1/N scaling of each stage can be read off directly.
+    fn memory_ratio_table(&self, md: &mut String) {
+        let psi = self.psi as f64;
+        let sizes = self.world_sizes();
+        let (Some(first), Some(last)) = (sizes.first(), sizes.last()) else {
+            return;
+        };
+        let _ = writeln!(
+            md,
+            "N = {last} against N = {first}, model state per rank:\n\n| stage | N = {first} | N = {last} | measured ratio | formula ratio | N = {last}: measured / formula |\n|---|---|---|---|---|---|"
+        );
+        for name in self.names().iter().filter(|n| *n != "stage3_cached") {
+            if let (Some(a), Some(b)) = (self.run(name, *first), self.run(name, *last)) {
+                let fa = formula(a.stage, *first as f64);
+                let fb = formula(b.stage, *last as f64);
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {:.4} | {:.4} | {} |",
+                    a.stage,
+                    mb(a.model_state() as f64),
+                    mb(b.model_state() as f64),
+                    b.model_state() as f64 / a.model_state() as f64,
+                    fb / fa,
+                    percent(b.model_state() as f64 / (fb * psi)),
+                );
+            }
+        }
+        let _ = writeln!(md);
+    }
+
+    /// The communication section's heading and table: the bytes rank 0 moves per step by
+    /// collective, against the analysis' 2Ψ or 3Ψ, with the calls and the padded Ψ.
+    fn comm_table(&self, md: &mut String) {
+        let psi = self.psi as f64;
+        let sizes = self.world_sizes();
         let _ = writeln!(md, "## Communication per step\n");
         let _ = writeln!(
             md,
@@ -609,8 +650,6 @@ impl Report {
             }
         }
         let _ = writeln!(md);
-        self.comm_notes(&mut md);
-        md
     }
 
     /// Median over the alternating rounds of each configuration's single-rank overhead.
@@ -856,6 +895,8 @@ impl Report {
         );
     }
 
+    /// The memory section's reading notes: whether the ranks agree, then what each stage
+    /// holds and where the measurement departs from the paper's formula.
     fn memory_notes(&self, md: &mut String) {
         let psi = self.psi as f64;
         let agree = self.runs.iter().all(|r| r.ranks_agree);
@@ -886,61 +927,85 @@ impl Report {
             mb(4.0 * psi),
             mb(4.0 * psi)
         );
-        if let Some(r) = self.run("stage1", *self.world_sizes().last().unwrap_or(&1)) {
-            let n = r.world_size as f64;
-            let expected = formula(1, n) * psi;
-            let _ = writeln!(
-                notes,
-                "- **Stage 1** differs from the paper's formula by design: the paper keeps the full \
-                 gradients (4Ψ) until the step; burn-zero reduce-scatters them when backward ends \
-                 and frees them, so from then to the step a rank holds only its gradient shard \
-                 (4Ψ/N) — the stage-2 figure. At N = {} that is {} below the formula ({} instead \
-                 of {}). The full gradients do exist, during backward: the buckets peak \
-                 ({} = 4Ψ) is every gradient waiting for the reduction at the end of backward, \
-                 and with it stage 1 holds parameters + full gradients + 12Ψ/N = {} at the end \
-                 of backward ({} against the formula).",
-                r.world_size,
-                mb(expected - r.model_state() as f64),
-                mb(r.model_state() as f64),
-                mb(expected),
-                mb(r.buckets_peak as f64),
-                mb(r.params as f64 + r.buckets_peak as f64 + r.master as f64 + r.state as f64),
-                percent((r.params + r.buckets_peak + r.master + r.state) as f64 / expected),
-            );
-        }
+        self.stage1_memory_note(&mut notes);
+        self.stage2_memory_note(&mut notes);
+        self.stage3_memory_note(&mut notes);
+        md.push_str(&notes);
+    }
+
+    /// Stage 1's note at the largest N: why it measures below the paper's formula (the full
+    /// gradients are freed when backward ends), and what it holds at the end of backward.
+    fn stage1_memory_note(&self, notes: &mut String) {
+        let psi = self.psi as f64;
+        let Some(r) = self.run("stage1", *self.world_sizes().last().unwrap_or(&1)) else {
+            return;
+        };
+        let n = r.world_size as f64;
+        let expected = formula(1, n) * psi;
+        let _ = writeln!(
+            notes,
+            "- **Stage 1** differs from the paper's formula by design: the paper keeps the full \
+             gradients (4Ψ) until the step; burn-zero reduce-scatters them when backward ends \
+             and frees them, so from then to the step a rank holds only its gradient shard \
+             (4Ψ/N) — the stage-2 figure. At N = {} that is {} below the formula ({} instead \
+             of {}). The full gradients do exist, during backward: the buckets peak \
+             ({} = 4Ψ) is every gradient waiting for the reduction at the end of backward, \
+             and with it stage 1 holds parameters + full gradients + 12Ψ/N = {} at the end \
+             of backward ({} against the formula).",
+            r.world_size,
+            mb(expected - r.model_state() as f64),
+            mb(r.model_state() as f64),
+            mb(expected),
+            mb(r.buckets_peak as f64),
+            mb(r.params as f64 + r.buckets_peak as f64 + r.master as f64 + r.state as f64),
+            percent((r.params + r.buckets_peak + r.master + r.state) as f64 / expected),
+        );
+    }
+
+    /// Stage 2's note: how many buckets were reduced during backward at each N, and whether
+    /// the buckets peak shows the full gradients piling up anyway.
+    fn stage2_memory_note(&self, notes: &mut String) {
+        let psi = self.psi as f64;
         let stage2: Vec<&Run> = self.runs.iter().filter(|r| r.name == "stage2").collect();
-        if !stage2.is_empty() {
-            let overlapped: Vec<String> = stage2
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{} of {} at N = {}",
-                        r.overlapped, r.collectives, r.world_size
-                    )
-                })
-                .collect();
-            let low = stage2.iter().map(|r| r.buckets_peak).min().unwrap_or(0);
-            let high = stage2.iter().map(|r| r.buckets_peak).max().unwrap_or(0);
-            let verdict = if high as f64 > 0.75 * 4.0 * psi {
-                "the reduction barely overlaps backward on this model, so the full gradients do \
-                 pile up: the buckets peak is"
-            } else {
-                "the buckets peak stays at"
-            };
-            let _ = writeln!(
-                notes,
-                "- **Stage 2** reduces each {} MiB bucket on the communication thread as soon as \
-                 its gradients are final and frees those full gradients, so that the model's full \
-                 gradients need not all exist at once. The group's `last_reduction()` counts {} \
-                 buckets reduced before backward ended; {verdict} {}–{} (4Ψ = {}; stage 1 \
-                 always holds all of them). The model state after backward does not depend on it.",
-                self.bucket_mb,
-                overlapped.join(", "),
-                mb(low as f64),
-                mb(high as f64),
-                mb(4.0 * psi),
-            );
+        if stage2.is_empty() {
+            return;
         }
+        let overlapped: Vec<String> = stage2
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} of {} at N = {}",
+                    r.overlapped, r.collectives, r.world_size
+                )
+            })
+            .collect();
+        let low = stage2.iter().map(|r| r.buckets_peak).min().unwrap_or(0);
+        let high = stage2.iter().map(|r| r.buckets_peak).max().unwrap_or(0);
+        let verdict = if high as f64 > 0.75 * 4.0 * psi {
+            "the reduction barely overlaps backward on this model, so the full gradients do \
+             pile up: the buckets peak is"
+        } else {
+            "the buckets peak stays at"
+        };
+        let _ = writeln!(
+            notes,
+            "- **Stage 2** reduces each {} MiB bucket on the communication thread as soon as \
+             its gradients are final and frees those full gradients, so that the model's full \
+             gradients need not all exist at once. The group's `last_reduction()` counts {} \
+             buckets reduced before backward ended; {verdict} {}–{} (4Ψ = {}; stage 1 \
+             always holds all of them). The model state after backward does not depend on it.",
+            self.bucket_mb,
+            overlapped.join(", "),
+            mb(low as f64),
+            mb(high as f64),
+            mb(4.0 * psi),
+        );
+    }
+
+    /// Stage 3's note: its parameter shards' peak during the optimizer step at the largest N,
+    /// and the gathered peak with and without the gather cache.
+    fn stage3_memory_note(&self, notes: &mut String) {
+        let psi = self.psi as f64;
         let stage3_peak = self.run("stage3", *self.world_sizes().last().unwrap_or(&1));
         let _ = writeln!(
             notes,
@@ -955,7 +1020,6 @@ impl Report {
             stage3_peak.map_or("?".into(), |r| mb(4.0 * psi / r.world_size as f64)),
             mb(4.0 * psi)
         );
-        md.push_str(&notes);
     }
 
     fn comm_notes(&self, md: &mut String) {

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use crate::{PLAIN_COLOUR, Report, STAGE_COLOURS, formula};
 
 impl Report {
+    /// The whole chart: step time on the left, model state per rank on the right, the legend
+    /// beside them, the title above and the machine and dates below.
     pub(crate) fn svg(&self) -> String {
         let (width, height) = (1010.0, 420.0);
         let mut svg = format!(
@@ -14,8 +16,17 @@ impl Report {
         );
         let sizes = self.world_sizes();
         let names = self.names();
+        self.time_panel(&mut svg, &sizes, &names);
+        self.memory_panel(&mut svg, &sizes, &names);
+        self.legend(&mut svg, &names);
+        self.captions(&mut svg, width, height);
+        svg.push_str("</svg>\n");
+        svg
+    }
 
-        // Left: step time.
+    /// The left panel: each configuration's median step time against N, with plain Burn's
+    /// single-rank step as a dashed horizontal line.
+    fn time_panel(&self, svg: &mut String, sizes: &[u64], names: &[String]) {
         let time_series: Vec<(String, Vec<(u64, f64)>)> = names
             .iter()
             .map(|name| {
@@ -41,8 +52,8 @@ impl Report {
             y_max: nice_ceiling(max_time),
         };
         left.axes(
-            &mut svg,
-            &sizes,
+            svg,
+            sizes,
             "step time (ms), lower is better",
             "ranks N (threads on 2 cores)",
         );
@@ -56,10 +67,14 @@ impl Report {
             );
         }
         for (name, points) in &time_series {
-            left.line(&mut svg, &sizes, points, colour(name), false);
+            left.line(svg, sizes, points, colour(name), false);
         }
+    }
 
-        // Right: model state per rank, measured (solid) and formula (dashed).
+    /// The right panel: model state per rank against N, measured (solid) and by the ZeRO
+    /// formula (dashed), leaving out the cached stage-3 run (its model state equals stage 3's),
+    /// and a remark where stages 1 and 2 measure the same at N = 4.
+    fn memory_panel(&self, svg: &mut String, sizes: &[u64], names: &[String]) {
         let psi = self.psi as f64;
         let memory_names: Vec<&String> = names.iter().filter(|n| *n != "stage3_cached").collect();
         let max_memory = self
@@ -76,8 +91,8 @@ impl Report {
             y_max: nice_ceiling(max_memory),
         };
         right.axes(
-            &mut svg,
-            &sizes,
+            svg,
+            sizes,
             "model state per rank (MB): measured —, formula - -",
             "ranks N",
         );
@@ -96,8 +111,8 @@ impl Report {
                         .map(|r| (*n, formula(r.stage, *n as f64) * psi / 1e6))
                 })
                 .collect();
-            right.line(&mut svg, &sizes, &theory, colour(name), true);
-            right.line(&mut svg, &sizes, &measured, colour(name), false);
+            right.line(svg, sizes, &theory, colour(name), true);
+            right.line(svg, sizes, &measured, colour(name), false);
         }
 
         if let (Some(a), Some(b)) = (self.run("stage1", 4), self.run("stage2", 4))
@@ -110,8 +125,11 @@ impl Report {
                 right.y + 15.0
             );
         }
+    }
 
-        // Legend.
+    /// The legend right of the panels: plain Burn's dashed line (when measured), then one
+    /// coloured line per configuration.
+    fn legend(&self, svg: &mut String, names: &[String]) {
         let mut y = 70.0;
         let legend_x = 850.0;
         if self.plain_ms.is_some() {
@@ -124,7 +142,7 @@ impl Report {
             );
             y += 20.0;
         }
-        for name in &names {
+        for name in names {
             let text = match name.as_str() {
                 "stage3" => "stage 3".to_string(),
                 "stage3_cached" => "stage 3, cache".to_string(),
@@ -140,6 +158,11 @@ impl Report {
             );
             y += 20.0;
         }
+    }
+
+    /// The title (model, Ψ and batch) at the top and the machine and measurement dates at the
+    /// bottom of a `width` × `height` chart.
+    fn captions(&self, svg: &mut String, width: f64, height: f64) {
         let _ = writeln!(
             svg,
             "<text x=\"{}\" y=\"24\" font-size=\"14\" font-weight=\"bold\" text-anchor=\"middle\">burn-zero scaling: GPT {} (Ψ = {}), NdArray f32, global batch {}×{}</text>",
@@ -157,8 +180,6 @@ impl Report {
             escape(&self.machine),
             escape(&self.measured)
         );
-        svg.push_str("</svg>\n");
-        svg
     }
 }
 
