@@ -11,6 +11,8 @@
 //! Every other crate of the workspace (and the tools) is held to the first rule: no import
 //! circle between its files, nor between its top-level modules. There a path through the crate
 //! root counts as a use of the module the root re-exports it from.
+//!
+//! And no function anywhere in the workspace, outside the kernels, runs to 100 lines or more.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -485,4 +487,125 @@ fn the_check_follows_the_crate_root_s_re_exports() {
     let cycle = find_cycle(&through).expect("a -> b -> a through the root is a circle");
     let cycle: Vec<String> = cycle.iter().map(show).collect();
     assert_eq!(cycle, ["a", "b", "a"]);
+}
+
+/// Every `.rs` file under `dir`, recursively (none when it does not exist).
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The functions of `text` (formatted by rustfmt) that run to `limit` lines or more, from the
+/// `fn` line to the brace that closes it at the same indentation, as `(line, name, length)`.
+fn long_functions(text: &str, limit: usize) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut long = Vec::new();
+    for (at, line) in lines.iter().enumerate() {
+        let body = line.trim_start();
+        let indent = &line[..line.len() - body.len()];
+        let words: Vec<&str> = body.split_whitespace().collect();
+        let Some(fn_at) = words.iter().position(|w| *w == "fn") else {
+            continue;
+        };
+        let qualifiers = ["pub", "const", "async", "unsafe", "extern", "\"C\""];
+        let qualified = words[..fn_at]
+            .iter()
+            .all(|w| qualifiers.contains(w) || w.starts_with("pub("));
+        if !qualified || body.starts_with("//") {
+            continue;
+        }
+        let name: String = words
+            .get(fn_at + 1)
+            .map(|w| {
+                w.chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect()
+            })
+            .unwrap_or_default();
+        // The signature ends at the first line ending in `{` (a body), `;` (none) or `}` (a
+        // body on the same line).
+        let Some(open) = (at..lines.len()).find(|&i| {
+            let l = lines[i].trim_end();
+            l.ends_with('{') || l.ends_with(';') || l.ends_with('}')
+        }) else {
+            continue;
+        };
+        if !lines[open].trim_end().ends_with('{') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(end) = (open + 1..lines.len()).find(|&i| lines[i] == close) {
+            let length = end - at + 1;
+            if length >= limit {
+                long.push((at + 1, name, length));
+            }
+        }
+    }
+    long
+}
+
+#[test]
+fn no_function_outside_the_kernels_runs_to_100_lines() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = Vec::new();
+    for dir in ["src", "tests", "benches", "examples"] {
+        rust_files(&workspace.join(dir), &mut files);
+    }
+    for group in ["crates", "tools"] {
+        for entry in std::fs::read_dir(workspace.join(group)).expect("workspace folder") {
+            let krate = entry.expect("directory entry").path();
+            for dir in ["src", "tests", "benches", "examples"] {
+                rust_files(&krate.join(dir), &mut files);
+            }
+        }
+    }
+    // The kernels are cubecl's `#[cube]` functions, one launch's arithmetic each.
+    let kernels = workspace.join("crates/burn-zero-kernels/src/kernel");
+    files.retain(|file| !file.starts_with(&kernels));
+    assert!(
+        files.len() > 100,
+        "the workspace's files were not found: {}",
+        files.len()
+    );
+    let mut long = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("source file");
+        for (line, name, length) in long_functions(&text, 100) {
+            long.push(format!(
+                "{}:{line}: `{name}`, {length} lines",
+                file.display()
+            ));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions of 100 lines or more:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_length_check_measures_a_function_from_fn_to_its_closing_brace() {
+    let body = "    let x = 1;\n".repeat(97);
+    let text = format!(
+        "pub(crate) fn long(\n    a: usize,\n) {{\n{body}}}\n\nfn short() {{}}\n\nimpl A {{\n    \
+         fn inner() {{\n{body}{body}    }}\n    fn declared();\n}}\n"
+    );
+    let long = long_functions(&text, 100);
+    assert_eq!(
+        long,
+        [
+            (1, "long".to_string(), 101),
+            (106, "inner".to_string(), 196)
+        ]
+    );
 }

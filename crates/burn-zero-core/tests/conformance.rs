@@ -41,40 +41,47 @@ fn full<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(values(seed, n), shape), device)
 }
 
+/// One op's name and result.
+type Case = (&'static str, TensorData);
+
 /// Runs every op and returns each result's data.
-fn suite<B: Backend>(o: Operands<B>) -> Vec<(&'static str, TensorData)> {
-    let device = o.x.device();
-    let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(vec![4i64, 0, 2], [3]), &device);
-    let idx2 = Tensor::<B, 2, Int>::from_data(
-        TensorData::new(
-            (0..30).map(|i| (i * 3 % 5) as i64).collect::<Vec<_>>(),
-            [6, 5],
-        ),
-        &device,
-    );
-    let tokens =
-        Tensor::<B, 2, Int>::from_data(TensorData::new(vec![1i64, 6, 3, 0, 2, 6], [2, 3]), &device);
-    let w = o.w;
-    let q = w.clone().reshape([1, 2, 3, 5]);
+fn suite<B: Backend>(o: Operands<B>) -> Vec<Case> {
+    let w = o.w.clone();
+    let mut results = arithmetic(&w, &o.x);
+    results.extend(reductions_and_activations(&w));
+    results.extend(shapes_and_indexing(&w, &o.x));
+    results.extend(casts_and_comparisons(&w));
+    results.extend(module_ops(&o));
+    results
+}
+
+/// Element-wise arithmetic and matrix products, with a local operand and without.
+fn arithmetic<B: Backend>(w: &Tensor<B, 2>, x: &Tensor<B, 2>) -> Vec<Case> {
     vec![
         (
             "add",
-            (o.x.clone() + w.clone().slice([1..5, 0..5])).into_data(),
+            (x.clone() + w.clone().slice([1..5, 0..5])).into_data(),
         ),
         ("sub_scalar", (w.clone() - 0.25).into_data()),
         ("mul", (w.clone() * w.clone()).into_data()),
         (
             "div",
-            (o.x.clone() / (w.clone().slice([0..4, 0..5]).abs() + 1.0)).into_data(),
+            (x.clone() / (w.clone().slice([0..4, 0..5]).abs() + 1.0)).into_data(),
         ),
         (
             "matmul_transposed",
-            o.x.clone().matmul(w.clone().transpose()).into_data(),
+            x.clone().matmul(w.clone().transpose()).into_data(),
         ),
         (
             "matmul_swapped",
             w.clone().swap_dims(0, 1).matmul(w.clone()).into_data(),
         ),
+    ]
+}
+
+/// Reductions, unary maths and activations (a layer norm written out among them).
+fn reductions_and_activations<B: Backend>(w: &Tensor<B, 2>) -> Vec<Case> {
+    vec![
         ("sum", w.clone().sum().into_data()),
         ("mean_dim", w.clone().mean_dim(1).into_data()),
         ("max_dim", w.clone().max_dim(0).into_data()),
@@ -92,6 +99,21 @@ fn suite<B: Backend>(o: Operands<B>) -> Vec<(&'static str, TensorData)> {
             let var = w.clone().var(1);
             ((w.clone() - mean) / (var + 1e-5).sqrt()).into_data()
         }),
+    ]
+}
+
+/// Shape ops, and gathers, scatters and selects by index.
+fn shapes_and_indexing<B: Backend>(w: &Tensor<B, 2>, x: &Tensor<B, 2>) -> Vec<Case> {
+    let device = w.device();
+    let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(vec![4i64, 0, 2], [3]), &device);
+    let idx2 = Tensor::<B, 2, Int>::from_data(
+        TensorData::new(
+            (0..30).map(|i| (i * 3 % 5) as i64).collect::<Vec<_>>(),
+            [6, 5],
+        ),
+        &device,
+    );
+    vec![
         ("reshape", w.clone().reshape([5, 6]).into_data()),
         ("permute", w.clone().permute([1, 0]).into_data()),
         (
@@ -101,7 +123,7 @@ fn suite<B: Backend>(o: Operands<B>) -> Vec<(&'static str, TensorData)> {
         ("flip", w.clone().flip([0]).into_data()),
         (
             "cat",
-            Tensor::cat(vec![w.clone(), o.x.clone()], 0).into_data(),
+            Tensor::cat(vec![w.clone(), x.clone()], 0).into_data(),
         ),
         ("gather", w.clone().gather(1, idx2.clone()).into_data()),
         (
@@ -110,7 +132,14 @@ fn suite<B: Backend>(o: Operands<B>) -> Vec<(&'static str, TensorData)> {
                 .scatter(1, idx2, w.clone(), IndexingUpdateOp::Add)
                 .into_data(),
         ),
-        ("select", w.clone().select(0, idx.clone()).into_data()),
+        ("select", w.clone().select(0, idx).into_data()),
+    ]
+}
+
+/// Masks, clamps, casts, and int and bool ops.
+fn casts_and_comparisons<B: Backend>(w: &Tensor<B, 2>) -> Vec<Case> {
+    let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(vec![4i64, 0, 2], [3]), &w.device());
+    vec![
         (
             "mask_fill",
             w.clone()
@@ -128,17 +157,34 @@ fn suite<B: Backend>(o: Operands<B>) -> Vec<(&'static str, TensorData)> {
             "bool_ops",
             w.clone().greater_elem(0.0).bool_not().into_data(),
         ),
+    ]
+}
+
+/// Module ops (embedding, convolution, pooling, attention), and dims read without a gather.
+fn module_ops<B: Backend>(o: &Operands<B>) -> Vec<Case> {
+    let tokens = Tensor::<B, 2, Int>::from_data(
+        TensorData::new(vec![1i64, 6, 3, 0, 2, 6], [2, 3]),
+        &o.x.device(),
+    );
+    let q = o.w.clone().reshape([1, 2, 3, 5]);
+    let options = ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+    let conv = conv2d(
+        o.img.clone(),
+        o.kernel.clone(),
+        Some(o.bias.clone()),
+        options,
+    );
+    let attended = attention(
+        q.clone(),
+        q.clone(),
+        q,
+        None,
+        None,
+        AttentionModuleOptions::default(),
+    );
+    vec![
         ("embedding", embedding(o.table.clone(), tokens).into_data()),
-        (
-            "conv2d",
-            conv2d(
-                o.img.clone(),
-                o.kernel.clone(),
-                Some(o.bias.clone()),
-                ConvOptions::new([1, 1], [1, 1], [1, 1], 1),
-            )
-            .into_data(),
-        ),
+        ("conv2d", conv.into_data()),
         (
             "max_pool2d",
             max_pool2d(o.img.clone(), [2, 2], [1, 1], [0, 0], [1, 1], false).into_data(),
@@ -147,20 +193,9 @@ fn suite<B: Backend>(o: Operands<B>) -> Vec<(&'static str, TensorData)> {
             "avg_pool2d",
             avg_pool2d(o.img.clone(), [2, 2], [2, 2], [0, 0], true, false).into_data(),
         ),
-        (
-            "attention",
-            attention(
-                q.clone(),
-                q.clone(),
-                q,
-                None,
-                None,
-                AttentionModuleOptions::default(),
-            )
-            .into_data(),
-        ),
+        ("attention", attended.into_data()),
         ("dims_without_gather", {
-            let dims = w.clone().transpose().dims();
+            let dims = o.w.clone().transpose().dims();
             TensorData::new(dims.iter().map(|&d| d as i64).collect::<Vec<_>>(), [2])
         }),
     ]

@@ -14,6 +14,7 @@
 //!   never share a chunk, and frozen chunks are never reduced.
 
 use std::sync::Arc;
+use std::thread::ThreadId;
 
 use burn::backend::Flex;
 use burn::module::{Module, ModuleMapper, Param};
@@ -21,8 +22,8 @@ use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn_zero_comm::{RankContext, launch};
-use burn_zero_core::chunk::ChunkKind;
-use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
+use burn_zero_core::chunk::{ChunkKind, ChunkLayout};
+use burn_zero_core::{ChunkSize, MemoryReport, ZeroConfig, ZeroError, shard};
 use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::recording::{CallLog, RecordingComm};
 use burn_zero_testing::{
@@ -137,126 +138,35 @@ fn frozen_parameters_are_never_reduced_and_hold_no_optimizer_memory() {
 }
 
 fn never_reduced(chunk_size: ChunkSize) {
-    const WORLD: usize = 2;
     let base = frozen_base();
     let numels = numels(&base);
-    let share = |n: usize| n.div_ceil(WORLD);
-    let trainable_share: usize = numels[FROZEN..].iter().map(|&n| share(n)).sum();
-    let all_share: usize = numels.iter().map(|&n| share(n)).sum();
-    // Every parameter sharded, f32 gradients: each step reduce-scatters WORLD rows of each
-    // trainable parameter's padded block, and nothing else. With chunks too: a chunk's shard
-    // is its members' padded blocks end to end, with nothing past them.
-    let config = ZeroConfig::new()
-        .with_stage(3)
-        .with_persist_below_numel(0)
-        .with_bucket_size_mb(0.0005)
-        .with_chunk_size(chunk_size);
-    let per_rank = launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
-        let log = CallLog::default();
-        let recorder = Arc::new(RecordingComm::new(ctx.comm().clone(), log.clone()));
-        let ctx = RankContext::new(*ctx.device(), recorder);
-        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer =
-            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
-        let mut reduced_per_step = Vec::new();
-        for step in 0..STEPS {
-            let before = log.lock().unwrap().len();
-            // The buckets this step reduces in (rebuilt after the first backward pass).
-            let buckets = zero.bucket_layout().len();
-            let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
-            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
-            model = optimizer.step(LR, model, grads);
-            let calls = log.lock().unwrap()[before..].to_vec();
-            let elements = |op: &str| -> usize {
-                calls
-                    .iter()
-                    .filter_map(|(call, _)| call.strip_prefix(op))
-                    .map(|n| n.trim().parse::<usize>().unwrap())
-                    .sum()
-            };
-            let scatters = calls
-                .iter()
-                .filter(|(call, _)| call.starts_with("reduce_scatter"))
-                .count();
-            reduced_per_step.push((
-                elements("reduce_scatter"),
-                elements("all_reduce"),
-                zero.last_reduction().bytes,
-                (scatters, buckets),
-            ));
-        }
-        let buckets = zero.bucket_layout();
-        let chunks = zero.store().chunks().clone();
-        let layout: Vec<usize> = buckets.iter().flatten().copied().collect();
-        let trainable: Vec<usize> = (0..numels.len())
-            .filter(|&key| zero.is_trainable(key))
-            .collect();
-        let report = zero.memory_report();
-        Ok((
-            layout,
-            trainable,
-            reduced_per_step,
-            report,
-            optimizer.master_bytes(),
-            optimizer.state_bytes(),
-            (buckets, chunks),
-        ))
-    })
-    .unwrap();
-    for (rank, (layout, trainable, reduced, report, master, state, (buckets, chunks))) in
-        per_rank.iter().enumerate()
-    {
-        assert_eq!(*trainable, (FROZEN..numels.len()).collect::<Vec<_>>());
+    let trainable_share: usize = numels[FROZEN..].iter().map(|&n| n.div_ceil(WORLD)).sum();
+    let all_share: usize = numels.iter().map(|&n| n.div_ceil(WORLD)).sum();
+    for (rank, run) in record(&base, chunk_size).iter().enumerate() {
+        assert_eq!(run.trainable, (FROZEN..numels.len()).collect::<Vec<_>>());
         if chunk_size != ChunkSize::PerParameter {
-            // A bucket per trainable chunk, and none for the frozen chunks: the trainable
-            // parameters' 10, 10, 140 and 14 elements fill one chunk of 256, the next 140, 10,
-            // 10 and 10 another.
-            let trainable_chunks: Vec<Vec<usize>> = chunks
-                .chunks()
-                .iter()
-                .filter(|c| c.trainable)
-                .map(|c| c.members.iter().map(|m| m.key).collect())
-                .collect();
-            assert_eq!(
-                trainable_chunks,
-                [vec![9, 10, 11, 12], vec![13, 14, 15, 16]],
-                "rank {rank}"
-            );
-            let mut sorted = buckets.clone();
-            sorted.sort();
-            assert_eq!(sorted, trainable_chunks, "rank {rank}");
+            check_trainable_chunks(run, rank);
         }
-        let mut layout = layout.clone();
+        let mut layout: Vec<usize> = run.buckets.iter().flatten().copied().collect();
         layout.sort_unstable();
         assert_eq!(
-            layout, *trainable,
+            layout, run.trainable,
             "rank {rank}: buckets hold the trainable only"
         );
-        for (step, &(scattered, all_reduced, bytes, (scatters, in_use))) in
-            reduced.iter().enumerate()
-        {
-            // Gradient norms and the loss are not reduced here (no clipping, no scaler).
-            assert_eq!(all_reduced, 0, "rank {rank}, step {step}");
-            // One reduce-scatter per bucket of the step: with chunks, per trainable chunk (2,
-            // against the buckets of `bucket_size_mb` without).
-            assert_eq!(scatters, in_use, "rank {rank}, step {step}");
-            assert_eq!(
-                scattered,
-                WORLD * trainable_share,
-                "rank {rank}, step {step}: elements reduce-scattered"
-            );
-            assert_eq!(
-                bytes,
-                4 * WORLD * trainable_share,
-                "rank {rank}, step {step}"
+        for (step, reduced) in run.reduced.iter().enumerate() {
+            check_step(
+                reduced,
+                trainable_share,
+                &format!("rank {rank}, step {step}"),
             );
         }
         // Parameters: every one sharded. Gradients, masters and Adam's moments: the trainable.
+        let (report, master, state) = (&run.report, run.master, run.state);
         assert_eq!(report.parameter_shards.current as usize, 4 * all_share);
         assert_eq!(report.gradient_shards.peak as usize, 4 * trainable_share);
-        assert_eq!(*master, 4 * trainable_share, "rank {rank}: fp32 masters");
+        assert_eq!(master, 4 * trainable_share, "rank {rank}: fp32 masters");
         assert_eq!(
-            *state,
+            state,
             8 * trainable_share,
             "rank {rank}: Adam's two moments"
         );
@@ -265,11 +175,141 @@ fn never_reduced(chunk_size: ChunkSize) {
              step; parameters {} B, gradient shards {} B, masters {master} B, state {state} B",
             numels[FROZEN..].iter().sum::<usize>(),
             numels.iter().sum::<usize>(),
-            reduced[0].0,
+            run.reduced[0].scattered,
             report.parameter_shards.current,
             report.gradient_shards.peak,
         );
     }
+}
+
+/// Ranks of [`never_reduced`].
+const WORLD: usize = 2;
+
+/// What the communicator saw of one step's reductions.
+struct Reduced {
+    /// Elements reduce-scattered and all-reduced.
+    scattered: usize,
+    all_reduced: usize,
+    /// The reducer's count of the bytes it reduced.
+    bytes: usize,
+    /// Reduce-scatters issued, and the buckets the step reduced in.
+    scatters: usize,
+    buckets: usize,
+}
+
+/// What one rank of [`never_reduced`] recorded.
+struct FrozenRun {
+    /// Parameter keys of every bucket, in bucket order.
+    buckets: Vec<Vec<usize>>,
+    /// The keys of the trainable parameters.
+    trainable: Vec<usize>,
+    reduced: Vec<Reduced>,
+    report: MemoryReport,
+    master: usize,
+    state: usize,
+    chunks: ChunkLayout,
+}
+
+/// `STEPS` steps of the frozen base on `WORLD` ranks, every parameter sharded, each rank's
+/// collectives recorded.
+fn record(base: &Block<Train>, chunk_size: ChunkSize) -> Vec<FrozenRun> {
+    // Every parameter sharded, f32 gradients: each step reduce-scatters WORLD rows of each
+    // trainable parameter's padded block, and nothing else. With chunks too: a chunk's shard
+    // is its members' padded blocks end to end, with nothing past them.
+    let config = ZeroConfig::new()
+        .with_stage(3)
+        .with_persist_below_numel(0)
+        .with_bucket_size_mb(0.0005)
+        .with_chunk_size(chunk_size);
+    launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
+        let log = CallLog::default();
+        let recorder = Arc::new(RecordingComm::new(ctx.comm().clone(), log.clone()));
+        let ctx = RankContext::new(*ctx.device(), recorder);
+        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+        let mut optimizer =
+            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
+        let mut reduced = Vec::new();
+        for step in 0..STEPS {
+            let before = log.lock().unwrap().len();
+            // The buckets this step reduces in (rebuilt after the first backward pass).
+            let buckets = zero.bucket_layout().len();
+            let (tokens, targets) = micro_batch::<Train>(step * WORLD + ctx.rank(), ctx.device());
+            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
+            model = optimizer.step(LR, model, grads);
+            let calls = log.lock().unwrap()[before..].to_vec();
+            reduced.push(reductions(&calls, zero.last_reduction().bytes, buckets));
+        }
+        let trainable = (0..zero.params().len())
+            .filter(|&key| zero.is_trainable(key))
+            .collect();
+        Ok(FrozenRun {
+            buckets: zero.bucket_layout(),
+            trainable,
+            reduced,
+            report: zero.memory_report(),
+            master: optimizer.master_bytes(),
+            state: optimizer.state_bytes(),
+            chunks: zero.store().chunks().clone(),
+        })
+    })
+    .unwrap()
+}
+
+/// One step's reductions from the calls the recorder logged in it (`op elements`).
+fn reductions(calls: &[(String, ThreadId)], bytes: usize, buckets: usize) -> Reduced {
+    let elements = |op: &str| -> usize {
+        calls
+            .iter()
+            .filter_map(|(call, _)| call.strip_prefix(op))
+            .map(|n| n.trim().parse::<usize>().unwrap())
+            .sum()
+    };
+    let scatters = calls
+        .iter()
+        .filter(|(call, _)| call.starts_with("reduce_scatter"))
+        .count();
+    Reduced {
+        scattered: elements("reduce_scatter"),
+        all_reduced: elements("all_reduce"),
+        bytes,
+        scatters,
+        buckets,
+    }
+}
+
+/// A bucket per trainable chunk, and none for the frozen chunks: the trainable parameters'
+/// 10, 10, 140 and 14 elements fill one chunk of 256, the next 140, 10, 10 and 10 another.
+fn check_trainable_chunks(run: &FrozenRun, rank: usize) {
+    let trainable_chunks: Vec<Vec<usize>> = run
+        .chunks
+        .chunks()
+        .iter()
+        .filter(|c| c.trainable)
+        .map(|c| c.members.iter().map(|m| m.key).collect())
+        .collect();
+    assert_eq!(
+        trainable_chunks,
+        [vec![9, 10, 11, 12], vec![13, 14, 15, 16]],
+        "rank {rank}"
+    );
+    let mut sorted = run.buckets.clone();
+    sorted.sort();
+    assert_eq!(sorted, trainable_chunks, "rank {rank}");
+}
+
+/// One step reduces the trainable parameters' shares and nothing else.
+fn check_step(reduced: &Reduced, trainable_share: usize, what: &str) {
+    // Gradient norms and the loss are not reduced here (no clipping, no scaler).
+    assert_eq!(reduced.all_reduced, 0, "{what}");
+    // One reduce-scatter per bucket of the step: with chunks, per trainable chunk (2, against
+    // the buckets of `bucket_size_mb` without).
+    assert_eq!(reduced.scatters, reduced.buckets, "{what}");
+    assert_eq!(
+        reduced.scattered,
+        WORLD * trainable_share,
+        "{what}: elements reduce-scattered"
+    );
+    assert_eq!(reduced.bytes, 4 * WORLD * trainable_share, "{what}");
 }
 
 #[test]

@@ -1,6 +1,6 @@
-//! Hybrid sharding (`ZeroConfig::shard_group_size`): N ranks in N/S shard groups of S
-//! contiguous ranks; each group shards the model over its S ranks and the groups hold the same
-//! blocks.
+//! Hybrid sharding (`ZeroConfig::shard_group_size`) trained end to end through
+//! `ZeroOptimizer`: N ranks in N/S shard groups of S contiguous ranks; each group shards the
+//! model over its S ranks and the groups hold the same blocks.
 //!
 //! The order the mean gradient is added up in, which the reference below repeats: inside each
 //! shard group the ranks' gradients are added in rank order (the group's reduce-scatter), then
@@ -10,17 +10,19 @@
 //! references differ, so matching one of them bit for bit says which order was used.
 //!
 //! Chunks (`ZeroConfig::chunk_size`) are laid out over the shard group's ranks and reduced in
-//! the same two collectives per chunk: training stays bitwise, and the bytes do not change.
-
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+//! the same two collectives per chunk: training stays bitwise. Adam's state is that of the
+//! elements a rank steps: its blocks over the shard group.
+//!
+//! What hybrid sharding does on its own — each pass's reduced gradients in hybrid order, the
+//! chunks laid out over the group, the bytes moved inside and across the groups, the parameter
+//! bytes, the refusal of a group size that does not divide the ranks — is checked without an
+//! optimizer in burn-zero-core's `tests/hybrid.rs`.
 
 use burn::backend::Flex;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
-use burn_zero_comm::{CommError, Communicator, RankContext, ReduceOp, launch};
-use burn_zero_core::chunk::{Chunk, ChunkKind};
+use burn_zero_comm::launch;
 use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
 use burn_zero_optim::{PerTensor, ZeroOptimizer};
 use burn_zero_testing::{
@@ -102,32 +104,8 @@ fn sharded(base: &Block<Train>, world: usize, config: &ZeroConfig) -> Vec<Vec<Ve
 
 /// One parameter per chunk (gradient buckets of `bucket_size_mb`), and chunks of 256 elements,
 /// which pack several parameters of the test block together over a shard group of 2 or 3
-/// (checked by `chunks_of_256_elements_pack_several_parameters_per_shard_group`).
+/// (checked in burn-zero-core's `tests/hybrid.rs`).
 const CHUNK_SIZES: [ChunkSize; 2] = [ChunkSize::PerParameter, ChunkSize::Elements(256)];
-
-#[test]
-fn chunks_of_256_elements_pack_several_parameters_per_shard_group() {
-    for (world, shard_group) in [(4, 2), (6, 3)] {
-        let config = config(3, shard_group).with_chunk_size(ChunkSize::Elements(256));
-        let layouts = launch::<Flex, _, _, ZeroError>(world, &[Default::default()], |ctx| {
-            let (_model, zero) = shard(base_model(ctx.device()), &ctx, &config)?;
-            Ok(zero.store().chunks().clone())
-        })
-        .unwrap();
-        for (rank, layout) in layouts.iter().enumerate() {
-            assert_eq!(layout, &layouts[0], "rank {rank}: every rank packs alike");
-            let packed = layout
-                .chunks()
-                .iter()
-                .filter(|c| c.members.len() > 1)
-                .count();
-            assert!(packed >= 2, "N = {world}, S = {shard_group}: {layout:?}");
-            // Blocks over the shard group: a 130-element embedding is 65 or 44 elements.
-            let (chunk, _) = layout.place(0).unwrap();
-            assert_eq!(chunk.members[0].block_len, 130usize.div_ceil(shard_group));
-        }
-    }
-}
 
 fn config(stage: u8, shard: usize) -> ZeroConfig {
     ZeroConfig::new()
@@ -169,267 +147,46 @@ fn hybrid_training_matches_single_rank_training_in_hybrid_order_bitwise() {
     }
 }
 
+/// Adam's state on each of 4 ranks in shard groups of 2 after two steps: two f32 moments of
+/// every element the rank steps, computed here from the parameters' shapes (a sharded
+/// parameter's block over the group, a replicated parameter whole).
 #[test]
-fn a_shard_group_size_that_does_not_divide_the_ranks_is_refused() {
-    let errors = launch::<Flex, _, _, ZeroError>(4, &[Default::default()], |ctx| {
-        Ok(shard(base_model(ctx.device()), &ctx, &config(3, 3)).err())
-    })
-    .unwrap();
-    for error in errors {
-        let message = error.expect("refused").to_string();
-        assert!(
-            message.contains("shard_group_size 3") && message.contains("4 ranks"),
-            "{message}"
-        );
-    }
-}
-
-/// Bytes a rank moves, counted as the scaling benchmark counts them: an all-gather its
-/// output, a reduce-scatter its input, an all-reduce twice its input.
-#[derive(Default)]
-struct Bytes {
-    world: AtomicU64,
-    shard: AtomicU64,
-    replicas: AtomicU64,
-    /// Reduce-scatters and all-reduces on the world, the shard group and the replica group.
-    reductions: [AtomicU64; 3],
-}
-
-/// Counts into the counter of the group it is: the world, or (from its splits, in the order
-/// `shard` makes them: the shard group first, then the replica group) one of the two.
-struct Counting {
-    inner: Arc<dyn Communicator<Flex>>,
-    bytes: Arc<Bytes>,
-    /// 0: world, 1: shard group, 2: replica group.
-    group: usize,
-    splits: Mutex<usize>,
-}
-
-impl Counting {
-    fn reduction(&self) {
-        self.bytes.reductions[self.group.min(2)].fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn add(&self, bytes: usize) {
-        let counter = match self.group {
-            0 => &self.bytes.world,
-            1 => &self.bytes.shard,
-            _ => &self.bytes.replicas,
-        };
-        counter.fetch_add(bytes as u64, Ordering::SeqCst);
-    }
-}
-
-fn bytes_of(t: &Tensor<Flex, 1>) -> usize {
-    t.dims()[0] * t.dtype().size()
-}
-
-impl Communicator<Flex> for Counting {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn all_gather(&self, block: Tensor<Flex, 1>) -> Result<Tensor<Flex, 1>, CommError> {
-        self.add(bytes_of(&block) * self.world_size());
-        self.inner.all_gather(block)
-    }
-    fn reduce_scatter(
-        &self,
-        input: Tensor<Flex, 1>,
-        op: ReduceOp,
-    ) -> Result<Tensor<Flex, 1>, CommError> {
-        self.add(bytes_of(&input));
-        self.reduction();
-        self.inner.reduce_scatter(input, op)
-    }
-    fn all_reduce(
-        &self,
-        input: Tensor<Flex, 1>,
-        op: ReduceOp,
-    ) -> Result<Tensor<Flex, 1>, CommError> {
-        self.add(2 * bytes_of(&input));
-        self.reduction();
-        self.inner.all_reduce(input, op)
-    }
-    fn broadcast(
-        &self,
-        buffer: Tensor<Flex, 1>,
-        root: usize,
-    ) -> Result<Tensor<Flex, 1>, CommError> {
-        self.add(bytes_of(&buffer));
-        self.inner.broadcast(buffer, root)
-    }
-    fn barrier(&self) -> Result<(), CommError> {
-        self.inner.barrier()
-    }
-    fn duplicate(&self) -> Result<Arc<dyn Communicator<Flex>>, CommError> {
-        Err(CommError::InvalidGroup("not used here".into()))
-    }
-    fn split(&self, color: usize) -> Result<Arc<dyn Communicator<Flex>>, CommError> {
-        let mut splits = self.splits.lock().unwrap();
-        *splits += 1;
-        Ok(Arc::new(Counting {
-            inner: self.inner.split(color)?,
-            bytes: self.bytes.clone(),
-            group: *splits,
-            splits: Mutex::new(0),
-        }))
-    }
-    fn abort(&self, reason: &str) {
-        self.inner.abort(reason)
-    }
-}
-
-#[test]
-fn bytes_inside_and_across_groups_and_model_state_follow_the_shard_group_size() {
-    for chunk_size in CHUNK_SIZES {
-        bytes_and_model_state(chunk_size);
-    }
-}
-
-fn bytes_and_model_state(chunk_size: ChunkSize) {
+fn adam_state_follows_the_shard_group_size() {
     let base = base_model(&Default::default());
     let (world, group_size) = (4, 2);
-    let config = config(3, group_size).with_chunk_size(chunk_size);
-    let per_rank = launch::<Flex, _, _, ZeroError>(world, &[Default::default()], |ctx| {
-        let bytes = Arc::new(Bytes::default());
-        let counting: Arc<dyn Communicator<Flex>> = Arc::new(Counting {
-            inner: ctx.comm().clone(),
-            bytes: bytes.clone(),
-            group: 0,
-            splits: Mutex::new(0),
-        });
-        let ctx = RankContext::new(*ctx.device(), counting);
-        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer =
-            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
-        let mut step = |model: Block<Train>, index: usize| {
-            let (tokens, targets) = micro_batch::<Train>(index * world + ctx.rank(), ctx.device());
-            let grads = GradientsParams::from_grads(model.loss(tokens, targets).backward(), &model);
-            optimizer.step(LR, model, grads)
-        };
-        model = step(model, 0);
-        let before =
-            [&bytes.world, &bytes.shard, &bytes.replicas].map(|c| c.load(Ordering::SeqCst));
-        model = step(model, 1);
-        let after = [&bytes.world, &bytes.shard, &bytes.replicas].map(|c| c.load(Ordering::SeqCst));
-        let moved: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
-        let report = zero.memory_report();
-        let infos = zero.params();
-        // The reductions the engine saw in the last step, against the reducer's own count.
-        let reductions: u64 = bytes
-            .reductions
-            .iter()
-            .map(|c| c.load(Ordering::SeqCst))
-            .sum();
-        let counted = 2 * zero.last_reduction().collectives as u64;
-        let buckets = zero.bucket_layout();
-        let chunks = zero.store().chunks().clone();
-        drop(model);
-        Ok((
-            moved,
-            report,
-            optimizer.state_bytes(),
-            zero.replica(),
-            infos,
-            (reductions, counted),
-            (buckets, chunks),
-        ))
-    })
-    .unwrap();
-    for (rank, (moved, report, state, replica, infos, (reductions, counted), (buckets, chunks))) in
-        per_rank.iter().enumerate()
-    {
-        // Two steps, each reducing every bucket inside the shard group and then across the
-        // groups: the statistics count both collectives of a bucket.
-        assert_eq!(
-            reductions, counted,
-            "rank {rank}: reductions the engine saw over two steps against twice the last \
-             step's count"
-        );
-        assert_eq!(*counted, 2 * 2 * buckets.len() as u64, "rank {rank}");
-        if chunk_size != ChunkSize::PerParameter {
-            // With chunks a sharded chunk is a bucket (every parameter trains here), and the
-            // replicated chunks' members are regrouped (within the chunk capacity) for the
-            // order backward produced them in: two collectives per bucket and step, fewer than
-            // one parameter per chunk needs.
-            let keys = |c: &Chunk| c.members.iter().map(|m| m.key).collect::<Vec<_>>();
-            let sharded: Vec<Vec<usize>> = chunks
-                .chunks()
-                .iter()
-                .filter(|c| c.kind == ChunkKind::Sharded)
-                .map(keys)
-                .collect();
-            let replicated: Vec<usize> = chunks
-                .chunks()
-                .iter()
-                .filter(|c| c.kind == ChunkKind::Replicated)
-                .flat_map(keys)
-                .collect();
-            for chunk in &sharded {
-                assert!(
-                    buckets.contains(chunk),
-                    "rank {rank}: {chunk:?} in {buckets:?}"
-                );
+    for chunk_size in CHUNK_SIZES {
+        let config = config(3, group_size).with_chunk_size(chunk_size);
+        let per_rank = launch::<Flex, _, _, ZeroError>(world, &[Default::default()], |ctx| {
+            let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+            let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))?;
+            for step in 0..2 {
+                let (tokens, targets) =
+                    micro_batch::<Train>(step * world + ctx.rank(), ctx.device());
+                let loss = model.loss(tokens, targets);
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                model = optimizer.step(LR, model, grads);
             }
-            for bucket in buckets.iter().filter(|b| !sharded.contains(b)) {
-                assert!(
-                    bucket.iter().all(|key| replicated.contains(key)),
-                    "rank {rank}: {bucket:?}"
-                );
-            }
-            let mut bucketed: Vec<usize> = buckets.iter().flatten().copied().collect();
-            bucketed.sort_unstable();
+            drop(model);
+            Ok((zero.params(), optimizer.state_bytes()))
+        })
+        .unwrap();
+        for (rank, (infos, state)) in per_rank.iter().enumerate() {
+            let elements: usize = infos
+                .iter()
+                .map(|info| {
+                    let n = info.shape.num_elements();
+                    if info.persistent {
+                        n
+                    } else {
+                        n.div_ceil(group_size)
+                    }
+                })
+                .sum();
             assert_eq!(
-                bucketed,
-                (0..infos.len()).collect::<Vec<_>>(),
-                "rank {rank}"
+                *state,
+                8 * elements,
+                "rank {rank}, {chunk_size:?}: optimizer state bytes"
             );
-            assert!(buckets.len() < infos.len(), "rank {rank}: {buckets:?}");
         }
-        // Predicted from the parameter list (f32, 4 bytes an element): a sharded parameter is
-        // gathered once in forward (kept for backward by the gather cache) and its gradient
-        // reduce-scattered inside the group, padded to S blocks; its block of the sum is then
-        // all-reduced across the groups. A replicated parameter's gradient is all-reduced
-        // inside the group and then across. Chunks change none of it: a chunk's shard is its
-        // members' padded blocks end to end, with no padding past them, so a chunk's gather,
-        // reduce-scatter and all-reduces move exactly its members' bytes, in fewer calls.
-        let (mut inside, mut across, mut params, mut elements) = (0, 0, 0, 0);
-        for info in infos {
-            let n = info.shape.num_elements();
-            if info.persistent {
-                inside += 2 * n * 4;
-                across += 2 * n * 4;
-                params += n * 4;
-                elements += n;
-            } else {
-                let block = n.div_ceil(group_size);
-                inside += 2 * group_size * block * 4;
-                across += 2 * block * 4;
-                params += block * 4;
-                elements += block;
-            }
-        }
-        assert_eq!(
-            moved,
-            &[0, inside as u64, across as u64],
-            "rank {rank}, {chunk_size:?}: bytes of one step on the world, inside the group and \
-             across groups"
-        );
-        assert_eq!(
-            *replica,
-            (rank / group_size, world / group_size),
-            "rank {rank}"
-        );
-        assert_eq!(
-            report.parameter_shards.current as usize
-                + report.persistent_parameters.current as usize,
-            params,
-            "rank {rank}: parameter bytes"
-        );
-        // Adam: two f32 moments of every element this rank steps.
-        assert_eq!(*state, 8 * elements, "rank {rank}: optimizer state bytes");
     }
 }

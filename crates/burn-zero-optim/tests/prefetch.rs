@@ -1,21 +1,24 @@
-//! Gather prefetch (`ZeroConfig::prefetch`) at stage 3: the first pass records the order in
-//! which parameters are gathered; later passes issue the next gathers ahead of use. Training is
-//! bitwise the same with and without it, every gather after a pass's first is served by a
-//! prefetch, a pass that changes the order falls back to gathering on demand, and ranks whose
-//! orders differ fail with a schedule mismatch rather than hang. With the parameters packed
-//! into chunks, prefetch runs ahead by chunks: every chunk gather after a pass's first is
-//! served by a prefetch, and training stays bitwise the same as one parameter per chunk.
-
-use std::time::Duration;
+//! Gather prefetch (`ZeroConfig::prefetch`) at stage 3, trained end to end through
+//! `ZeroOptimizer`: with prefetch or without, within the default gather budget or a small one,
+//! one parameter per chunk or several, and with a step whose loss comes from two forward
+//! passes (another gather order), every rank ends bitwise where single-rank training with
+//! Burn's Adam ends on the same micro-batches (their gradients averaged in rank order). Each
+//! run with prefetch on did prefetch, so the runs compared are the prefetching ones.
+//!
+//! What prefetch does on its own — the gathers it serves, the passes that leave the recorded
+//! order, ranks in different orders failing instead of hanging — is checked without an
+//! optimizer in burn-zero-core's `tests/prefetch.rs`.
 
 use burn::backend::Flex;
-use burn::optim::{AdamConfig, GradientsParams};
-use burn_zero_comm::{LaunchOptions, launch, launch_with};
-use burn_zero_core::chunk::{ChunkKind, ChunkLayout};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn_zero_comm::launch;
 use burn_zero_core::{ChunkSize, GatherStats, ZeroConfig, ZeroError, shard};
 use burn_zero_optim::{PerTensor, ZeroOptimizer};
-use burn_zero_testing::{Block, Train, base_model, micro_batch, param_values, params_bits_equal};
+use burn_zero_testing::{
+    Block, Train, average_grads, base_model, micro_batch, param_values, params_bits_equal,
+};
 
+const WORLD: usize = 2;
 const STEPS: usize = 5;
 const LR: f64 = 1e-2;
 
@@ -34,225 +37,115 @@ fn config(prefetch: usize) -> ZeroConfig {
         .with_prefetch(prefetch)
 }
 
-/// Trains `STEPS` steps on 2 ranks from `base`; at the steps in `twice` a rank computes its
-/// loss from two forward passes (another gather order). Returns each rank's parameters and
-/// gather stats.
-fn run(
-    base: &Block<Train>,
-    config: &ZeroConfig,
-    twice: impl Fn(usize, usize) -> bool + Sync,
-) -> Vec<(Vec<Vec<f32>>, GatherStats)> {
-    run_chunked(base, config, twice)
-        .into_iter()
-        .map(|(params, stats, _)| (params, stats))
-        .collect()
+/// Step `step`'s loss on micro-batch `index`: from two forward passes when `twice`.
+fn loss(model: &Block<Train>, index: usize, twice: bool) -> burn::tensor::Tensor<Train, 1> {
+    let (tokens, targets) = micro_batch::<Train>(index, &Default::default());
+    let loss = model.loss(tokens.clone(), targets.clone());
+    if twice {
+        loss + model.loss(tokens, targets)
+    } else {
+        loss
+    }
 }
 
-/// [`run`], with each rank's chunk layout.
-fn run_chunked(
+/// Single rank, Burn's Adam: each step averages the `WORLD` micro-batches' gradients in rank
+/// order (each loss from two forward passes at the steps where `twice` says so).
+fn reference(base: &Block<Train>, twice: bool) -> Vec<Vec<f32>> {
+    let mut model = base.clone();
+    let mut optim = AdamConfig::new().init();
+    for step in 0..STEPS {
+        let grads: Vec<GradientsParams> = (0..WORLD)
+            .map(|rank| {
+                let loss = loss(&model, step * WORLD + rank, twice && step == 2);
+                GradientsParams::from_grads(loss.backward(), &model)
+            })
+            .collect();
+        let mean = average_grads(&model, &grads);
+        model = optim.step(LR, model, mean);
+    }
+    param_values(&model)
+}
+
+/// Trains `STEPS` steps on `WORLD` ranks from `base` (step 2's loss from two forward passes
+/// when `twice`). Returns each rank's parameters and gather stats.
+fn train(
     base: &Block<Train>,
     config: &ZeroConfig,
-    twice: impl Fn(usize, usize) -> bool + Sync,
-) -> Vec<(Vec<Vec<f32>>, GatherStats, ChunkLayout)> {
-    launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+    twice: bool,
+) -> Vec<(Vec<Vec<f32>>, GatherStats)> {
+    launch::<Flex, _, _, ZeroError>(WORLD, &[Default::default()], |ctx| {
         let (mut model, zero) = shard(base.clone(), &ctx, config)?;
-        let mut optimizer =
-            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
+        let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))?;
         for step in 0..STEPS {
-            let (tokens, targets) = micro_batch::<Train>(step * 2 + ctx.rank(), ctx.device());
-            let mut loss = model.loss(tokens.clone(), targets.clone());
-            if twice(step, ctx.rank()) {
-                loss = loss + model.loss(tokens, targets);
-            }
+            let loss = loss(&model, step * WORLD + ctx.rank(), twice && step == 2);
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optimizer.step(LR, model, grads);
         }
         let stats = zero.gather_stats();
-        Ok((param_values(&model), stats, zero.store().chunks().clone()))
+        Ok((param_values(&model), stats))
     })
     .unwrap_or_else(|e| panic!("{config:?}: {e}"))
 }
 
-#[test]
-fn prefetch_serves_every_gather_but_a_passs_first_and_is_bitwise() {
-    let base = base_model(&Default::default());
-    let on_demand = run(&base, &config(0), |_, _| false);
-    for depth in [1, 3] {
-        let ahead = run(&base, &config(depth), |_, _| false);
-        for (rank, ((want, plain), (got, stats))) in on_demand.iter().zip(&ahead).enumerate() {
-            assert!(
-                params_bits_equal(got, want),
-                "depth {depth}, rank {rank}: parameters differ from gathering on demand"
+/// Trains every configuration of `cases` and asserts each rank bitwise at the reference, and
+/// that each run with prefetch on prefetched.
+fn check(base: &Block<Train>, cases: &[ZeroConfig], twice: bool) {
+    let want = reference(base, twice);
+    for config in cases {
+        for (rank, (got, stats)) in train(base, config, twice).iter().enumerate() {
+            let what = format!(
+                "prefetch {}, budget {} B, {:?}, twice {twice}, rank {rank}",
+                config.prefetch, config.max_live_gathered_bytes, config.chunk_size
             );
-            assert_eq!(plain.prefetched, 0);
-            assert_eq!(stats.gathers, plain.gathers, "depth {depth}: gathers");
-            let per_pass = plain.gathers / STEPS as u64;
-            assert!(per_pass > 1);
-            // The first pass records; in each later one, the first gather is on demand and
-            // issues the next ones.
+            assert!(
+                params_bits_equal(got, &want),
+                "{what}: parameters differ from single-rank training with Burn's Adam"
+            );
             assert_eq!(
-                stats.prefetched,
-                (STEPS as u64 - 1) * (per_pass - 1),
-                "depth {depth}, rank {rank}: {stats:?}"
-            );
-            assert_eq!(stats.discarded, 0, "{stats:?}");
-            assert_eq!(stats.diverged_passes, 0, "{stats:?}");
-        }
-    }
-}
-
-#[test]
-fn prefetch_within_a_small_gather_budget_is_bitwise() {
-    // Backward gathers again, and prefetches evict what the budget cannot hold.
-    let base = base_model(&Default::default());
-    let small = |prefetch| config(prefetch).with_max_live_gathered_bytes(SMALL_CACHE);
-    let on_demand = run(&base, &small(0), |_, _| false);
-    for depth in [1, 2] {
-        let ahead = run(&base, &small(depth), |_, _| false);
-        for (rank, ((want, plain), (got, stats))) in on_demand.iter().zip(&ahead).enumerate() {
-            assert!(
-                params_bits_equal(got, want),
-                "depth {depth}, rank {rank}: parameters differ from gathering on demand"
-            );
-            // Forward and backward both gather when the budget holds two parameters.
-            assert!(plain.gathers > 8 * STEPS as u64, "{plain:?}");
-            assert!(
                 stats.prefetched > 0,
-                "depth {depth}, rank {rank}: {stats:?}"
+                config.prefetch > 0,
+                "{what}: {stats:?}"
             );
-            assert_eq!(stats.diverged_passes, 0, "{stats:?}");
         }
     }
 }
 
-#[test]
-fn a_pass_in_another_order_gathers_on_demand_and_stays_bitwise() {
-    // Step 2 runs the forward twice on every rank: that pass leaves the recorded order, is
-    // recorded in its place, and step 3 leaves it again.
-    let twice = |step: usize, _rank: usize| step == 2;
-    let base = base_model(&Default::default());
+/// Gathering on demand and prefetching 1, 2 or 3 ahead, with the default budget and a small
+/// one, one parameter per chunk and chunks of 256 elements.
+fn in_order_cases() -> Vec<ZeroConfig> {
     let small = |prefetch| config(prefetch).with_max_live_gathered_bytes(SMALL_CACHE);
-    let on_demand = run(&base, &small(0), twice);
-    let ahead = run(&base, &small(2), twice);
-    for (rank, ((want, _), (got, stats))) in on_demand.iter().zip(&ahead).enumerate() {
-        assert!(
-            params_bits_equal(got, want),
-            "rank {rank}: parameters differ from gathering on demand"
-        );
-        assert_eq!(stats.diverged_passes, 2, "rank {rank}: {stats:?}");
-        assert!(stats.prefetched > 0, "rank {rank}: {stats:?}");
-    }
-}
-
-/// Chunked prefetch: every chunk gather after a pass's first is served by a prefetch; with
-/// the default budget a pass gathers each sharded chunk once (the other members are cut out
-/// and cached), so the gathers per pass are the sharded chunks; and training is bitwise one
-/// parameter per chunk gathering on demand.
-#[test]
-fn chunked_prefetch_runs_ahead_by_chunks_and_is_bitwise() {
-    let base = base_model(&Default::default());
-    let reference = run(&base, &config(0), |_, _| false);
     let chunked = |prefetch| config(prefetch).with_chunk_size(ChunkSize::Elements(256));
-    let on_demand = run_chunked(&base, &chunked(0), |_, _| false);
-    for depth in [1, 3] {
-        let ahead = run_chunked(&base, &chunked(depth), |_, _| false);
-        for (rank, ((want, plain, layout), (got, stats, _))) in
-            on_demand.iter().zip(&ahead).enumerate()
-        {
-            assert!(
-                layout.chunks().iter().any(|c| c.members.len() > 1),
-                "{layout:?}"
-            );
-            assert!(
-                params_bits_equal(got, want) && params_bits_equal(got, &reference[rank].0),
-                "depth {depth}, rank {rank}: parameters differ from gathering on demand"
-            );
-            let chunks = layout.count(ChunkKind::Sharded) as u64;
-            assert_eq!(plain.prefetched, 0);
-            assert_eq!(plain.gathers, STEPS as u64 * chunks, "{plain:?}");
-            assert_eq!(stats.gathers, plain.gathers, "depth {depth}: gathers");
-            // Fewer gathers than one parameter per chunk needs.
-            assert!(plain.gathers < reference[rank].1.gathers, "{plain:?}");
-            assert_eq!(
-                stats.prefetched,
-                (STEPS as u64 - 1) * (chunks - 1),
-                "depth {depth}, rank {rank}: {stats:?}"
-            );
-            assert_eq!(stats.discarded, 0, "{stats:?}");
-            assert_eq!(stats.diverged_passes, 0, "{stats:?}");
-        }
-    }
+    let mut cases: Vec<ZeroConfig> = [0, 1, 3].into_iter().map(config).collect();
+    cases.extend([1, 2].map(small));
+    cases.extend([0, 1, 3].map(chunked));
+    cases.extend(small_budget_cases());
+    cases
 }
 
-/// Chunked prefetch under a gather budget that holds one chunk of 256 f32 elements (1 KiB) and
-/// little more, and with a pass in another order: bitwise one parameter per chunk gathering on
-/// demand.
-#[test]
-fn chunked_prefetch_within_a_small_budget_and_out_of_order_is_bitwise() {
-    let base = base_model(&Default::default());
-    for twice in [false, true] {
-        let twice = move |step: usize, _rank: usize| twice && step == 2;
-        let small = |prefetch, chunk_size| {
-            config(prefetch)
-                .with_max_live_gathered_bytes(SMALL_CACHE)
-                .with_chunk_size(chunk_size)
-        };
-        let reference = run(&base, &small(0, ChunkSize::PerParameter), twice);
-        for chunk_size in CHUNK_SIZES {
-            for depth in [0, 1, 2] {
-                let ahead = run(&base, &small(depth, chunk_size), twice);
-                for (rank, ((want, _), (got, stats))) in reference.iter().zip(&ahead).enumerate() {
-                    assert!(
-                        params_bits_equal(got, want),
-                        "{chunk_size:?}, depth {depth}, twice {}, rank {rank}: parameters \
-                         differ from gathering on demand one parameter per chunk",
-                        twice(2, rank)
-                    );
-                    // The pass that runs forward twice leaves the recorded order, and so does
-                    // the next one (as without chunks).
-                    let diverged = if depth > 0 && twice(2, rank) { 2 } else { 0 };
-                    assert_eq!(stats.diverged_passes, diverged, "{chunk_size:?}: {stats:?}");
-                    assert_eq!(
-                        stats.prefetched > 0,
-                        depth > 0,
-                        "{chunk_size:?}, depth {depth}: {stats:?}"
-                    );
-                    println!(
-                        "{chunk_size:?}, depth {depth}, twice {}, rank {rank}: {stats:?}",
-                        twice(2, rank)
-                    );
-                }
-            }
-        }
-    }
+/// On demand and prefetching 1 or 2 ahead under the small budget, for each chunk size.
+fn small_budget_cases() -> Vec<ZeroConfig> {
+    CHUNK_SIZES
+        .into_iter()
+        .flat_map(|chunk_size| {
+            [0, 1, 2].map(|prefetch| {
+                config(prefetch)
+                    .with_max_live_gathered_bytes(SMALL_CACHE)
+                    .with_chunk_size(chunk_size)
+            })
+        })
+        .collect()
 }
 
 #[test]
-fn ranks_in_different_orders_fail_with_a_mismatch_instead_of_hanging() {
+fn training_with_prefetch_is_bitwise_single_rank_adam() {
     let base = base_model(&Default::default());
-    // A budget small enough that the second forward gathers again.
-    let config = config(2).with_max_live_gathered_bytes(SMALL_CACHE);
-    let options = LaunchOptions::with_timeout(Duration::from_secs(20));
-    let result = launch_with::<Flex, _, _, ZeroError>(2, &[Default::default()], &options, |ctx| {
-        let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-        let mut optimizer =
-            ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap();
-        for step in 0..3 {
-            let (tokens, targets) = micro_batch::<Train>(step * 2 + ctx.rank(), ctx.device());
-            let mut loss = model.loss(tokens.clone(), targets.clone());
-            if step == 1 && ctx.rank() == 1 {
-                loss = loss + model.loss(tokens, targets);
-            }
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optimizer.step(LR, model, grads);
-        }
-        Ok(())
-    });
-    let error = result
-        .expect_err("rank-dependent gathers cannot train")
-        .to_string();
-    assert!(
-        error.contains("mismatch") || error.contains("called"),
-        "the error does not name a schedule mismatch: {error}"
-    );
+    check(&base, &in_order_cases(), false);
+}
+
+/// Step 2 runs the forward twice on every rank: its pass and the next leave the recorded
+/// order and gather on demand from there, and training still ends at the reference's bits.
+#[test]
+fn training_with_a_step_in_another_order_is_bitwise_single_rank_adam() {
+    let base = base_model(&Default::default());
+    check(&base, &small_budget_cases(), true);
 }

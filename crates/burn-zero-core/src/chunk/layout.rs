@@ -336,10 +336,9 @@ mod tests {
         assert!(!chunk.is_tiled_by(5, [0..2, 2..5]), "other boundaries");
     }
 
-    #[test]
-    fn groups_interleaved_in_visit_order_each_fill_their_own_chunk() {
-        // Sharded f32, replicated f32, sharded f16, frozen sharded f32 and frozen replicated
-        // f32, interleaved twice in visit order; every one fits the capacity with its group.
+    /// Sharded f32, replicated f32, sharded f16, frozen sharded f32 and frozen replicated f32,
+    /// interleaved twice in visit order.
+    fn interleaved_groups() -> [ChunkParam; 9] {
         let f16 = |p: ChunkParam| ChunkParam {
             dtype: DType::F16,
             ..p
@@ -348,7 +347,7 @@ mod tests {
             trainable: false,
             ..p
         };
-        let params = [
+        [
             param(0, 10, true),
             param(1, 3, false),
             f16(param(2, 10, true)),
@@ -358,8 +357,12 @@ mod tests {
             f16(param(6, 10, true)),
             frozen(param(7, 10, true)),
             frozen(param(8, 3, false)),
-        ];
-        let layout = ChunkLayout::build(&params, 2, Some(100));
+        ]
+    }
+
+    /// The chunks of [`interleaved_groups`] over 2 ranks, a chunk per group in the order each
+    /// group first appears, written out by hand.
+    fn interleaved_chunks() -> Vec<Chunk> {
         let chunk = |id, kind, dtype, trainable, members, shard_len| Chunk {
             id,
             kind,
@@ -369,12 +372,13 @@ mod tests {
             shard_len,
         };
         use ChunkKind::{Replicated, Sharded};
-        let want = vec![
+        let (f32, f16) = (DType::F32, DType::F16);
+        vec![
             // Sharded f32 trainable: blocks of 5 over 2 ranks, end to end.
             chunk(
                 0,
                 Sharded,
-                DType::F32,
+                f32,
                 true,
                 vec![member(0, 10, 5, 0), member(4, 10, 5, 5)],
                 10,
@@ -383,7 +387,7 @@ mod tests {
             chunk(
                 1,
                 Replicated,
-                DType::F32,
+                f32,
                 true,
                 vec![member(1, 3, 3, 0), member(5, 3, 3, 3)],
                 6,
@@ -391,7 +395,7 @@ mod tests {
             chunk(
                 2,
                 Sharded,
-                DType::F16,
+                f16,
                 true,
                 vec![member(2, 10, 5, 0), member(6, 10, 5, 5)],
                 10,
@@ -399,24 +403,23 @@ mod tests {
             chunk(
                 3,
                 Sharded,
-                DType::F32,
+                f32,
                 false,
                 vec![member(3, 10, 5, 0), member(7, 10, 5, 5)],
                 10,
             ),
-            chunk(
-                4,
-                Replicated,
-                DType::F32,
-                false,
-                vec![member(8, 3, 3, 0)],
-                3,
-            ),
-        ];
-        assert_eq!(layout.chunks(), want.as_slice());
+            chunk(4, Replicated, f32, false, vec![member(8, 3, 3, 0)], 3),
+        ]
+    }
+
+    #[test]
+    fn groups_interleaved_in_visit_order_each_fill_their_own_chunk() {
+        // Every parameter fits the capacity with its group.
+        let layout = ChunkLayout::build(&interleaved_groups(), 2, Some(100));
+        assert_eq!(layout.chunks(), interleaved_chunks().as_slice());
         assert!(!layout.is_per_parameter());
-        assert_eq!(layout.count(Sharded), 3);
-        assert_eq!(layout.count(Replicated), 2);
+        assert_eq!(layout.count(ChunkKind::Sharded), 3);
+        assert_eq!(layout.count(ChunkKind::Replicated), 2);
         // Places: (chunk, index among its members).
         let places: Vec<(usize, usize)> = (0..9)
             .map(|key| {
@@ -424,20 +427,18 @@ mod tests {
                 (chunk.id, index)
             })
             .collect();
-        assert_eq!(
-            places,
-            [
-                (0, 0),
-                (1, 0),
-                (2, 0),
-                (3, 0),
-                (0, 1),
-                (1, 1),
-                (2, 1),
-                (3, 1),
-                (4, 0)
-            ]
-        );
+        let want = [
+            (0, 0),
+            (1, 0),
+            (2, 0),
+            (3, 0),
+            (0, 1),
+            (1, 1),
+            (2, 1),
+            (3, 1),
+            (4, 0),
+        ];
+        assert_eq!(places, want);
         assert_eq!(layout.place(9), None);
     }
 
