@@ -260,12 +260,16 @@ where
 
     /// Bytes of chunk `id`'s flat master and its state, when it has one.
     pub(crate) fn flat_bytes(&self, id: usize) -> Option<usize> {
-        self.masters.of_chunk(id).map(|m| self.master_state_bytes(m))
+        self.masters
+            .of_chunk(id)
+            .map(|m| self.master_state_bytes(m))
     }
 
     /// Bytes of parameter `key`'s own master and its state, when it has one.
     pub(crate) fn master_entry_bytes(&self, key: usize) -> Option<usize> {
-        self.masters.of_param(key).map(|m| self.master_state_bytes(m))
+        self.masters
+            .of_param(key)
+            .map(|m| self.master_state_bytes(m))
     }
 
     fn master_state_bytes(&self, master: &Master<O, P::Host>) -> usize {
