@@ -24,11 +24,21 @@
 //! - stage 3, auto placement, optimizer chunks in its margin: the same placement with a split
 //!   optimizer whose every chunk starts on the host; once the placement has decided, chunks
 //!   move to the device while their masters and moments fit in 0.8 of the room it left over
-//!   (`gpu_margin_mem_ratio`), and step there.
+//!   (`gpu_margin_mem_ratio`), and step there;
+//! - plain Burn and stage 3 with optimizer and parameters on the host, each on Burn's
+//!   `Autodiff<_, BalancedCheckpointing>` (sides `plain-burn-checkpointed` and
+//!   `stage3-parameters-on-host-checkpointed`): the activations of memory-bound ops are
+//!   recomputed in backward instead of kept, so at eight sequences a step less of the budget
+//!   goes to activations. Each is compared with plain Burn under the same checkpointing.
 //!
 //! The models keep depth and width in one ratio (`k` blocks of width 64·k, `k` heads of 64,
-//! MLP 4× wide) and train on the same micro-batch (8 sequences of 64 characters, or
-//! `LARGEST_BATCH` sequences), so the activations grow with the model alike on every side. The
+//! MLP 4× wide) up to `k` = 16 and grow in depth only after it (width 1024, 16 heads): Burn's
+//! `Linear` takes the weight's gradient of a `[batch, seq, in]` input as one `[batch, in, out]`
+//! product before summing over the batch, a single buffer of 8·1024·4096·4 B = 128 MiB at width
+//! 1024 and eight sequences, the largest buffer lavapipe binds (wider, every side fails
+//! there, whatever its budget). They train on the same micro-batch (8 sequences of 64
+//! characters, or `LARGEST_BATCH` sequences), so the activations grow with the model alike on
+//! every side. The
 //! sharded sides build their model with lazily initialised parameters, which `shard`
 //! materialises one at a time: where parameters are offloaded, the whole model is never on the
 //! device (plain Burn's model is, as it must be). "Fits" is judged by cubecl's own
@@ -54,7 +64,7 @@
 //! Environment: `LARGEST_BUDGET_MIB` (default 128), `LARGEST_MIN_K` and `LARGEST_MAX_K` (where
 //! the doubling starts and the largest size tried; default 1 and 12),
 //! `LARGEST_SIDES` (the sides to run, by name, comma-separated; default all), `LARGEST_BATCH`
-//! (sequences per step; default 8), `LARGEST_JUDGE`
+//! (sequences per step; default 8), `LARGEST_STEPS` (steps per trial; default 4), `LARGEST_JUDGE`
 //! (`reserved`, the default, or `in_use`).
 //! `cargo bench --bench largest_model --features wgpu`; without `--features wgpu` there is no
 //! device-memory count and the bench says so.
@@ -68,6 +78,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::{
+    BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
+};
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
@@ -121,9 +134,13 @@ fn batch() -> usize {
     env_number("LARGEST_BATCH", 8).max(1)
 }
 const SEQ_LEN: usize = 64;
-/// Steps per trial, and the last of them that are timed (the auto placement's warm-up is the
-/// first two).
-const STEPS: usize = 4;
+/// Steps per trial (`LARGEST_STEPS`, default 4, at least 3), the last `TIMED` of them timed.
+/// The auto placement's warm-up is the first two steps; a side without it holds every byte it
+/// will hold from its second step on (the optimizer makes its state in the first), so three
+/// steps judge it as well where a large model's trial must stay short.
+fn steps() -> usize {
+    env_number("LARGEST_STEPS", 4).max(TIMED + 1)
+}
 const TIMED: usize = 2;
 const LR: f64 = 1e-3;
 const SEED: u64 = 2024;
@@ -132,7 +149,7 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 /// The share of the auto placement's left-over room the margin side gives optimizer chunks.
 const MARGIN_RATIO: f64 = 0.8;
 
-/// Where the model state lives.
+/// Where the model state lives, and whether activations are checkpointed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
     PlainBurn,
@@ -141,16 +158,22 @@ enum Side {
     Stage3ParametersOnHost,
     Stage3AutoPlacement,
     Stage3AutoPlacementMargin,
+    /// Plain Burn on `Autodiff<_, BalancedCheckpointing>`.
+    PlainBurnCheckpointed,
+    /// Optimizer and parameters on the host, on `Autodiff<_, BalancedCheckpointing>`.
+    Stage3ParametersOnHostCheckpointed,
 }
 
 impl Side {
-    const ALL: [Side; 6] = [
+    const ALL: [Side; 8] = [
         Side::PlainBurn,
         Side::Stage3,
         Side::Stage3OptimizerOnHost,
         Side::Stage3ParametersOnHost,
         Side::Stage3AutoPlacement,
         Side::Stage3AutoPlacementMargin,
+        Side::PlainBurnCheckpointed,
+        Side::Stage3ParametersOnHostCheckpointed,
     ];
 
     fn name(self) -> &'static str {
@@ -161,6 +184,8 @@ impl Side {
             Side::Stage3ParametersOnHost => "stage3-parameters-on-host",
             Side::Stage3AutoPlacement => "stage3-auto-placement",
             Side::Stage3AutoPlacementMargin => "stage3-auto-placement-margin",
+            Side::PlainBurnCheckpointed => "plain-burn-checkpointed",
+            Side::Stage3ParametersOnHostCheckpointed => "stage3-parameters-on-host-checkpointed",
         }
     }
 
@@ -174,6 +199,37 @@ impl Side {
             Side::Stage3AutoPlacementMargin => {
                 "stage 3, auto placement, optimizer chunks in its margin"
             }
+            Side::PlainBurnCheckpointed => "plain Burn (Adam), activation checkpointing",
+            Side::Stage3ParametersOnHostCheckpointed => {
+                "stage 3, optimizer and parameters on the host, activation checkpointing"
+            }
+        }
+    }
+
+    /// Whether the side trains on Burn's `Autodiff<_, BalancedCheckpointing>`: activations of
+    /// memory-bound ops recomputed in backward instead of kept from forward.
+    fn checkpointed(self) -> bool {
+        matches!(
+            self,
+            Side::PlainBurnCheckpointed | Side::Stage3ParametersOnHostCheckpointed
+        )
+    }
+
+    /// Where a sharded side places parameter shards and optimizer state (`None`: plain Burn,
+    /// not sharded).
+    fn placement(self) -> Option<Placement> {
+        let auto = Placement::auto(Capacity::MiB(mib(budget())));
+        match self {
+            Side::PlainBurn | Side::PlainBurnCheckpointed => None,
+            Side::Stage3 => Some(Placement::device()),
+            Side::Stage3OptimizerOnHost => Some(Placement::fractions(0.0, 1.0)),
+            Side::Stage3ParametersOnHost | Side::Stage3ParametersOnHostCheckpointed => {
+                Some(Placement::fractions(1.0, 1.0))
+            }
+            Side::Stage3AutoPlacement => Some(auto),
+            // Every chunk's state starts on the host; after the placement, those that fit in
+            // 0.8 of the room it left move to the device.
+            Side::Stage3AutoPlacementMargin => Some(auto.with_gpu_margin_mem_ratio(MARGIN_RATIO)),
         }
     }
 
@@ -182,10 +238,14 @@ impl Side {
     }
 }
 
-/// The model of size `k`: `k` blocks of width 64·k.
+/// The widest model's `k`: from here on models grow in depth only (see the module docs).
+const WIDEST_K: usize = 16;
+
+/// The model of size `k`: `k` blocks of width 64·min(k, 16), heads of 64.
 fn config(k: usize, vocab: usize) -> GptConfig {
-    let width = 64 * k;
-    GptConfig::new(vocab, SEQ_LEN, width, k, k, 4 * width)
+    let heads = k.min(WIDEST_K);
+    let width = 64 * heads;
+    GptConfig::new(vocab, SEQ_LEN, width, heads, k, 4 * width)
 }
 
 /// The model of size `k` on `device`, its parameters initialised lazily: each is
@@ -205,7 +265,7 @@ fn model<B: AutodiffBackend>(
     model
 }
 
-/// `STEPS` training steps of `model` with `optimizer`; the seconds of the last `TIMED`.
+/// [`steps`] training steps of `model` with `optimizer`; the seconds of the last `TIMED`.
 /// `timing` is called as they start.
 fn train<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
     mut model: Gpt<B>,
@@ -215,8 +275,9 @@ fn train<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
     mut timing: impl FnMut(),
 ) -> f64 {
     let mut started = Instant::now();
-    for step in 0..STEPS {
-        if step == STEPS - TIMED {
+    let steps = steps();
+    for step in 0..steps {
+        if step == steps - TIMED {
             timing();
             started = Instant::now();
         }
@@ -242,84 +303,18 @@ fn trial(side: Side, k: usize, backend: DeviceKind) {
 fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
     let corpus = Corpus::new(TEXT);
     let ((parameters, seconds, placement), peak) =
-        peak_device_memory::<B, _>(&device, SAMPLE_EVERY, || match side {
-            Side::PlainBurn => {
-                // Not sharded: `Zero` forwards every op of an unsharded model to the backend
-                // (Burn's autodiff needs a backend with its distributed operations, which `Zero`
-                // is), so this is Burn's own training, holding its own memory.
-                let model = model::<Autodiff<Zero<B>>>(k, &corpus, &device, true);
-                let parameters = model.num_params();
-                let mut adam = AdamConfig::new().init();
-                let seconds = train(model, &mut adam, &corpus, &device, || {});
-                (parameters, seconds, Value::Null)
-            }
-            Side::Stage3
-            | Side::Stage3OptimizerOnHost
-            | Side::Stage3ParametersOnHost
-            | Side::Stage3AutoPlacement
-            | Side::Stage3AutoPlacementMargin => {
-                // No gather cache on any sharded side: the default one (512 MiB) would keep
-                // every gathered parameter from forward to backward, a second copy of the
-                // model's parameters on the device under a budget of a few hundred MiB.
-                let stage3 = ZeroConfig::new()
-                    .with_stage(3)
-                    .with_max_live_gathered_bytes(0);
-                let auto = Placement::auto(Capacity::MiB(mib(budget())));
-                let placement = match side {
-                    Side::Stage3 => Placement::device(),
-                    Side::Stage3OptimizerOnHost => Placement::fractions(0.0, 1.0),
-                    Side::Stage3ParametersOnHost => Placement::fractions(1.0, 1.0),
-                    Side::Stage3AutoPlacement => auto,
-                    // Every chunk's state starts on the host; after the placement, those that
-                    // fit in 0.8 of the room it left move to the device.
-                    _ => auto.with_gpu_margin_mem_ratio(MARGIN_RATIO),
-                };
-                let config = stage3.with_placement(placement);
-                let mut ranks =
-                    launch::<B, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
-                        // Built lazily and sharded one parameter at a time: where parameters
-                        // are offloaded, the whole model is never on the device at once.
-                        let (sharded, shard_peak) =
-                            peak_device_memory::<B, _>(ctx.device(), SAMPLE_EVERY, || {
-                                let base =
-                                    model::<Autodiff<Zero<B>>>(k, &corpus, ctx.device(), false);
-                                shard(base, &ctx, &config)
-                            });
-                        let (model, zero) = sharded?;
-                        let parameters = model.num_params();
-                        let adam = AdamConfig::new();
-                        let mut timed_from = zero.counts();
-                        let timing = || timed_from = zero.counts();
-                        let mut optimizer = ZeroOptimizer::new(&zero, adam)?;
-                        let seconds = train(model, &mut optimizer, &corpus, ctx.device(), timing);
-                        let margin = optimizer.margin_report();
-                        // What crossed between host and device per timed step, and what the
-                        // auto placement kept on the device between gathers over the run.
-                        let timed = zero.counts() - timed_from;
-                        let report = zero.memory_report();
-                        let placement = json!({
-                            // What the device held while the model was built and sharded.
-                            "shard_peak_in_use_bytes": shard_peak.map(|p| p.in_use),
-                            "margin": margin.map(|m| json!({
-                                "budget_bytes": m.budget_bytes,
-                                "moved_chunks": m.moved_chunks,
-                                "moved_bytes": m.moved_bytes,
-                                "host_chunks": m.host_chunks,
-                            })),
-                            "uploads_per_step": timed.host_writes as f64 / TIMED as f64,
-                            "read_backs_per_step": timed.host_reads as f64 / TIMED as f64,
-                            // What crosses the bus on a GPU, each way.
-                            "upload_bytes_per_step":
-                                timed.host_write_bytes as f64 / TIMED as f64,
-                            "read_back_bytes_per_step":
-                                timed.host_read_bytes as f64 / TIMED as f64,
-                            "auto_placement": report.auto_placement,
-                            "kept_shards": report.kept_shards,
-                        });
-                        Ok((parameters, seconds, placement))
-                    })
-                    .expect("one rank trains");
-                ranks.swap_remove(0)
+        peak_device_memory::<B, _>(&device, SAMPLE_EVERY, || {
+            match (side.placement(), side.checkpointed()) {
+                (None, false) => plain::<Autodiff<Zero<B>>>(k, &corpus, &device),
+                (None, true) => {
+                    plain::<Autodiff<Zero<B>, BalancedCheckpointing>>(k, &corpus, &device)
+                }
+                (Some(placement), false) => {
+                    sharded::<B, NoCheckpointing>(k, &corpus, &device, placement)
+                }
+                (Some(placement), true) => {
+                    sharded::<B, BalancedCheckpointing>(k, &corpus, &device, placement)
+                }
             }
         });
     let peak = peak.expect("a backend with a device-memory count");
@@ -334,6 +329,78 @@ fn trial_on<B: Backend>(side: Side, k: usize, device: B::Device) {
         "placement": placement,
     });
     println!("{line}");
+}
+
+/// Plain Burn's trial on `AB`: the parameters, the timed seconds, no placement.
+///
+/// Not sharded: `Zero` forwards every op of an unsharded model to the backend (Burn's autodiff
+/// needs a backend with its distributed operations, which `Zero` is), so this is Burn's own
+/// training, holding its own memory.
+fn plain<AB: AutodiffBackend>(k: usize, corpus: &Corpus, device: &AB::Device) -> Trained {
+    let model = model::<AB>(k, corpus, device, true);
+    let parameters = model.num_params();
+    let mut adam = AdamConfig::new().init();
+    let seconds = train(model, &mut adam, corpus, device, || {});
+    (parameters, seconds, Value::Null)
+}
+
+/// What a trial measured besides the device's peak: parameters, timed seconds, and for a
+/// sharded side what crossed the bus and what the placement decided.
+type Trained = (usize, f64, Value);
+
+/// A sharded side's trial: stage 3 on `Autodiff<Zero<B>, C>` with `placement`, one rank.
+fn sharded<B: Backend, C: CheckpointStrategy>(
+    k: usize,
+    corpus: &Corpus,
+    device: &B::Device,
+    placement: Placement,
+) -> Trained {
+    // No gather cache on any sharded side: the default one (512 MiB) would keep every gathered
+    // parameter from forward to backward, a second copy of the model's parameters on the
+    // device under a budget of a few hundred MiB.
+    let config = ZeroConfig::new()
+        .with_stage(3)
+        .with_max_live_gathered_bytes(0)
+        .with_placement(placement);
+    let mut ranks = launch::<B, _, _, ZeroError>(1, std::slice::from_ref(device), |ctx| {
+        // Built lazily and sharded one parameter at a time: where parameters are offloaded, the
+        // whole model is never on the device at once.
+        let (sharded, shard_peak) = peak_device_memory::<B, _>(ctx.device(), SAMPLE_EVERY, || {
+            let base = model::<Autodiff<Zero<B>, C>>(k, corpus, ctx.device(), false);
+            shard(base, &ctx, &config)
+        });
+        let (model, zero) = sharded?;
+        let parameters = model.num_params();
+        let mut timed_from = zero.counts();
+        let timing = || timed_from = zero.counts();
+        let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new())?;
+        let seconds = train(model, &mut optimizer, corpus, ctx.device(), timing);
+        let margin = optimizer.margin_report();
+        // What crossed between host and device per timed step, and what the auto placement
+        // kept on the device between gathers over the run.
+        let timed = zero.counts() - timed_from;
+        let report = zero.memory_report();
+        let placement = json!({
+            // What the device held while the model was built and sharded.
+            "shard_peak_in_use_bytes": shard_peak.map(|p| p.in_use),
+            "margin": margin.map(|m| json!({
+                "budget_bytes": m.budget_bytes,
+                "moved_chunks": m.moved_chunks,
+                "moved_bytes": m.moved_bytes,
+                "host_chunks": m.host_chunks,
+            })),
+            "uploads_per_step": timed.host_writes as f64 / TIMED as f64,
+            "read_backs_per_step": timed.host_reads as f64 / TIMED as f64,
+            // What crosses the bus on a GPU, each way.
+            "upload_bytes_per_step": timed.host_write_bytes as f64 / TIMED as f64,
+            "read_back_bytes_per_step": timed.host_read_bytes as f64 / TIMED as f64,
+            "auto_placement": report.auto_placement,
+            "kept_shards": report.kept_shards,
+        });
+        Ok((parameters, seconds, placement))
+    })
+    .expect("one rank trains");
+    ranks.swap_remove(0)
 }
 
 /// Runs one trial in a child process; `None` when it failed (for instance out of memory).
@@ -600,24 +667,31 @@ type Row = (Side, Option<Value>, Option<Value>);
 fn render(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Value) {
     let mut md = format!(
         "Largest GPT under a device budget of {:.0} MiB ({}, all streams, sampled every 5 ms \
-         over {STEPS} steps), 1 rank, f32, {} × {SEQ_LEN} tokens a step, tokens/s over \
+         over {} steps), 1 rank, f32, {} × {SEQ_LEN} tokens a step, tokens/s over \
          the last {TIMED}, on {adapter}:\n\n",
         mib(budget),
         judge.describe(),
+        steps(),
         batch()
     );
     md += "| placement | largest k | parameters | peak reserved MiB | peak in use MiB | tokens/s | uploads per step (MiB) | next size (k+1) judged peak MiB | × plain Burn's parameters |\n";
     md += "|---|---|---|---|---|---|---|---|---|\n";
-    let plain = rows
-        .iter()
-        .find(|(side, ..)| *side == Side::PlainBurn)
-        .and_then(|(_, fit, _)| fit.as_ref())
-        .and_then(|fit| fit["parameters"].as_u64());
+    // Each side against plain Burn with the same checkpointing.
+    let plain = |checkpointed: bool| {
+        let base = match checkpointed {
+            true => Side::PlainBurnCheckpointed,
+            false => Side::PlainBurn,
+        };
+        rows.iter()
+            .find(|(side, ..)| *side == base)
+            .and_then(|(_, fit, _)| fit.as_ref())
+            .and_then(|fit| fit["parameters"].as_u64())
+    };
     let mut entries = Vec::new();
     for (side, fit, over) in rows {
         let cell = |v: &Option<Value>, key: &str| v.as_ref().map(|v| v[key].clone());
         let parameters = cell(fit, "parameters").and_then(|v| v.as_u64());
-        let ratio = match (parameters, plain) {
+        let ratio = match (parameters, plain(side.checkpointed())) {
             (Some(p), Some(base)) if base > 0 => format!("{:.2}", p as f64 / base as f64),
             _ => "—".into(),
         };
@@ -657,7 +731,7 @@ fn render(rows: &[Row], budget: u64, judge: Judge, adapter: &str) -> (String, Va
         "adapter": adapter,
         "batch": batch(),
         "seq_len": SEQ_LEN,
-        "steps": STEPS,
+        "steps": steps(),
         "sides": entries,
     });
     (md, json)
