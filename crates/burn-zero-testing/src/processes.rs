@@ -226,12 +226,33 @@ pub fn built(variable: &str, relative: &str, build: &str) -> PathBuf {
     path
 }
 
-/// A TCP port nobody listens on right now.
+/// A TCP port for a job's rendezvous that nothing else is about to take.
+///
+/// A port the kernel hands out for `:0` comes from its ephemeral range, from which every
+/// outgoing connection also takes its local port: between this call and the job's listen,
+/// MPI's daemons or another test's connections may take it ("Address already in use"). So the
+/// port comes from below that range (`/proc/sys/net/ipv4/ip_local_port_range`; 32768 where it
+/// cannot be read), where only an explicit bind takes a port; it is free on every address, as
+/// the rank that listens binds them all; and no two calls of this process return the same one
+/// (tests of one binary run side by side), while processes start at places spread by their id.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral.saturating_sub(FIRST).max(1);
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = (FIRST + offset) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free TCP port from {FIRST} up to the ephemeral range's start ({ephemeral})")
 }
 
 /// `command`'s text for messages.
