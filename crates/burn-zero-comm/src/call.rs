@@ -13,6 +13,9 @@ pub enum CollectiveOp {
     ReduceScatter(ReduceOp),
     /// Every rank contributes a buffer; every rank receives the reduction.
     AllReduce(ReduceOp),
+    /// Every rank contributes a full buffer; rank `r` receives block `r` of every rank's
+    /// buffer, in rank order.
+    AllToAll,
     /// Every rank receives the buffer of `root`.
     Broadcast {
         /// The rank whose buffer is sent.
@@ -61,6 +64,7 @@ impl fmt::Display for CollectiveOp {
             CollectiveOp::Barrier => f.write_str("barrier"),
             CollectiveOp::Duplicate => f.write_str("duplicate"),
             CollectiveOp::Split => f.write_str("split"),
+            CollectiveOp::AllToAll => f.write_str("all_to_all"),
         }
     }
 }
@@ -145,6 +149,7 @@ impl CollectiveCall {
             CollectiveOp::Barrier => (4, 0),
             CollectiveOp::Duplicate => (5, 0),
             CollectiveOp::Split => (6, 0),
+            CollectiveOp::AllToAll => (7, 0),
         };
         let dtype = match self.dtype {
             None => 0u8,
@@ -185,6 +190,7 @@ impl CollectiveCall {
             4 => CollectiveOp::Barrier,
             5 => CollectiveOp::Duplicate,
             6 => CollectiveOp::Split,
+            7 => CollectiveOp::AllToAll,
             _ => return None,
         };
         let dtype = match bytes[9] {

@@ -35,6 +35,22 @@ pub trait Communicator<B: Backend>: Send + Sync {
     /// Reduces every rank's `input` element-wise; every rank receives the whole result.
     fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError>;
 
+    /// Sends block `j` of this rank's `input` to rank `j` and returns the blocks it receives,
+    /// one from every rank in rank order: block `r` of the result is block `rank` of rank
+    /// `r`'s input. The input length must be divisible by the world size; the result has the
+    /// input's length. The building block of reductions in rank order
+    /// ([`crate::RankOrderReduction`]): each rank receives every rank's piece of its own shard
+    /// and sums them itself, in an order no engine's algorithm chooses.
+    ///
+    /// Engines without one answer [`CommError::Unavailable`] (the default), at once and on
+    /// every rank alike.
+    fn all_to_all(&self, input: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        let _ = input;
+        Err(CommError::Unavailable(
+            "this communication engine has no all_to_all".to_string(),
+        ))
+    }
+
     /// Returns `root`'s buffer on every rank. Every rank passes a buffer of the same dtype and
     /// length (its content is ignored except on `root`).
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError>;

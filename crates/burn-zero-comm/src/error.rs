@@ -132,7 +132,8 @@ pub enum CommError {
         /// MPI's error and its text.
         detail: String,
     },
-    /// A library or device the engine needs is missing on this machine.
+    /// A library or device the engine needs is missing on this machine, or the engine lacks
+    /// a collective (an all-to-all).
     #[error("engine unavailable: {0}")]
     Unavailable(String),
     /// A CUDA library cannot be loaded under any of the names tried.

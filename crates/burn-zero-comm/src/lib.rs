@@ -54,6 +54,7 @@ pub mod mpi;
 pub mod nccl;
 pub mod ordered;
 mod plane;
+pub mod rank_order;
 
 /// Locks that a panicking rank does not poison for the others.
 pub use burn_zero_launch::sync;
@@ -71,3 +72,4 @@ pub use mpi::{MpiGroup, MpiOptions};
 #[cfg(feature = "cuda")]
 pub use nccl::{FusedCudaBackend, NcclGroup, NcclOptions, launch_nccl};
 pub use ordered::{OrderedComm, Pending, Reservation};
+pub use rank_order::RankOrderReduction;

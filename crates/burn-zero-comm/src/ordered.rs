@@ -231,6 +231,19 @@ impl<B: Backend> OrderedComm<B> {
         &self.inner
     }
 
+    /// This handle with its engine wrapped by `wrap` (a [`crate::RankOrderReduction`]): the
+    /// same rank's one order and issuing thread, the same group, another way of running its
+    /// collectives. Groups split from the result are wrapped as the wrapper splits them.
+    pub fn with_engine(
+        &self,
+        wrap: impl FnOnce(Arc<dyn Communicator<B>>) -> Arc<dyn Communicator<B>>,
+    ) -> OrderedComm<B> {
+        OrderedComm {
+            inner: wrap(self.inner.clone()),
+            issuer: self.issuer.clone(),
+        }
+    }
+
     /// [`Communicator::split`], keeping the type: the new group's collectives take tickets
     /// from this rank's one counter, and one position can carry collectives of several such
     /// groups ([`Reservation::on_group`]).
@@ -573,6 +586,14 @@ impl<B: Backend> Communicator<B> for Reservation<B> {
         })
     }
 
+    /// Counted with the other collectives ([`CollectiveKind::Other`]): the rank-order
+    /// reductions it serves run inside the engine and count as the reductions they are.
+    fn all_to_all(&self, input: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        self.data_collective(CollectiveKind::Other, input, |comm, input| {
+            comm.all_to_all(input)
+        })
+    }
+
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
         if self.is_alone() && root != 0 {
             return Err(CommError::InvalidRoot {
@@ -639,6 +660,10 @@ impl<B: Backend> Communicator<B> for OrderedComm<B> {
 
     fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
         self.reserve().all_reduce(input, op)
+    }
+
+    fn all_to_all(&self, input: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        self.reserve().all_to_all(input)
     }
 
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {

@@ -59,6 +59,15 @@ pub struct ZeroConfig {
     /// on the training thread when backward ends. Results are bitwise the same either way.
     #[config(default = true)]
     pub overlap_comm: bool,
+    /// Reduce gradients (and every other reduction of the module's groups) as an all-to-all
+    /// followed by a sum in rank order on each rank ([`burn_zero_comm::RankOrderReduction`]),
+    /// instead of the engine's own reductions: the sums then have the same bits on every
+    /// engine, world size and machine shape, the bits `LocalGroup` gives (NCCL sums in an order
+    /// its algorithm picks). The same bytes cross the links as with a ring, but each rank
+    /// receives into a buffer of the whole bucket. Needs an engine with an all-to-all
+    /// (`LocalGroup`); `shard` refuses it by name on one without. Off by default.
+    #[config(default = false)]
+    pub reduce_in_rank_order: bool,
     /// Stage 3 with f16/bf16 parameters: once a parameter's reduced gradient shard arrives,
     /// free its half-precision parameter shard, whose values the optimizer's fp32 master copy
     /// holds anyway; the next optimizer step writes a fresh shard. Between backward and step a

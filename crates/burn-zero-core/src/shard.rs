@@ -5,8 +5,10 @@ use std::sync::Arc;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
-use burn_zero_comm::{CommError, RankContext, agree};
+use burn::tensor::{DType, Shape, Tensor, TensorData, TensorMetadata, TensorPrimitive};
+use burn_zero_comm::{
+    CommError, Communicator, OrderedComm, RankContext, RankOrderReduction, agree,
+};
 use burn_zero_kernels::host::HostBackend;
 
 use crate::backend::Zero;
@@ -77,7 +79,8 @@ where
     // thread and prefetches of this module and of every other module sharded with `ctx` (NCCL
     // deadlocks when ranks interleave two threads' collectives differently). The shard and
     // replica groups of hybrid sharding are split from it and keep that one order.
-    let (groups, ordered) = Groups::split_ordered(ctx.ordered(), shard_size)?;
+    let world = world_group(ctx, config)?;
+    let (groups, ordered) = Groups::split_ordered(&world, shard_size)?;
     let ordered = Some(ordered).filter(|_| config.overlaps_reduction() || config.prefetches());
     let prefetch_on = ordered.as_ref().map(|ordered| ordered.shard.clone());
     let store = Arc::new(ParamStore::new(
@@ -147,6 +150,27 @@ where
         "module sharded"
     );
     Ok((module, state))
+}
+
+/// The rank's ordered group, its reductions in rank order where `config` asks for them
+/// (checked: the engine must have an all-to-all, which every rank asks it here, alike).
+fn world_group<B: Backend>(
+    ctx: &RankContext<B>,
+    config: &ZeroConfig,
+) -> Result<OrderedComm<B>, ZeroError> {
+    if !config.reduce_in_rank_order {
+        return Ok(ctx.ordered().clone());
+    }
+    let world = ctx
+        .ordered()
+        .with_engine(|engine| Arc::new(RankOrderReduction::new(engine)));
+    let empty = Tensor::<B, 1>::from_data(TensorData::new(Vec::<f32>::new(), [0]), ctx.device());
+    world.all_to_all(empty).map_err(|error| {
+        ZeroError::InvalidConfig(format!(
+            "reduce_in_rank_order needs a communication engine with an all-to-all: {error}"
+        ))
+    })?;
+    Ok(world)
 }
 
 /// The chunk layout of the store's parameters under `config`, the same on every rank (checked:

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use burn_zero_comm::{Communicator, Counts, RankContext};
+use burn_zero_comm::{Communicator, Counts, RankContext, RankOrderReduction};
 
 use crate::backend::Zero;
 use crate::config::ZeroConfig;
@@ -68,7 +68,12 @@ impl<B: Backend> ZeroState<B> {
         let shard_size = config
             .shard_group_size_for(ctx.world_size())
             .map_err(ZeroError::InvalidConfig)?;
-        let groups = Groups::split(ctx.comm().clone(), shard_size)?;
+        let world = if config.reduce_in_rank_order {
+            Arc::new(RankOrderReduction::new(ctx.comm().clone()))
+        } else {
+            ctx.comm().clone()
+        };
+        let groups = Groups::split(world, shard_size)?;
         let counters = ctx.ordered().counters().clone();
         let store = ParamStore::new(groups, None, ctx.device().clone(), config, counters);
         store.set_table(ParamTable::default());

@@ -425,3 +425,29 @@ fn rank_dependent_parameter_use_works_below_stage_3() {
         );
     }
 }
+
+/// Reductions in rank order on an engine without an all-to-all are refused by name while
+/// sharding, on every rank, rather than failing the first reduction of training.
+#[test]
+fn reductions_in_rank_order_need_an_engine_with_an_all_to_all() {
+    use burn_zero_comm::RankContext;
+    use burn_zero_testing::engines::WithoutAllToAll;
+
+    let errors = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+        let engine = std::sync::Arc::new(WithoutAllToAll(ctx.engine().clone()));
+        let ctx = RankContext::new(*ctx.device(), engine);
+        let config = ZeroConfig::new().with_reduce_in_rank_order(true);
+        let model = Mlp::<Train>::new(5, false, ctx.device());
+        Ok(shard(model, &ctx, &config)
+            .map(drop)
+            .expect_err("no all-to-all"))
+    })
+    .unwrap();
+    for error in errors {
+        let said = error.to_string();
+        assert!(
+            said.contains("reduce_in_rank_order") && said.contains("all_to_all"),
+            "{said}"
+        );
+    }
+}

@@ -177,3 +177,55 @@ fn fused_sgd_matches_single_rank_training_bitwise() {
         || FusedSgd::new(&sgd()).expect("fusable"),
     );
 }
+
+/// Reductions in rank order (an all-to-all, then each rank's own sum of the pieces) on
+/// `LocalGroup`, which sums in rank order itself: one rank's bits at every stage, at 2 and 3
+/// ranks (3 is the first size where an engine's own order could differ), with one parameter
+/// per chunk and with chunks.
+#[test]
+fn reductions_in_rank_order_match_single_rank_training_bitwise() {
+    let base = base_model(&Default::default());
+    for world_size in [2, 3] {
+        let want = reference(&base, world_size, AdamConfig::new().init());
+        for config in common::configs() {
+            let chunked = config
+                .clone()
+                .with_chunk_size(burn_zero_core::ChunkSize::Elements(256));
+            for config in [config, chunked] {
+                let config = config.with_reduce_in_rank_order(true);
+                let got = sharded(&base, world_size, &config, || AdamConfig::new().build());
+                let what = format!(
+                    "rank order, world {world_size}, stage {}, {:?}",
+                    config.stage, config.chunk_size
+                );
+                assert_same(&got, &want, &what);
+            }
+        }
+    }
+}
+
+/// Under hybrid sharding both levels (the reduce-scatter inside a shard group, the all-reduce
+/// across replicas) reduce in rank order, with the bits of `LocalGroup`'s own reductions: six
+/// ranks as 2 groups of 3 and as 3 groups of 2, so that each level has three ranks once (two
+/// add alike in either order).
+#[test]
+fn hybrid_reductions_in_rank_order_match_the_engines_bitwise() {
+    let base = base_model(&Default::default());
+    for (stage, shard_size) in [(2, 3), (3, 3), (3, 2)] {
+        let config = ZeroConfig::new()
+            .with_stage(stage)
+            .with_shard_group_size(shard_size);
+        let want = sharded(&base, 6, &config, || AdamConfig::new().build());
+        let in_order = config.clone().with_reduce_in_rank_order(true);
+        let got = sharded(&base, 6, &in_order, || AdamConfig::new().build());
+        for (rank, (got, want)) in got.iter().zip(&want).enumerate() {
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    bits_equal(g, w),
+                    "hybrid, stage {stage}, shard groups of {shard_size}, rank {rank}, \
+                     parameter #{i}:\n{g:?}\n{w:?}"
+                );
+            }
+        }
+    }
+}

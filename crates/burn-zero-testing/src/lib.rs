@@ -5,6 +5,7 @@
 //! outside the library; and [`recording`], a communicator that logs the calls it issues.
 
 pub mod alloc;
+pub mod engines;
 pub mod processes;
 pub mod recording;
 pub mod skip;

@@ -139,7 +139,9 @@ impl<B: Backend> LocalGroup<B> {
             });
         }
         match call.op {
-            CollectiveOp::ReduceScatter(_) if !call.numel.is_multiple_of(world_size) => {
+            CollectiveOp::ReduceScatter(_) | CollectiveOp::AllToAll
+                if !call.numel.is_multiple_of(world_size) =>
+            {
                 Some(CommError::NotDivisible {
                     numel: call.numel,
                     world_size,
@@ -299,6 +301,34 @@ impl<B: Backend> Communicator<B> for LocalGroup<B> {
             .map(|b| b.clone().to_device(&device))
             .collect();
         self.settled(Tensor::cat(parts, 0), blocks)
+    }
+
+    fn all_to_all(&self, input: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        let call = self.begin(CollectiveOp::AllToAll, Some(&input))?;
+        let device = input.device();
+        let buffers = self.exchange(&call, 0, Some(input.clone()))?;
+        if call.numel == 0 || self.world() == 1 {
+            return Ok(input);
+        }
+        let block = call.numel / self.world();
+        let range = self.rank * block..(self.rank + 1) * block;
+        let pieces: Vec<Option<Tensor<B, 1>>> = buffers
+            .iter()
+            .map(|buffer| {
+                let buffer = buffer
+                    .clone()
+                    .unwrap_or_else(|| unreachable!("every rank deposits a buffer"));
+                Some(buffer.slice(range.clone()))
+            })
+            .collect();
+        if let Some(received) = self.host().and_then(|host| host.concat(&pieces)) {
+            return Ok(received);
+        }
+        let parts = pieces
+            .into_iter()
+            .flatten()
+            .map(|piece| piece.to_device(&device));
+        self.settled(Tensor::cat(parts.collect(), 0), buffers)
     }
 
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {

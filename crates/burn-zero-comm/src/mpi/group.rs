@@ -184,7 +184,9 @@ impl<B: Backend> MpiGroup<B> {
             )));
         }
         match call.op {
-            CollectiveOp::ReduceScatter(_) if !call.numel.is_multiple_of(world_size) => {
+            CollectiveOp::ReduceScatter(_) | CollectiveOp::AllToAll
+                if !call.numel.is_multiple_of(world_size) =>
+            {
                 Some(CommError::NotDivisible {
                     numel: call.numel,
                     world_size,
@@ -315,6 +317,19 @@ impl<B: Backend> MpiGroup<B> {
         op: ReduceOp,
     ) -> Result<Tensor<B, 1>, CommError> {
         let dtype = input.dtype();
+        let recv = self.exchange_blocks(call, input, ranges)?;
+        Ok(recv.reduce(self.plane(), self.world_size, op, dtype, &input.device()))
+    }
+
+    /// Sends range `r` of `input` to rank `r` and receives this rank's range from every rank,
+    /// end to end in rank order (an all-to-all).
+    fn exchange_blocks(
+        &self,
+        call: &CollectiveCall,
+        input: &Tensor<B, 1>,
+        ranges: &[std::ops::Range<usize>],
+    ) -> Result<Incoming, CommError> {
+        let dtype = input.dtype();
         let mine = ranges[self.rank].len();
         let send = self.outgoing(input)?;
         let mut recv = Incoming::new(self.plane(), dtype, mine * self.world_size);
@@ -333,8 +348,7 @@ impl<B: Backend> MpiGroup<B> {
             _layout: Some(layout),
         });
         let (_, recv) = self.complete(call, posted)?;
-        let recv = recv.unwrap_or_else(|| unreachable!("a reduction receives"));
-        Ok(recv.reduce(self.plane(), self.world_size, op, dtype, &input.device()))
+        Ok(recv.unwrap_or_else(|| unreachable!("an all-to-all receives")))
     }
 }
 
@@ -444,6 +458,19 @@ impl<B: Backend> Communicator<B> for MpiGroup<B> {
         let (_, recv) = self.complete(&call, posted)?;
         let recv = recv.unwrap_or_else(|| unreachable!("a gather receives"));
         Ok(recv.into_tensor(self.plane(), dtype, &input.device()))
+    }
+
+    fn all_to_all(&self, input: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        let call = self.begin(CollectiveOp::AllToAll, Some(&input))?;
+        if self.world_size == 1 || call.numel == 0 {
+            return Ok(input);
+        }
+        let block = call.numel / self.world_size;
+        let ranges: Vec<_> = (0..self.world_size)
+            .map(|rank| rank * block..(rank + 1) * block)
+            .collect();
+        let recv = self.exchange_blocks(&call, &input, &ranges)?;
+        Ok(recv.into_tensor(self.plane(), input.dtype(), &input.device()))
     }
 
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {

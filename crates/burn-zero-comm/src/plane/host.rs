@@ -41,7 +41,6 @@ impl HostPlane {
 
     /// `tensor` as contiguous host memory; `None` (use the Burn-ops path) when it is not a
     /// host tensor of a dtype this backend stores.
-    #[cfg(feature = "mpi")]
     pub fn view<B: Backend>(&self, tensor: &Tensor<B, 1>) -> Option<HostTensor> {
         self.views(std::iter::once(tensor))?.pop()
     }
@@ -80,7 +79,6 @@ impl HostPlane {
     /// element in rank order into a pooled buffer: what `LocalGroup::reduce_scatter` computes
     /// from the ranks' buffers, from their blocks received end to end. `None` when `buffer`
     /// is not of a dtype this plane reduces.
-    #[cfg(feature = "mpi")]
     pub fn reduce_parts(
         &self,
         buffer: &HostTensor,
@@ -206,7 +204,6 @@ impl FloatVisitor for Take<'_> {
 }
 
 /// Reduces the consecutive parts of one buffer into a pooled buffer of their element type.
-#[cfg(feature = "mpi")]
 struct ReduceParts<'a> {
     backend: HostBackend,
     pool: &'a BufferPool,
@@ -215,7 +212,6 @@ struct ReduceParts<'a> {
     op: ReduceOp,
 }
 
-#[cfg(feature = "mpi")]
 impl FloatVisitor for ReduceParts<'_> {
     type Output = Option<HostTensor>;
 
