@@ -29,7 +29,7 @@ use burn::tensor::backend::Backend;
 use crate::call::ReduceOp;
 use crate::communicator::Communicator;
 use crate::error::CommError;
-use crate::plane::{HostPlane, fold_parts};
+use crate::plane::{HostPlane, fold_pieces};
 
 /// An engine whose reductions are all-to-alls summed in rank order (see the module docs).
 pub struct RankOrderReduction<B: Backend> {
@@ -58,11 +58,7 @@ impl<B: Backend> RankOrderReduction<B> {
         {
             return HostPlane::tensor(reduced);
         }
-        let len = received.dims()[0] / parts;
-        fold_parts(
-            (0..parts).map(|part| received.clone().slice(part * len..(part + 1) * len)),
-            op,
-        )
+        fold_pieces(received, parts, op)
     }
 }
 

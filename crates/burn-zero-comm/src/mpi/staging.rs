@@ -12,7 +12,7 @@ use burn_zero_kernels::host::{FloatVisitor, HostFloat, HostTensor, visit};
 
 use crate::call::ReduceOp;
 use crate::error::CommError;
-use crate::plane::{HostPlane, fold_parts};
+use crate::plane::{HostPlane, fold_pieces};
 
 /// A tensor's bytes, which MPI reads.
 pub(crate) enum Outgoing {
@@ -122,12 +122,7 @@ impl Incoming {
             plane.keep(buffer);
             return HostPlane::tensor(reduced);
         }
-        let all = self.into_tensor::<B>(plane, dtype, device);
-        let len = all.dims()[0] / parts;
-        fold_parts(
-            (0..parts).map(|part| all.clone().slice(part * len..(part + 1) * len)),
-            op,
-        )
+        fold_pieces(self.into_tensor::<B>(plane, dtype, device), parts, op)
     }
 }
 

@@ -45,6 +45,20 @@ pub(crate) fn fold_parts<B: Backend>(
     }
 }
 
+/// `all`, `parts` pieces of equal length end to end (one per rank, in rank order, as an
+/// all-to-all receives them), reduced with [`fold_parts`].
+pub(crate) fn fold_pieces<B: Backend>(
+    all: Tensor<B, 1>,
+    parts: usize,
+    op: ReduceOp,
+) -> Tensor<B, 1> {
+    let len = all.dims()[0] / parts;
+    fold_parts(
+        (0..parts).map(|part| all.clone().slice(part * len..(part + 1) * len)),
+        op,
+    )
+}
+
 /// Bounds of block `index` when `numel` elements are split into `parts` nearly equal blocks
 /// (the first `numel % parts` blocks get one element more): each rank's share of an
 /// all-reduce.

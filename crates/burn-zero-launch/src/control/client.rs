@@ -498,8 +498,7 @@ fn read_loop(shared: &ClientShared, stream: &mut TcpStream, endpoint: String) {
 
 #[cfg(test)]
 mod tests {
-    use std::fs;
-    use std::path::PathBuf;
+    use super::super::scratch;
 
     use super::*;
 
@@ -662,15 +661,6 @@ mod tests {
             Ok(_) => panic!("a client with the wrong world size was let in"),
         };
         assert!(error.to_string().contains("WORLD_SIZE=3"), "{error}");
-    }
-
-    /// A scratch file path of this test process.
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("burn-zero-control-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
-        let _ = fs::remove_file(&path);
-        path
     }
 
     #[test]

@@ -103,16 +103,8 @@ impl FirstCause {
 
 #[cfg(test)]
 mod tests {
+    use super::super::scratch;
     use super::*;
-
-    /// A scratch file path of this test process.
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("burn-zero-control-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
-        let _ = fs::remove_file(&path);
-        path
-    }
 
     #[test]
     fn a_cause_file_reads_back_and_a_foreign_one_is_named() {

@@ -44,6 +44,16 @@ mod first_cause;
 mod server;
 mod wire;
 
+/// A scratch file path of this test process, for the control store's tests of cause files.
+#[cfg(test)]
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-zero-control-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
 pub use client::ControlClient;
 pub use error::{ControlError, ControlFailure};
 pub use establish::establish;
