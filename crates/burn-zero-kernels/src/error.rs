@@ -78,4 +78,11 @@ pub enum KernelError {
         "no host pack/unpack for backend {backend} (it runs on Flex and NdArray, with features `flex` and `ndarray`)"
     )]
     HostUnavailable { backend: String },
+
+    /// Separately rounded multiply-adds were asked of CUDA's optimizer kernels, which its
+    /// compiler contracts into fused ones.
+    #[error(
+        "CUDA's optimizer kernels cannot round a multiply and an add separately (NVRTC contracts them); they compute MultiplyAdd::Fused"
+    )]
+    SeparateRoundingUnavailable,
 }

@@ -48,8 +48,10 @@ pub use spec::{BucketSpec, GatheredMember, MemberSpec, PackPath, RowPart};
 pub use unpack::{unpack, unpack_row};
 
 /// One Adam or AdamW step of a flat f32 shard in one kernel launch, on a `CubeBackend` (wgpu
-/// or CUDA, plain or fused): per element, [`host::adam_step`]'s arithmetic (Burn's operations
-/// in Burn's order), with the step's scalars computed on the host as it computes them.
+/// or CUDA, plain or fused): per element, [`host::adam_step_with`]'s arithmetic (Burn's
+/// operations in Burn's order) with [`kernel_multiply_add`]'s rounding, and the step's
+/// scalars computed on the host as it computes them. On wgpu that is [`host::adam_step`] bit
+/// for bit, and Burn's own Adam; on CUDA every multiply-add is one fused operation.
 ///
 /// `param`, `grad` and the moments `(m, v)` hold the same number of f32 elements (any shape;
 /// contiguous ones are read in vectors). `moments` is `None` when there are none yet: on the
@@ -107,7 +109,7 @@ pub fn adam_step_kernel_copying<B: Backend>(
 > {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        kernel::adam_step::<B>(step, param, grad, moments, copy)
+        kernel::adam_step::<B>(step, param, grad, moments, copy, None)
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
@@ -117,8 +119,8 @@ pub fn adam_step_kernel_copying<B: Backend>(
 }
 
 /// One SGD step of a flat f32 shard in one kernel launch, on a `CubeBackend` (wgpu or CUDA,
-/// plain or fused): per element, [`host::sgd_step`]'s arithmetic (Burn's operations in Burn's
-/// order). `velocity` is read on a momentum step that is not the first (`step.momentum`'s
+/// plain or fused): per element, [`host::sgd_step_with`]'s arithmetic (Burn's operations in
+/// Burn's order) with [`kernel_multiply_add`]'s rounding. `velocity` is read on a momentum step that is not the first (`step.momentum`'s
 /// `first`); without momentum it is ignored. Returns the new parameter and, with momentum,
 /// the velocity, each written into its input's buffer when nothing else holds it.
 ///
@@ -134,11 +136,82 @@ pub fn sgd_step_kernel<B: Backend>(
 ) -> Option<Result<(B::FloatTensorPrimitive, Option<B::FloatTensorPrimitive>), KernelError>> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        kernel::sgd_step::<B>(step, param, grad, velocity)
+        kernel::sgd_step::<B>(step, param, grad, velocity, None)
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
         let _ = (step, param, grad, velocity);
+        None
+    }
+}
+
+/// [`adam_step_kernel`] with the rounding of its multiply-adds chosen: the way to run the
+/// fused variant, CUDA's, on wgpu. Vulkan does not promise that `fma` is fused, so on wgpu
+/// the result is [`host::adam_step_with`]'s with [`host::MultiplyAdd::Fused`] only on a
+/// device whose `fma` is (lavapipe's is). An error, with nothing launched, for
+/// [`host::MultiplyAdd::Rounded`] on CUDA ([`KernelError::SeparateRoundingUnavailable`]).
+#[allow(clippy::type_complexity)]
+pub fn adam_step_kernel_with<B: Backend>(
+    step: &host::AdamStep,
+    multiply_add: host::MultiplyAdd,
+    param: B::FloatTensorPrimitive,
+    grad: B::FloatTensorPrimitive,
+    moments: Option<(B::FloatTensorPrimitive, B::FloatTensorPrimitive)>,
+) -> Option<
+    Result<
+        (
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
+        ),
+        KernelError,
+    >,
+> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        kernel::adam_step::<B>(step, param, grad, moments, None, Some(multiply_add))
+            .map(|stepped| stepped.map(|(p, m, v, _)| (p, m, v)))
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = (step, multiply_add, param, grad, moments);
+        None
+    }
+}
+
+/// [`sgd_step_kernel`] with the rounding of its multiply-adds chosen, as
+/// [`adam_step_kernel_with`].
+#[allow(clippy::type_complexity)]
+pub fn sgd_step_kernel_with<B: Backend>(
+    step: &host::SgdStep,
+    multiply_add: host::MultiplyAdd,
+    param: B::FloatTensorPrimitive,
+    grad: B::FloatTensorPrimitive,
+    velocity: Option<B::FloatTensorPrimitive>,
+) -> Option<Result<(B::FloatTensorPrimitive, Option<B::FloatTensorPrimitive>), KernelError>> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        kernel::sgd_step::<B>(step, param, grad, velocity, Some(multiply_add))
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = (step, multiply_add, param, grad, velocity);
+        None
+    }
+}
+
+/// The rounding of multiply-adds in `B`'s optimizer kernels, so the host pass they equal bit
+/// for bit ([`host::adam_step_with`], [`host::sgd_step_with`]): [`host::MultiplyAdd::Fused`]
+/// on CUDA, whose compiler contracts multiply-adds (the kernels write each one out as `fma`);
+/// [`host::MultiplyAdd::Rounded`] on wgpu, which is also Burn's own arithmetic. `None` when
+/// `B` has no kernel in this build.
+pub fn kernel_multiply_add<B: Backend>() -> Option<host::MultiplyAdd> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        kernel::multiply_add::<B>()
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
         None
     }
 }

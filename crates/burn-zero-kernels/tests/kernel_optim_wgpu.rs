@@ -24,9 +24,12 @@ use burn::optim::{AdamConfig, AdamWConfig, SgdConfig, SimpleOptimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_fusion::Fusion;
-use burn_zero_kernels::host::{AdamRule, AdamStep, adam_step};
+use burn_zero_kernels::host::{
+    AdamRule, AdamStep, MultiplyAdd, SgdMomentum, SgdStep, adam_step, adam_step_with, sgd_step_with,
+};
 use burn_zero_kernels::{
-    KernelError, adam_step_kernel, adam_step_kernel_copying, kernel_available, sgd_step_kernel,
+    KernelError, adam_step_kernel, adam_step_kernel_copying, adam_step_kernel_with,
+    kernel_available, kernel_multiply_add, sgd_step_kernel, sgd_step_kernel_with,
 };
 use burn_zero_optim::{FusedAdam, FusedAdamW, FusedSgd};
 use burn_zero_testing::skip;
@@ -166,10 +169,12 @@ const CONFIGS: [Config; 4] = [
     },
 ];
 
-/// Runs `steps` steps of `config` over `n` elements on the kernel and on the host, comparing
-/// parameter and moments after every step; returns the first step where they differ.
+/// Runs `steps` steps of `config` over `n` elements on the kernel (its variant for `kernel`'s
+/// rounding) and on the host (with `host`'s), comparing parameter and moments after every
+/// step; returns the first step where they differ.
 fn first_difference<B: Backend<Device = WgpuDevice>>(
     config: &Config,
+    (kernel, host): (MultiplyAdd, MultiplyAdd),
     n: usize,
     steps: usize,
     seed: u64,
@@ -191,9 +196,9 @@ fn first_difference<B: Backend<Device = WgpuDevice>>(
     for t in 1..=steps {
         let g = gradient(&mut rng, n, t);
         let step = config.step(t);
-        adam_step(&step, &mut p, &g, &mut m, &mut v, 1);
+        adam_step_with(&step, host, &mut p, &g, &mut m, &mut v, 1);
         let grad = upload::<B>(&g, &device);
-        let (np, nm, nv) = adam_step_kernel::<B>(&step, param, grad, moments)
+        let (np, nm, nv) = adam_step_kernel_with::<B>(&step, kernel, param, grad, moments)
             .expect("wgpu has the kernel")
             .expect("an f32 step");
         for (what, device, host) in [("param", &np, &p), ("m", &nm, &m), ("v", &nv, &v)] {
@@ -220,7 +225,10 @@ fn kernel_adam_is_the_host_step_bit_for_bit_over_a_thousand_steps() {
     for config in &CONFIGS {
         // 1,031 elements: one at a time; 2,048: in vectors of four.
         for n in [1031, 2048] {
-            if let Some((t, what)) = first_difference::<Plain>(config, n, 1000, 0xADA3 + n as u64) {
+            let rounded = (MultiplyAdd::Rounded, MultiplyAdd::Rounded);
+            if let Some((t, what)) =
+                first_difference::<Plain>(config, rounded, n, 1000, 0xADA3 + n as u64)
+            {
                 failures.push(format!(
                     "{}, {n} elements: {what} differs at step {t}",
                     config.name
@@ -238,11 +246,155 @@ fn fused_kernel_adam_is_the_host_step_bit_for_bit() {
     }
     let mut failures = Vec::new();
     for config in &CONFIGS {
-        if let Some((t, what)) = first_difference::<Fused>(config, 1031, 1000, 0xF05E) {
+        let rounded = (MultiplyAdd::Rounded, MultiplyAdd::Rounded);
+        if let Some((t, what)) = first_difference::<Fused>(config, rounded, 1031, 1000, 0xF05E) {
             failures.push(format!("{}: {what} differs at step {t}", config.name));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The rounding the adapter's `fma` computes (Vulkan does not promise a fused one; lavapipe
+/// rounds twice), told by the fused-variant Adam kernel itself on elements some of whose
+/// updates differ between the two roundings. Panics when the kernel's result is neither host
+/// reference's.
+fn adapters_fma() -> MultiplyAdd {
+    let device = WgpuDevice::default();
+    let step = AdamStep {
+        rule: AdamRule::Adam { weight_decay: None },
+        lr: 0.1,
+        beta_1: 0.9,
+        beta_2: 0.999,
+        epsilon: 1e-3,
+        time: 1,
+        factor: None,
+    };
+    // First steps from parameters and gradients spread over an octave: the update `p − u·lr`
+    // keeps the low bits of `u·lr` in some of them only when fused.
+    let start: Vec<f32> = (0..256).map(|i| 1.0 + i as f32 / 256.0).collect();
+    let grad: Vec<f32> = (0..256).map(|i| 0.5 + i as f32 / 97.0).collect();
+    let host = |multiply_add| {
+        let (mut p, mut m, mut v) = (start.clone(), vec![0.0; 256], vec![0.0; 256]);
+        adam_step_with(&step, multiply_add, &mut p, &grad, &mut m, &mut v, 1);
+        p.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    };
+    let (rounded, fused) = (host(MultiplyAdd::Rounded), host(MultiplyAdd::Fused));
+    assert_ne!(
+        rounded, fused,
+        "the probe must tell the two roundings apart"
+    );
+    let param = upload::<Plain>(&start, &device);
+    let grad = upload::<Plain>(&grad, &device);
+    let (p, _, _) = adam_step_kernel_with::<Plain>(&step, MultiplyAdd::Fused, param, grad, None)
+        .expect("wgpu has the kernel")
+        .expect("an f32 step");
+    let kernel: Vec<u32> = download::<Plain>(p).iter().map(|x| x.to_bits()).collect();
+    match (kernel == fused, kernel == rounded) {
+        (true, _) => MultiplyAdd::Fused,
+        (_, true) => MultiplyAdd::Rounded,
+        _ => panic!("the fused-variant kernel matches neither host rounding"),
+    }
+}
+
+/// CUDA's variant of the kernel (every multiply-add written as `fma`), run on wgpu against
+/// the host pass with the adapter's `fma` rounding: on an adapter whose `fma` is fused, the
+/// host pass with `f32::mul_add` at the same places, which checks that kernel and reference
+/// place their fused operations alike; on lavapipe, whose `fma` rounds twice, Burn's rounding,
+/// which checks the variant's data flow (where each fused operand comes from is then checked
+/// on a GPU only). The default kernel on wgpu stays the separately rounded one.
+#[test]
+fn cudas_fused_multiply_add_kernel_is_the_host_step_bit_for_bit() {
+    if !runs("cudas_fused_multiply_add_kernel_is_the_host_step_bit_for_bit") {
+        return;
+    }
+    assert_eq!(kernel_multiply_add::<Plain>(), Some(MultiplyAdd::Rounded));
+    assert_eq!(kernel_multiply_add::<Fused>(), Some(MultiplyAdd::Rounded));
+    let host = adapters_fma();
+    println!("the adapter's fma: {host:?}");
+    let mut failures = Vec::new();
+    for config in &CONFIGS {
+        for (n, seed) in [(1031, 0xF3A), (2048, 0xF3B)] {
+            let sides = (MultiplyAdd::Fused, host);
+            if let Some((t, what)) = first_difference::<Plain>(config, sides, n, 1000, seed) {
+                failures.push(format!("{}, {n}: {what} differs at step {t}", config.name));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The same for SGD, every combination of weight decay, momentum, dampening and Nesterov;
+/// the fused host reference parts from the rounded one within the run.
+#[test]
+fn cudas_fused_multiply_add_sgd_kernel_is_the_host_step_bit_for_bit() {
+    if !runs("cudas_fused_multiply_add_sgd_kernel_is_the_host_step_bit_for_bit") {
+        return;
+    }
+    let host = adapters_fma();
+    let device = WgpuDevice::default();
+    let n = 1031;
+    let mut failures = Vec::new();
+    let mut told_apart = false;
+    let momenta = [
+        None,
+        Some((0.9f32, 1.0f32, false)),
+        Some((0.8, 0.75, false)),
+        Some((0.9, 1.0, true)),
+    ];
+    for decay in [None, Some(0.05f32)] {
+        for momentum in momenta {
+            let mut rng = Rng::new(0x56D + n as u64);
+            let start = start(n, 0x56E);
+            let (mut p, mut v) = (start.clone(), vec![0.0f32; n]);
+            let (mut other_p, mut other_v) = (start.clone(), vec![0.0f32; n]);
+            let mut param = upload::<Plain>(&start, &device);
+            let mut velocity = None;
+            for t in 0..300 {
+                let g = gradient(&mut rng, n, t + 1);
+                let step = SgdStep {
+                    lr: 1e-2 * (1.0 + (t % 5) as f32 / 4.0),
+                    weight_decay: decay,
+                    momentum: momentum.map(|(momentum, keep_grad, nesterov)| SgdMomentum {
+                        momentum,
+                        keep_grad,
+                        nesterov,
+                        first: t == 0,
+                    }),
+                };
+                let v_now = momentum.map(|_| v.as_mut_slice());
+                sgd_step_with(&step, host, &mut p, &g, v_now, 1);
+                let other = match host {
+                    MultiplyAdd::Fused => MultiplyAdd::Rounded,
+                    MultiplyAdd::Rounded => MultiplyAdd::Fused,
+                };
+                let v_other = momentum.map(|_| other_v.as_mut_slice());
+                sgd_step_with(&step, other, &mut other_p, &g, v_other, 1);
+                let grad = upload::<Plain>(&g, &device);
+                let fused = MultiplyAdd::Fused;
+                let (np, nv) = sgd_step_kernel_with::<Plain>(&step, fused, param, grad, velocity)
+                    .expect("wgpu has the kernel")
+                    .expect("an f32 step");
+                let same = |device: &[f32], host: &[f32]| {
+                    device
+                        .iter()
+                        .zip(host)
+                        .all(|(a, b)| a.to_bits() == b.to_bits())
+                };
+                let mut differs = !same(&download::<Plain>(np.clone()), &p);
+                if let Some(nv) = &nv {
+                    differs |= !same(&download::<Plain>(nv.clone()), &v);
+                }
+                if differs {
+                    failures.push(format!("decay {decay:?}, momentum {momentum:?}: step {t}"));
+                    break;
+                }
+                told_apart |= !same(&p, &other_p);
+                (param, velocity) = (np, nv);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert!(told_apart, "the fused and rounded references never parted");
 }
 
 /// The initial parameter of the optimizer tests.
@@ -636,7 +788,6 @@ fn sgd_kernel_refuses_wrong_dtype_and_lengths_by_name() {
     if !runs("sgd_kernel_refuses_wrong_dtype_and_lengths_by_name") {
         return;
     }
-    use burn_zero_kernels::host::{SgdMomentum, SgdStep};
     let device = WgpuDevice::default();
     let step = SgdStep {
         lr: 1e-2,

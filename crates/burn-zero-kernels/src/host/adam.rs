@@ -23,6 +23,8 @@
 
 use half::{bf16, f16};
 
+use super::multiply_add::{MultiplyAdd, multiply_add};
+
 /// Which update rule.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum AdamRule {
@@ -117,7 +119,31 @@ pub fn adam_step(
     v: &mut [f32],
     threads: usize,
 ) {
-    drive::<f16>(step, param, grad, m, v, None, threads);
+    drive::<f16, false>(step, param, grad, m, v, None, threads);
+}
+
+/// [`adam_step`] with the given rounding of its multiply-adds: [`MultiplyAdd::Rounded`] is
+/// [`adam_step`] itself; [`MultiplyAdd::Fused`] rounds each of these once, as the CUDA kernel
+/// does: `p·λ + g` (Adam's L2 penalty), `m·β₁ + g·(1−β₁)` and `v·β₂ + (g·g)·(1−β₂)` (the
+/// moments after the first step; the product in the addend is rounded on its own), and the
+/// update `p − u·lr`, or `p·keep − u·lr` for AdamW (as `(−u)·lr + p`, the kept parameter
+/// rounded on its own). Everything else is rounded as in [`adam_step`].
+///
+/// # Panics
+/// When the lengths differ.
+pub fn adam_step_with(
+    step: &AdamStep,
+    multiply_add: MultiplyAdd,
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    threads: usize,
+) {
+    match multiply_add {
+        MultiplyAdd::Rounded => drive::<f16, false>(step, param, grad, m, v, None, threads),
+        MultiplyAdd::Fused => drive::<f16, true>(step, param, grad, m, v, None, threads),
+    }
 }
 
 /// [`adam_step`], also writing the parameter's new values into `copy` in half precision in
@@ -135,13 +161,13 @@ pub fn adam_step_copying(
     threads: usize,
 ) {
     match copy {
-        HalfCopy::F16(copy) => drive(step, param, grad, m, v, Some(copy), threads),
-        HalfCopy::Bf16(copy) => drive(step, param, grad, m, v, Some(copy), threads),
+        HalfCopy::F16(copy) => drive::<_, false>(step, param, grad, m, v, Some(copy), threads),
+        HalfCopy::Bf16(copy) => drive::<_, false>(step, param, grad, m, v, Some(copy), threads),
     }
 }
 
 /// Checks the lengths and splits the pass over threads.
-fn drive<T: CopyElement>(
+fn drive<T: CopyElement, const FUSED: bool>(
     step: &AdamStep,
     param: &mut [f32],
     grad: &[f32],
@@ -162,7 +188,7 @@ fn drive<T: CopyElement>(
     );
     let threads = threads.clamp(1, len.div_ceil(PER_THREAD).max(1));
     if threads == 1 {
-        run(step, param, grad, m, v, copy);
+        run::<T, FUSED>(step, param, grad, m, v, copy);
         return;
     }
     let per = len.div_ceil(threads);
@@ -178,13 +204,13 @@ fn drive<T: CopyElement>(
             .zip(v.chunks_mut(per))
             .zip(copies);
         for ((((param, grad), m), v), copy) in parts {
-            scope.spawn(move || run(step, param, grad, m, v, copy));
+            scope.spawn(move || run::<T, FUSED>(step, param, grad, m, v, copy));
         }
     });
 }
 
 /// One thread's part, on the widest vector unit the processor has.
-fn run<T: CopyElement>(
+fn run<T: CopyElement, const FUSED: bool>(
     step: &AdamStep,
     param: &mut [f32],
     grad: &[f32],
@@ -196,17 +222,17 @@ fn run<T: CopyElement>(
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the processor has AVX2 (checked just above), the only requirement of
         // `run_avx2`'s target feature; its body is safe code.
-        unsafe { run_avx2(step, param, grad, m, v, copy) };
+        unsafe { run_avx2::<T, FUSED>(step, param, grad, m, v, copy) };
         return;
     }
-    run_portable(step, param, grad, m, v, copy);
+    run_portable::<T, FUSED>(step, param, grad, m, v, copy);
 }
 
 /// [`blocks`] compiled for AVX2 (8 lanes of f32). AVX2 does not bring fused multiply-add
 /// into it: `fma` is a target feature of its own, not enabled here.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn run_avx2<T: CopyElement>(
+fn run_avx2<T: CopyElement, const FUSED: bool>(
     step: &AdamStep,
     param: &mut [f32],
     grad: &[f32],
@@ -214,11 +240,11 @@ fn run_avx2<T: CopyElement>(
     v: &mut [f32],
     copy: Option<&mut [T]>,
 ) {
-    blocks(step, param, grad, m, v, copy);
+    blocks::<T, FUSED>(step, param, grad, m, v, copy);
 }
 
 /// [`blocks`] for the baseline of the build's target.
-fn run_portable<T: CopyElement>(
+fn run_portable<T: CopyElement, const FUSED: bool>(
     step: &AdamStep,
     param: &mut [f32],
     grad: &[f32],
@@ -226,13 +252,13 @@ fn run_portable<T: CopyElement>(
     v: &mut [f32],
     copy: Option<&mut [T]>,
 ) {
-    blocks(step, param, grad, m, v, copy);
+    blocks::<T, FUSED>(step, param, grad, m, v, copy);
 }
 
 /// The whole part in one [`update`] without a copy; with one, block by block, each block's
 /// copy written right after its update.
 #[inline(always)]
-fn blocks<T: CopyElement>(
+fn blocks<T: CopyElement, const FUSED: bool>(
     step: &AdamStep,
     param: &mut [f32],
     grad: &[f32],
@@ -241,7 +267,7 @@ fn blocks<T: CopyElement>(
     copy: Option<&mut [T]>,
 ) {
     let Some(copy) = copy else {
-        update(step, param, grad, m, v);
+        update::<FUSED>(step, param, grad, m, v);
         return;
     };
     let parts = param
@@ -251,7 +277,7 @@ fn blocks<T: CopyElement>(
         .zip(v.chunks_mut(COPY_BLOCK))
         .zip(copy.chunks_mut(COPY_BLOCK));
     for ((((param, grad), m), v), copy) in parts {
-        update(step, param, grad, m, v);
+        update::<FUSED>(step, param, grad, m, v);
         for (c, &p) in copy.iter_mut().zip(param.iter()) {
             *c = T::from_f32(p);
         }
@@ -260,7 +286,13 @@ fn blocks<T: CopyElement>(
 
 /// The pass itself. Inlined into each caller, so each gets its own vector width.
 #[inline(always)]
-fn update(step: &AdamStep, param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32]) {
+fn update<const FUSED: bool>(
+    step: &AdamStep,
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+) {
     let (b1, b2, lr) = (step.beta_1, step.beta_2, step.lr);
     let (f1, f2) = (1.0 - b1, 1.0 - b2);
     let t = step.time;
@@ -277,12 +309,13 @@ fn update(step: &AdamStep, param: &mut [f32], grad: &[f32], m: &mut [f32], v: &m
                     None => g,
                 };
                 if let Some(lambda) = weight_decay {
-                    // Burn adds `p·λ + g`; addition commutes exactly in IEEE arithmetic.
-                    g += *p * lambda;
+                    // Burn adds `p·λ + g`.
+                    g = multiply_add::<FUSED>(*p, lambda, g);
                 }
-                moments(first, g, m, v, b1, b2, f1, f2);
+                moments::<FUSED>(first, g, m, v, b1, b2, f1, f2);
                 let u = (*m * c) / (v.sqrt() + eps);
-                *p -= u * lr;
+                // `p − u·lr`: negating is exact, so rounded separately this is Burn's sum.
+                *p = multiply_add::<FUSED>(-u, lr, *p);
             }
         }
         AdamRule::AdamW { keep } => {
@@ -294,13 +327,13 @@ fn update(step: &AdamStep, param: &mut [f32], grad: &[f32], m: &mut [f32], v: &m
                     Some(factor) => g * factor,
                     None => g,
                 };
-                moments(first, g, m, v, b1, b2, f1, f2);
+                moments::<FUSED>(first, g, m, v, b1, b2, f1, f2);
                 let u = (*m / c1) / ((*v / c2).sqrt() + eps);
                 let kept = match keep {
                     Some(keep) => *p * keep,
                     None => *p,
                 };
-                *p = kept - u * lr;
+                *p = multiply_add::<FUSED>(-u, lr, kept);
             }
         }
     }
@@ -309,13 +342,22 @@ fn update(step: &AdamStep, param: &mut [f32], grad: &[f32], m: &mut [f32], v: &m
 /// The moments' update for one element, as Burn's adaptive momentum computes it.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn moments(first: bool, g: f32, m: &mut f32, v: &mut f32, b1: f32, b2: f32, f1: f32, f2: f32) {
+fn moments<const FUSED: bool>(
+    first: bool,
+    g: f32,
+    m: &mut f32,
+    v: &mut f32,
+    b1: f32,
+    b2: f32,
+    f1: f32,
+    f2: f32,
+) {
     if first {
         *m = g * f1;
         *v = (g * g) * f2;
     } else {
-        *m = *m * b1 + g * f1;
-        *v = *v * b2 + (g * g) * f2;
+        *m = multiply_add::<FUSED>(*m, b1, g * f1);
+        *v = multiply_add::<FUSED>(*v, b2, (g * g) * f2);
     }
 }
 
@@ -353,6 +395,39 @@ mod tests {
         let c = s / (1.0 - 0.9f32.powi(1));
         let want = 1.5f32 - ((m1 * c) / (v1.sqrt() + 1e-5f32 * s)) * 0.01f32;
         assert_eq!((m[0], v[0], p[0]), (m1, v1, want));
+    }
+
+    /// A later AdamW step and an L2 Adam step of one element by hand, with the multiply-adds
+    /// fused where the CUDA kernel fuses them.
+    #[test]
+    fn fused_multiply_adds_by_hand() {
+        let (p0, g, m0, v0) = (1.5f32, 0.25f32, 0.125f32, 0.0625f32);
+        let (lr, b1, b2, eps) = (0.01f32, 0.9f32, 0.999f32, 1e-5f32);
+        let (f1, f2) = (1.0 - b1, 1.0 - b2);
+        let m1 = m0.mul_add(b1, g * f1);
+        let v1 = v0.mul_add(b2, (g * g) * f2);
+
+        let keep = 0.999f32;
+        let w = step(AdamRule::AdamW { keep: Some(keep) }, 2, None);
+        let (mut p, mut m, mut v) = ([p0], [m0], [v0]);
+        adam_step_with(&w, MultiplyAdd::Fused, &mut p, &[g], &mut m, &mut v, 1);
+        let u = (m1 / (1.0 - b1.powi(2))) / ((v1 / (1.0 - b2.powi(2))).sqrt() + eps);
+        assert_eq!((m[0], v[0], p[0]), (m1, v1, (-u).mul_add(lr, p0 * keep)));
+
+        let l2 = step(
+            AdamRule::Adam {
+                weight_decay: Some(0.5),
+            },
+            2,
+            None,
+        );
+        let (mut p, mut m, mut v) = ([p0], [m0], [v0]);
+        adam_step_with(&l2, MultiplyAdd::Fused, &mut p, &[g], &mut m, &mut v, 1);
+        let g = p0.mul_add(0.5, g);
+        let (m1, v1) = (m0.mul_add(b1, g * f1), v0.mul_add(b2, (g * g) * f2));
+        let s = (1.0 - b2.powi(2)).sqrt();
+        let u = (m1 * (s / (1.0 - b1.powi(2)))) / (v1.sqrt() + eps * s);
+        assert_eq!((m[0], v[0], p[0]), (m1, v1, (-u).mul_add(lr, p0)));
     }
 
     #[test]

@@ -30,6 +30,7 @@
 
 mod adam;
 mod element;
+mod multiply_add;
 mod pack;
 mod pool;
 mod sgd;
@@ -39,11 +40,12 @@ use std::any::{Any, TypeId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};
 
-pub use adam::{AdamRule, AdamStep, HalfCopy, adam_step, adam_step_copying};
+pub use adam::{AdamRule, AdamStep, HalfCopy, adam_step, adam_step_copying, adam_step_with};
 pub use element::{FloatVisitor, HostFloat, visit};
+pub use multiply_add::MultiplyAdd;
 pub(crate) use pack::{HostPacker, divide_row, unpack};
 pub use pool::BufferPool;
-pub use sgd::{SgdMomentum, SgdStep, sgd_step};
+pub use sgd::{SgdMomentum, SgdStep, sgd_step, sgd_step_with};
 
 #[cfg(feature = "flex")]
 use burn::backend::flex::FlexTensor;

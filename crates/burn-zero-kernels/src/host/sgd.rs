@@ -37,6 +37,8 @@ pub struct SgdStep {
     pub momentum: Option<SgdMomentum>,
 }
 
+use super::multiply_add::{MultiplyAdd, multiply_add};
+
 /// Shards below this many elements run on the calling thread.
 const PER_THREAD: usize = 1 << 18;
 
@@ -47,6 +49,25 @@ const PER_THREAD: usize = 1 << 18;
 /// When the lengths differ, or when the step has momentum and no velocity is given.
 pub fn sgd_step(
     step: &SgdStep,
+    param: &mut [f32],
+    grad: &[f32],
+    velocity: Option<&mut [f32]>,
+    threads: usize,
+) {
+    sgd_step_with(step, MultiplyAdd::Rounded, param, grad, velocity, threads);
+}
+
+/// [`sgd_step`] with the given rounding of its multiply-adds: [`MultiplyAdd::Rounded`] is
+/// [`sgd_step`] itself; [`MultiplyAdd::Fused`] rounds each of these once, as the CUDA kernel
+/// does: `p·λ + g` (the L2 penalty), `v·μ + g·(1−d)` (the velocity after the first step, the
+/// product in the addend rounded on its own), Nesterov's `v·μ + g`, and the update `p − g·lr`
+/// (as `(−g)·lr + p`).
+///
+/// # Panics
+/// As [`sgd_step`].
+pub fn sgd_step_with(
+    step: &SgdStep,
+    multiply_add: MultiplyAdd,
     param: &mut [f32],
     grad: &[f32],
     velocity: Option<&mut [f32]>,
@@ -66,8 +87,23 @@ pub fn sgd_step(
         velocity = None;
     }
     let threads = threads.clamp(1, len.div_ceil(PER_THREAD).max(1));
+    match multiply_add {
+        MultiplyAdd::Rounded => drive::<false>(step, param, grad, velocity, threads),
+        MultiplyAdd::Fused => drive::<true>(step, param, grad, velocity, threads),
+    }
+}
+
+/// Splits the pass over threads.
+fn drive<const FUSED: bool>(
+    step: &SgdStep,
+    param: &mut [f32],
+    grad: &[f32],
+    velocity: Option<&mut [f32]>,
+    threads: usize,
+) {
+    let len = param.len();
     if threads == 1 {
-        run(step, param, grad, velocity);
+        run::<FUSED>(step, param, grad, velocity);
         return;
     }
     let per = len.div_ceil(threads);
@@ -78,43 +114,58 @@ pub fn sgd_step(
                 .zip(grad.chunks(per))
                 .zip(velocity.chunks_mut(per));
             for ((param, grad), v) in parts {
-                scope.spawn(move || run(step, param, grad, Some(v)));
+                scope.spawn(move || run::<FUSED>(step, param, grad, Some(v)));
             }
         }
         None => {
             for (param, grad) in param.chunks_mut(per).zip(grad.chunks(per)) {
-                scope.spawn(move || run(step, param, grad, None));
+                scope.spawn(move || run::<FUSED>(step, param, grad, None));
             }
         }
     });
 }
 
 /// One thread's part, on the widest vector unit the processor has.
-fn run(step: &SgdStep, param: &mut [f32], grad: &[f32], velocity: Option<&mut [f32]>) {
+fn run<const FUSED: bool>(
+    step: &SgdStep,
+    param: &mut [f32],
+    grad: &[f32],
+    velocity: Option<&mut [f32]>,
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the processor has AVX2 (checked just above), the only requirement of
         // `run_avx2`'s target feature; its body is safe code.
-        unsafe { run_avx2(step, param, grad, velocity) };
+        unsafe { run_avx2::<FUSED>(step, param, grad, velocity) };
         return;
     }
-    update(step, param, grad, velocity);
+    update::<FUSED>(step, param, grad, velocity);
 }
 
 /// [`update`] compiled for AVX2 (no `fma`: that is a target feature of its own).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn run_avx2(step: &SgdStep, param: &mut [f32], grad: &[f32], velocity: Option<&mut [f32]>) {
-    update(step, param, grad, velocity);
+fn run_avx2<const FUSED: bool>(
+    step: &SgdStep,
+    param: &mut [f32],
+    grad: &[f32],
+    velocity: Option<&mut [f32]>,
+) {
+    update::<FUSED>(step, param, grad, velocity);
 }
 
 /// The pass itself, one loop per option set so that each vectorises without branches.
 #[inline(always)]
-fn update(step: &SgdStep, param: &mut [f32], grad: &[f32], velocity: Option<&mut [f32]>) {
+fn update<const FUSED: bool>(
+    step: &SgdStep,
+    param: &mut [f32],
+    grad: &[f32],
+    velocity: Option<&mut [f32]>,
+) {
     let lr = step.lr;
     let decay = |p: f32, g: f32| match step.weight_decay {
         // Burn adds `p·λ + g`; addition commutes exactly in IEEE arithmetic.
-        Some(lambda) => p * lambda + g,
+        Some(lambda) => multiply_add::<FUSED>(p, lambda, g),
         None => g,
     };
     match (step.momentum, velocity) {
@@ -124,20 +175,20 @@ fn update(step: &SgdStep, param: &mut [f32], grad: &[f32], velocity: Option<&mut
                 *v = if mo.first {
                     g
                 } else {
-                    g * mo.keep_grad + *v * mo.momentum
+                    multiply_add::<FUSED>(*v, mo.momentum, g * mo.keep_grad)
                 };
                 let g = if mo.nesterov {
-                    *v * mo.momentum + g
+                    multiply_add::<FUSED>(*v, mo.momentum, g)
                 } else {
                     *v
                 };
-                *p -= g * lr;
+                *p = multiply_add::<FUSED>(-g, lr, *p);
             }
         }
         _ => {
             for (p, &g) in param.iter_mut().zip(grad) {
                 let g = decay(*p, g);
-                *p -= g * lr;
+                *p = multiply_add::<FUSED>(-g, lr, *p);
             }
         }
     }

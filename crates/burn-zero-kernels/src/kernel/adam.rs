@@ -1,8 +1,11 @@
 //! Adam and AdamW: one launch steps a flat f32 shard (parameter, gradient, both moments).
 //!
-//! Per element the kernel does [`crate::host::adam_step`]'s arithmetic: Burn's operations in
-//! Burn's order, each rounded to f32, on scalars computed and rounded on the host exactly as
-//! the host path computes them ([`Scalars::of`]).
+//! Per element the kernel does [`crate::host::adam_step_with`]'s arithmetic: Burn's operations
+//! in Burn's order, on scalars computed and rounded on the host exactly as the host path
+//! computes them ([`Scalars::of`]). With `fused` (CUDA, whose compiler contracts a multiply
+//! and an add wherever it may) every multiply-add is written out as `fma`, at the places
+//! [`MultiplyAdd::Fused`] lists, so nothing is left to contract; without it (wgpu) each
+//! operation is rounded on its own, as Burn's ops round them.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorMetadata};
@@ -15,7 +18,7 @@ use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use super::{address_type, check_flat_f32, from_cube, into_cube, storage_type, vector_size};
 use crate::KernelError;
-use crate::host::{AdamRule, AdamStep};
+use crate::host::{AdamRule, AdamStep, MultiplyAdd};
 
 /// One Adam/AdamW step. Inputs (read-only) are `param`, `grad`, `m_in`, `v_in`, in that
 /// order; each output is a buffer of its own or, when the input's buffer may be written, that
@@ -31,7 +34,8 @@ use crate::host::{AdamRule, AdamStep};
 /// (without, they are zero); `adamw` picks the rule; `decay` whether λ (Adam) or `keep`
 /// (AdamW) applies; `scaled` whether the gradient is multiplied by `factor` first; `copy`
 /// whether the new parameter is also written, cast to `H` (f16 or bf16), into `copy_out`
-/// (without, `copy_out` is an alias of the never-written gradient and `H` is `F`).
+/// (without, `copy_out` is an alias of the never-written gradient and `H` is `F`); `fused`
+/// whether each multiply-add is one `fma` (`neg_lr` is `−lr` for the update's).
 #[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn adam_update<F: Float, H: Float, N: Size>(
@@ -44,6 +48,7 @@ fn adam_update<F: Float, H: Float, N: Size>(
     v_out: &mut LinearView<Vector<F, N>, ReadWrite>,
     copy_out: &mut LinearView<Vector<H, N>, ReadWrite>,
     lr: InputScalar,
+    neg_lr: InputScalar,
     beta_1: InputScalar,
     beta_2: InputScalar,
     one_minus_beta_1: InputScalar,
@@ -59,6 +64,7 @@ fn adam_update<F: Float, H: Float, N: Size>(
     #[comptime] decays: bool,
     #[comptime] scaled: bool,
     #[comptime] copy: bool,
+    #[comptime] fused: bool,
     #[define(F, H)] _dtypes: [StorageType; 2],
 ) {
     if !param_out.is_in_bounds(ABSOLUTE_POS) {
@@ -71,7 +77,12 @@ fn adam_update<F: Float, H: Float, N: Size>(
     }
     if decays && !adamw {
         // Burn's L2 penalty: `p·λ + g` (the sum's operands commute exactly).
-        g = p * Vector::new(decay.get::<F>()) + g;
+        let lambda = Vector::new(decay.get::<F>());
+        if fused {
+            g = fma(p, lambda, g);
+        } else {
+            g = p * lambda + g;
+        }
     }
     let f1 = Vector::new(one_minus_beta_1.get::<F>());
     let f2 = Vector::new(one_minus_beta_2.get::<F>());
@@ -84,11 +95,20 @@ fn adam_update<F: Float, H: Float, N: Size>(
             m_old = m_in[ABSOLUTE_POS];
             v_old = v_in[ABSOLUTE_POS];
         }
-        m = m_old * Vector::new(beta_1.get::<F>()) + m;
-        v = v_old * Vector::new(beta_2.get::<F>()) + v;
+        let (b1, b2) = (
+            Vector::new(beta_1.get::<F>()),
+            Vector::new(beta_2.get::<F>()),
+        );
+        if fused {
+            m = fma(m_old, b1, m);
+            v = fma(v_old, b2, v);
+        } else {
+            m = m_old * b1 + m;
+            v = v_old * b2 + v;
+        }
     }
-    let lr = Vector::new(lr.get::<F>());
     let epsilon = Vector::new(epsilon.get::<F>());
+    let (lr, neg_lr) = (lr.get::<F>(), neg_lr.get::<F>());
     let mut next = p;
     if adamw {
         let u = (m / Vector::new(bias_1.get::<F>()))
@@ -96,10 +116,10 @@ fn adam_update<F: Float, H: Float, N: Size>(
         if decays {
             next = p * Vector::new(decay.get::<F>());
         }
-        next -= u * lr;
+        next = descend(next, u, lr, neg_lr, fused);
     } else {
         let u = (m * Vector::new(bias_1.get::<F>())) / (Vector::sqrt(v) + epsilon);
-        next -= u * lr;
+        next = descend(next, u, lr, neg_lr, fused);
     }
     param_out[ABSOLUTE_POS] = next;
     if copy {
@@ -107,6 +127,24 @@ fn adam_update<F: Float, H: Float, N: Size>(
     }
     m_out[ABSOLUTE_POS] = m;
     v_out[ABSOLUTE_POS] = v;
+}
+
+/// `p − u·lr`: two roundings, or with `fused` one, as `u·(−lr) + p` (negating is exact).
+#[cube]
+pub(super) fn descend<F: Float, N: Size>(
+    p: Vector<F, N>,
+    u: Vector<F, N>,
+    lr: F,
+    neg_lr: F,
+    #[comptime] fused: bool,
+) -> Vector<F, N> {
+    let mut next = p;
+    if fused {
+        next = fma(u, Vector::new(neg_lr), p);
+    } else {
+        next -= u * Vector::new(lr);
+    }
+    next
 }
 
 /// The step's scalars, computed and rounded to f32 on the host exactly as
@@ -177,6 +215,7 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
     grad: B::FloatTensorPrimitive,
     moments: Option<(B::FloatTensorPrimitive, B::FloatTensorPrimitive)>,
     copy: Option<DType>,
+    multiply_add: MultiplyAdd,
 ) -> Result<Stepped<B::FloatTensorPrimitive>, KernelError> {
     let len = param.shape().num_elements();
     let mut tensors = vec![&param, &grad];
@@ -292,6 +331,7 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
         launch_v_out,
         launch_copy_out,
         scalar(scalars.lr),
+        scalar(-scalars.lr),
         scalar(scalars.beta_1),
         scalar(scalars.beta_2),
         scalar(scalars.one_minus_beta_1),
@@ -307,6 +347,7 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
         scalars.decay.is_some(),
         scalars.factor.is_some(),
         copy_out.is_some(),
+        multiply_add == MultiplyAdd::Fused,
         [dtype, copy_dtype],
     );
     let param = param_out.unwrap_or(param);

@@ -29,6 +29,7 @@ use cubecl::ir::{AddressType, StorageType};
 use cubecl::prelude::ComputeClient;
 
 use crate::KernelError;
+use crate::host::MultiplyAdd;
 use crate::spec::{BucketSpec, MemberSpec};
 
 pub(crate) use pack::CubePacker;
@@ -181,6 +182,31 @@ pub(crate) fn cut_gathered<B: Backend>(
     None
 }
 
+/// The rounding of multiply-adds `B`'s optimizer kernels compute with: fused on CUDA, whose
+/// compiler contracts them anyway; rounded on wgpu, as Burn's ops round them. `None` when `B`
+/// has no kernels in this build.
+pub(crate) fn multiply_add<B: Backend>() -> Option<MultiplyAdd> {
+    #[cfg(feature = "wgpu")]
+    if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
+        return Some(MultiplyAdd::Rounded);
+    }
+    #[cfg(feature = "cuda")]
+    if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
+        return Some(MultiplyAdd::Fused);
+    }
+    None
+}
+
+/// Refuses the rounding a runtime cannot compute: CUDA's compiler contracts multiply-adds, so
+/// its kernels cannot round them separately.
+fn check_multiply_add<B: Backend>(multiply_add: MultiplyAdd) -> Result<(), KernelError> {
+    if multiply_add == MultiplyAdd::Rounded && self::multiply_add::<B>() == Some(MultiplyAdd::Fused)
+    {
+        return Err(KernelError::SeparateRoundingUnavailable);
+    }
+    Ok(())
+}
+
 /// One Adam/AdamW step with a kernel: `None` when `B` has no kernels in this build.
 pub(crate) fn adam_step<B: Backend>(
     step: &crate::host::AdamStep,
@@ -188,17 +214,32 @@ pub(crate) fn adam_step<B: Backend>(
     grad: B::FloatTensorPrimitive,
     moments: Option<(B::FloatTensorPrimitive, B::FloatTensorPrimitive)>,
     copy: Option<DType>,
+    multiply_add: Option<MultiplyAdd>,
 ) -> Option<Result<adam::Stepped<B::FloatTensorPrimitive>, KernelError>> {
+    let multiply_add = multiply_add.or_else(self::multiply_add::<B>)?;
+    if let Err(error) = check_multiply_add::<B>(multiply_add) {
+        return Some(Err(error));
+    }
     #[cfg(feature = "wgpu")]
     if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
         return Some(adam::adam_step::<B, cubecl::wgpu::WgpuRuntime>(
-            step, param, grad, moments, copy,
+            step,
+            param,
+            grad,
+            moments,
+            copy,
+            multiply_add,
         ));
     }
     #[cfg(feature = "cuda")]
     if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
         return Some(adam::adam_step::<B, cubecl::cuda::CudaRuntime>(
-            step, param, grad, moments, copy,
+            step,
+            param,
+            grad,
+            moments,
+            copy,
+            multiply_add,
         ));
     }
     let _ = (step, param, grad, moments, copy);
@@ -211,17 +252,30 @@ pub(crate) fn sgd_step<B: Backend>(
     param: B::FloatTensorPrimitive,
     grad: B::FloatTensorPrimitive,
     velocity: Option<B::FloatTensorPrimitive>,
+    multiply_add: Option<MultiplyAdd>,
 ) -> Option<Result<sgd::Stepped<B::FloatTensorPrimitive>, KernelError>> {
+    let multiply_add = multiply_add.or_else(self::multiply_add::<B>)?;
+    if let Err(error) = check_multiply_add::<B>(multiply_add) {
+        return Some(Err(error));
+    }
     #[cfg(feature = "wgpu")]
     if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
         return Some(sgd::sgd_step::<B, cubecl::wgpu::WgpuRuntime>(
-            step, param, grad, velocity,
+            step,
+            param,
+            grad,
+            velocity,
+            multiply_add,
         ));
     }
     #[cfg(feature = "cuda")]
     if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
         return Some(sgd::sgd_step::<B, cubecl::cuda::CudaRuntime>(
-            step, param, grad, velocity,
+            step,
+            param,
+            grad,
+            velocity,
+            multiply_add,
         ));
     }
     let _ = (step, param, grad, velocity);

@@ -1,7 +1,8 @@
 //! SGD: one launch steps a flat f32 shard (parameter, gradient and, with momentum, velocity).
 //!
-//! Per element the kernel does [`crate::host::sgd_step`]'s arithmetic: Burn's operations in
-//! Burn's order, each rounded to f32, with the scalars the host path uses.
+//! Per element the kernel does [`crate::host::sgd_step_with`]'s arithmetic: Burn's operations
+//! in Burn's order, with the scalars the host path uses; each multiply-add one `fma` with
+//! `fused` (CUDA), each operation rounded on its own without (wgpu), as in the Adam kernel.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorMetadata};
@@ -12,9 +13,10 @@ use cubecl::prelude::*;
 use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
+use super::adam::descend;
 use super::{address_type, check_flat_f32, from_cube, into_cube, storage_type, vector_size};
 use crate::KernelError;
-use crate::host::SgdStep;
+use crate::host::{MultiplyAdd, SgdStep};
 
 /// One SGD step. Inputs (read-only) are `param`, `grad`, `v_in`; each output is a buffer of
 /// its own or, when the input's buffer may be written, that buffer (an alias of input 0 or 2).
@@ -32,6 +34,7 @@ fn sgd_update<F: Float, N: Size>(
     param_out: &mut LinearView<Vector<F, N>, ReadWrite>,
     v_out: &mut LinearView<Vector<F, N>, ReadWrite>,
     lr: InputScalar,
+    neg_lr: InputScalar,
     decay: InputScalar,
     mu: InputScalar,
     keep_grad: InputScalar,
@@ -39,6 +42,7 @@ fn sgd_update<F: Float, N: Size>(
     #[comptime] momentum: bool,
     #[comptime] first: bool,
     #[comptime] nesterov: bool,
+    #[comptime] fused: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     if !param_out.is_in_bounds(ABSOLUTE_POS) {
@@ -48,22 +52,37 @@ fn sgd_update<F: Float, N: Size>(
     let mut g = grad[ABSOLUTE_POS];
     if decays {
         // Burn's L2 penalty: `p·λ + g` (the sum's operands commute exactly).
-        g = p * Vector::new(decay.get::<F>()) + g;
+        let lambda = Vector::new(decay.get::<F>());
+        if fused {
+            g = fma(p, lambda, g);
+        } else {
+            g = p * lambda + g;
+        }
     }
     if momentum {
         let mu = Vector::new(mu.get::<F>());
         let mut v = g;
         if !first {
-            v = g * Vector::new(keep_grad.get::<F>()) + v_in[ABSOLUTE_POS] * mu;
+            // Burn's `g·(1−d) + v·μ`; fused, the velocity's product is the one kept exact.
+            let kept = g * Vector::new(keep_grad.get::<F>());
+            if fused {
+                v = fma(v_in[ABSOLUTE_POS], mu, kept);
+            } else {
+                v = kept + v_in[ABSOLUTE_POS] * mu;
+            }
         }
         v_out[ABSOLUTE_POS] = v;
         if nesterov {
-            g = v * mu + g;
+            if fused {
+                g = fma(v, mu, g);
+            } else {
+                g = v * mu + g;
+            }
         } else {
             g = v;
         }
     }
-    param_out[ABSOLUTE_POS] = p - g * Vector::new(lr.get::<F>());
+    param_out[ABSOLUTE_POS] = descend(p, g, lr.get::<F>(), neg_lr.get::<F>(), fused);
 }
 
 /// The tensors of a step on runtime `R`: the new parameter and, with momentum, velocity.
@@ -76,6 +95,7 @@ pub(super) fn sgd_step<B: Backend, R: CubeRuntime>(
     param: B::FloatTensorPrimitive,
     grad: B::FloatTensorPrimitive,
     velocity: Option<B::FloatTensorPrimitive>,
+    multiply_add: MultiplyAdd,
 ) -> Result<Stepped<B::FloatTensorPrimitive>, KernelError> {
     let len = param.shape().num_elements();
     let velocity = if step.momentum.is_some() {
@@ -158,6 +178,7 @@ pub(super) fn sgd_step<B: Backend, R: CubeRuntime>(
         launch_param_out,
         launch_v_out,
         scalar(step.lr),
+        scalar(-step.lr),
         scalar(step.weight_decay.unwrap_or(0.0)),
         scalar(momentum.map_or(0.0, |m| m.momentum)),
         scalar(momentum.map_or(1.0, |m| m.keep_grad)),
@@ -165,6 +186,7 @@ pub(super) fn sgd_step<B: Backend, R: CubeRuntime>(
         momentum.is_some(),
         first,
         momentum.is_some_and(|m| m.nesterov),
+        multiply_add == MultiplyAdd::Fused,
         dtype,
     );
     let param = param_out.unwrap_or(param);
