@@ -79,6 +79,10 @@ pub enum KernelError {
     )]
     HostUnavailable { backend: String },
 
+    /// A received buffer does not split into `parts` pieces of one length.
+    #[error("{numel} element(s) do not split into {parts} equal piece(s)")]
+    UnevenPieces { numel: usize, parts: usize },
+
     /// Separately rounded multiply-adds were asked of CUDA's optimizer kernels, which its
     /// compiler contracts into fused ones.
     #[error(

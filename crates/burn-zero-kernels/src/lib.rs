@@ -27,6 +27,7 @@ mod join;
 mod kernel;
 mod memory_reading;
 mod pack;
+mod pieces;
 mod spec;
 mod unpack;
 
@@ -44,6 +45,7 @@ pub use kernel::fused;
 pub use kernel::launches::{LaunchCountError, LaunchLog};
 pub use memory_reading::DeviceMemory;
 pub use pack::Packer;
+pub use pieces::{PieceOp, reduce_pieces};
 pub use spec::{BucketSpec, GatheredMember, MemberSpec, PackPath, RowPart};
 pub use unpack::{unpack, unpack_row};
 

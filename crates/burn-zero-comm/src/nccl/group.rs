@@ -99,6 +99,7 @@ struct Link {
 #[derive(Debug, Clone, Copy)]
 enum Kind {
     AllGather,
+    AllToAll,
     ReduceScatter(RedOp),
     AllReduce(RedOp),
     Broadcast(usize),
@@ -571,7 +572,9 @@ impl NcclGroup {
             supported: SUPPORTED,
         })?;
         match call.op {
-            CollectiveOp::ReduceScatter(_) if !call.numel.is_multiple_of(self.world_size) => {
+            CollectiveOp::ReduceScatter(_) | CollectiveOp::AllToAll
+                if !call.numel.is_multiple_of(self.world_size) =>
+            {
                 Err(CommError::NotDivisible {
                     numel: call.numel,
                     world_size: self.world_size,
@@ -699,7 +702,7 @@ impl NcclGroup {
         match kind {
             Kind::AllGather => numel * self.world_size,
             Kind::ReduceScatter(_) => numel / self.world_size,
-            Kind::AllReduce(_) | Kind::Broadcast(_) => numel,
+            Kind::AllToAll | Kind::AllReduce(_) | Kind::Broadcast(_) => numel,
         }
     }
 
@@ -737,6 +740,11 @@ impl NcclGroup {
             let comm = self.usable(&mut link)?;
             match kind {
                 Kind::AllGather => comm.all_gather(send_ptr, recv_ptr, numel, data_type, stream),
+                Kind::AllToAll => {
+                    let block = numel / self.world_size;
+                    let ranks = self.world_size;
+                    comm.all_to_all(send_ptr, recv_ptr, block, ranks, data_type, stream)
+                }
                 Kind::ReduceScatter(op) => {
                     comm.reduce_scatter(send_ptr, recv_ptr, out_numel, data_type, op, stream)
                 }
@@ -903,6 +911,15 @@ where
             primitive,
             Kind::Broadcast(root),
         )?;
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
+    }
+
+    fn all_to_all(
+        &self,
+        input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
+    ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
+        let primitive = input.into_primitive().tensor();
+        let out = self.run(CollectiveOp::AllToAll, primitive, Kind::AllToAll)?;
         Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
     }
 

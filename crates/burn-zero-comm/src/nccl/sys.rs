@@ -59,6 +59,14 @@ pub(crate) enum DataType {
 }
 
 impl DataType {
+    /// Bytes per element.
+    pub(crate) fn size(self) -> usize {
+        match self {
+            DataType::F32 => 4,
+            DataType::F16 | DataType::BF16 => 2,
+        }
+    }
+
     fn raw(self) -> sys::ncclDataType_t {
         match self {
             DataType::F32 => sys::ncclDataType_t::ncclFloat32,
@@ -393,6 +401,61 @@ impl RawComm {
     }
 
     /// Enqueues a broadcast of `count` elements from `root`'s `send` into every rank's `recv`.
+    /// Sends block `peer` of `send` to every `peer` and receives block `peer` of `recv` from
+    /// it, `count` elements a block and `world_size` blocks: NCCL's all-to-all, a group of one
+    /// send and one receive per peer (this rank's own block included, which NCCL copies).
+    pub(crate) fn all_to_all(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        world_size: usize,
+        dtype: DataType,
+        stream: Stream,
+    ) -> Result<Progress, Failure> {
+        let block = (count * dtype.size()) as u64;
+        group_start()?;
+        let mut queued = Ok(());
+        for peer in 0..world_size {
+            let peer_rank = c_int::try_from(peer).unwrap_or(c_int::MAX);
+            let offset = block * peer as u64;
+            // SAFETY: the caller guarantees that `send` and `recv` each hold `count ·
+            // world_size` elements of `dtype` on this communicator's device, alive until the
+            // operation completes on `stream`; block `peer` starts `offset` bytes in, inside
+            // both. Inside a group NCCL only records the calls; they run at `group_end`.
+            let result = unsafe {
+                let sent = sys::ncclSend(
+                    DevicePtr(send.0 + offset).as_const(),
+                    count,
+                    dtype.raw(),
+                    peer_rank,
+                    self.comm,
+                    stream as sys::cudaStream_t,
+                );
+                if sent == sys::ncclResult_t::ncclSuccess {
+                    sys::ncclRecv(
+                        DevicePtr(recv.0 + offset).as_mut(),
+                        count,
+                        dtype.raw(),
+                        peer_rank,
+                        self.comm,
+                        stream as sys::cudaStream_t,
+                    )
+                } else {
+                    sent
+                }
+            };
+            if let Err(failure) = check(result, Some(self.comm)) {
+                queued = Err(failure);
+                break;
+            }
+        }
+        // The group is closed whatever happened inside it, so the next call starts afresh.
+        let ended = group_end();
+        queued?;
+        ended
+    }
+
     pub(crate) fn broadcast(
         &self,
         send: DevicePtr,

@@ -13,8 +13,9 @@ mod host;
 
 use std::ops::Range;
 
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorPrimitive};
+use burn_zero_kernels::PieceOp;
 
 use crate::call::ReduceOp;
 pub(crate) use host::HostPlane;
@@ -46,12 +47,26 @@ pub(crate) fn fold_parts<B: Backend>(
 }
 
 /// `all`, `parts` pieces of equal length end to end (one per rank, in rank order, as an
-/// all-to-all receives them), reduced with [`fold_parts`].
+/// all-to-all receives them), reduced as [`fold_parts`] reduces them: on a cubecl backend by
+/// one kernel launch of the same arithmetic ([`burn_zero_kernels::reduce_pieces`]), elsewhere,
+/// or for a dtype the kernel cannot compute in, with [`fold_parts`] itself.
 pub(crate) fn fold_pieces<B: Backend>(
     all: Tensor<B, 1>,
     parts: usize,
     op: ReduceOp,
 ) -> Tensor<B, 1> {
+    let piece_op = match op {
+        ReduceOp::Sum => PieceOp::Sum,
+        ReduceOp::Mean => PieceOp::Mean,
+        ReduceOp::Max => PieceOp::Max,
+        ReduceOp::Min => PieceOp::Min,
+    };
+    let primitive = all.clone().into_primitive().tensor();
+    match burn_zero_kernels::reduce_pieces::<B>(primitive, parts, piece_op) {
+        Some(Ok(reduced)) => return Tensor::from_primitive(TensorPrimitive::Float(reduced)),
+        Some(Err(error)) => tracing::debug!(%error, "pieces folded with Burn's ops"),
+        None => {}
+    }
     let len = all.dims()[0] / parts;
     fold_parts(
         (0..parts).map(|part| all.clone().slice(part * len..(part + 1) * len)),

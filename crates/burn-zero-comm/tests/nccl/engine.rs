@@ -77,6 +77,8 @@ fn exercise(
             bits(comm.all_reduce(input, op)?),
         ));
     }
+    let input = tensor(&values(6, rank, block * world), dtype, device);
+    out.push(("all_to_all".to_string(), bits(comm.all_to_all(input)?)));
     for root in [0, world - 1] {
         let input = tensor(&values(4 + root, rank, block), dtype, device);
         out.push((

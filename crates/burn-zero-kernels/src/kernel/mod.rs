@@ -15,6 +15,7 @@ mod gathered;
 pub mod launches;
 mod memory;
 mod pack;
+mod pieces;
 mod sgd;
 mod unpack;
 
@@ -179,6 +180,29 @@ pub(crate) fn cut_gathered<B: Backend>(
         ));
     }
     let _ = (gathered, ranks, members);
+    None
+}
+
+/// `received`'s pieces reduced in rank order by one launch: `None` when `B` has no kernels in
+/// this build.
+pub(crate) fn reduce_pieces<B: Backend>(
+    received: B::FloatTensorPrimitive,
+    parts: usize,
+    op: crate::pieces::PieceOp,
+) -> Option<Result<B::FloatTensorPrimitive, KernelError>> {
+    #[cfg(feature = "wgpu")]
+    if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
+        return Some(pieces::reduce_pieces::<B, cubecl::wgpu::WgpuRuntime>(
+            received, parts, op,
+        ));
+    }
+    #[cfg(feature = "cuda")]
+    if is_runtime::<B, cubecl::cuda::CudaRuntime>() {
+        return Some(pieces::reduce_pieces::<B, cubecl::cuda::CudaRuntime>(
+            received, parts, op,
+        ));
+    }
+    let _ = (received, parts, op);
     None
 }
 

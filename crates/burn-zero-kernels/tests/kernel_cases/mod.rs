@@ -287,6 +287,88 @@ pub fn gradient_on_another_device<B: Backend>(device: &B::Device, other: &B::Dev
     }
 }
 
+/// Values whose sums depend on the order they are added in (magnitudes over many decades),
+/// with signed zeros (piece 0 holds `-0.0` where a fold from zero would give `+0.0`), ties and
+/// infinities for max and min.
+fn piece_values(parts: usize, len: usize, seed: u64) -> Vec<f64> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..parts * len)
+        .map(|k| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let (part, i) = (k / len, k % len);
+            match i % 11 {
+                0 => -0.0,
+                1 if part > 0 => 0.0,
+                2 => 1.5,
+                3 if part == parts - 1 => f64::INFINITY,
+                _ => {
+                    let unit = (state >> 11) as f64 / (1u64 << 53) as f64;
+                    let sign = if state & 1 == 0 { 1.0 } else { -1.0 };
+                    sign * 10f64.powf(unit * 8.0 - 4.0)
+                }
+            }
+        })
+        .collect()
+}
+
+/// `reduce_pieces` (one launch) against Burn's ops folded over the pieces on the same device
+/// (`+`, `max_pair`, `min_pair`, then `div_scalar` for a mean), bit for bit: 1 to 5 pieces,
+/// lengths that take scalar and vector loads, every op, f32 and the half types the device has.
+pub fn pieces_reduce_as_burns_fold<B: Backend>(device: &B::Device) {
+    use burn::tensor::{Tensor, TensorPrimitive};
+    use burn_zero_kernels::{PieceOp, reduce_pieces};
+    let ops = [PieceOp::Sum, PieceOp::Mean, PieceOp::Max, PieceOp::Min];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        if !B::supports_dtype(device, dtype) {
+            continue;
+        }
+        for parts in 1..=5 {
+            for len in [1, 7, 4096, 4099] {
+                let values = piece_values(parts, len, (parts * 7919 + len) as u64);
+                let data = common::data(dtype, &values, [parts * len]);
+                let all = Tensor::<B, 1>::from_data(data, (device, dtype));
+                for op in ops {
+                    let what = format!("{op:?}, {parts} piece(s) of {len}, {dtype:?}");
+                    let primitive = all.clone().into_primitive().tensor();
+                    let kernel = reduce_pieces::<B>(primitive, parts, op)
+                        .expect("the backend has kernels")
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let piece = |p: usize| all.clone().slice(p * len..(p + 1) * len);
+                    let mut fold = piece(0);
+                    for p in 1..parts {
+                        fold = match op {
+                            PieceOp::Sum | PieceOp::Mean => fold + piece(p),
+                            PieceOp::Max => fold.max_pair(piece(p)),
+                            PieceOp::Min => fold.min_pair(piece(p)),
+                        };
+                    }
+                    if op == PieceOp::Mean && parts > 1 {
+                        fold = fold.div_scalar(parts as f64);
+                    }
+                    let kernel = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(kernel));
+                    assert_bitwise(&kernel.into_data(), &fold.into_data(), &what);
+                }
+            }
+        }
+    }
+    // A length that does not split is refused by name, nothing launched.
+    let all = Tensor::<B, 1>::zeros([10], device)
+        .into_primitive()
+        .tensor();
+    let error = reduce_pieces::<B>(all, 3, PieceOp::Sum)
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        error,
+        KernelError::UnevenPieces {
+            numel: 10,
+            parts: 3
+        }
+    );
+}
+
 /// One `#[test]` per shared case on backend `$backend`. `$device` is a function of the test's
 /// name that returns the device, or `None` after saying why the test is skipped.
 #[macro_export]
@@ -300,6 +382,7 @@ macro_rules! kernel_tests {
             f32_large_member,
             f16,
             bf16,
+            pieces_reduce_as_burns_fold,
         );
     };
     (@cases $backend:ty, $device:path, $($case:ident,)*) => {
