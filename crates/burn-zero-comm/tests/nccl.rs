@@ -17,6 +17,7 @@ burn_zero_testing::skipped_without_feature!(
     a_duplicate_works_and_shares_the_fate_of_its_group,
     a_rank_that_stops_early_does_not_hang_the_others,
     ranks_in_separate_processes_meet_through_the_environment,
+    three_ranks_on_one_gpu_reduce_in_rank_order_bitwise_as_local_group,
     without_cuda_the_engine_reports_what_is_missing,
     every_gpu_reports_its_memory_and_an_allocation_takes_from_the_free_part,
     without_a_device_the_capacity_is_a_named_error,

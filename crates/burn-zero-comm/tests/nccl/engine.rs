@@ -1,6 +1,5 @@
 //! The tests of the NCCL engine (built with the `cuda` feature).
 
-use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -249,20 +248,11 @@ fn a_rank_that_stops_early_does_not_hang_the_others() {
     assert!(started.elapsed() < Duration::from_secs(60));
 }
 
-#[test]
-fn ranks_in_separate_processes_meet_through_the_environment() {
-    let Some((_gpus, devices)) = gpus(
-        "ranks_in_separate_processes_meet_through_the_environment",
-        1,
-    ) else {
-        return;
-    };
-    let world = devices.len();
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+/// Runs `world` rank probes (`nccl-rank-probe`) as separate processes that meet through the
+/// launcher environment, each with `env(rank)` added, and returns each rank's standard output
+/// once all succeeded.
+fn run_probes(world: usize, env: impl Fn(usize) -> Vec<(&'static str, String)>) -> Vec<String> {
+    let port = burn_zero_testing::processes::free_port();
     // A test binary carried to another machine is told where the probe is (scripts/gpu-check.sh).
     let probe = std::env::var_os("NCCL_RANK_PROBE")
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_nccl-rank-probe").into());
@@ -275,6 +265,7 @@ fn ranks_in_separate_processes_meet_through_the_environment() {
                 .env("LOCAL_RANK", rank.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", port.to_string())
+                .envs(env(rank))
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -285,14 +276,57 @@ fn ranks_in_separate_processes_meet_through_the_environment() {
         .into_iter()
         .map(|child| child.wait_with_output().unwrap())
         .collect();
-    for (rank, output) in outputs.iter().enumerate() {
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "rank {rank}: {stdout}\n{stderr}");
-        assert!(
-            stdout.contains(&format!("ok rank {rank} of {world}")),
-            "{stdout}"
-        );
+    outputs
+        .iter()
+        .enumerate()
+        .map(|(rank, output)| {
+            let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(output.status.success(), "rank {rank}: {stdout}\n{stderr}");
+            assert!(
+                stdout.contains(&format!("ok rank {rank} of {world}")),
+                "{stdout}"
+            );
+            stdout
+        })
+        .collect()
+}
+
+#[test]
+fn ranks_in_separate_processes_meet_through_the_environment() {
+    let Some((_gpus, devices)) = gpus(
+        "ranks_in_separate_processes_meet_through_the_environment",
+        1,
+    ) else {
+        return;
+    };
+    run_probes(devices.len(), |_| Vec::new());
+}
+
+/// Three rank processes on one GPU (each told a host id of its own, so that NCCL takes them
+/// for three hosts and connects them over sockets): the reductions in rank order over NCCL
+/// (`RankOrderReduction`) are bitwise `LocalGroup`'s at three ranks, for every op and float
+/// dtype, on values whose sums depend on the order they are added in. Three is the first
+/// telling world size: a sum of two is the same in either order.
+#[test]
+fn three_ranks_on_one_gpu_reduce_in_rank_order_bitwise_as_local_group() {
+    let Some((_gpus, _devices)) = gpus(
+        "three_ranks_on_one_gpu_reduce_in_rank_order_bitwise_as_local_group",
+        1,
+    ) else {
+        return;
+    };
+    let lines = run_probes(3, |rank| {
+        vec![
+            ("CUDA_VISIBLE_DEVICES", "0".to_string()),
+            ("NCCL_HOSTID", format!("burn-zero-probe-{rank}")),
+            ("PROBE_RANK_ORDER", "1".to_string()),
+        ]
+    });
+    for line in lines {
+        assert!(line.contains("bitwise LocalGroup's"), "{line}");
+        // What NCCL's own order did, for the report.
+        println!("{}", line.trim());
     }
 }
 
