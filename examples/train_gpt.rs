@@ -104,6 +104,13 @@ struct Args {
     /// Reduce gradient buckets on a communication thread during backward.
     #[arg(long, default_value_t = defaults().overlap_comm, action = ArgAction::Set)]
     overlap_comm: bool,
+    /// Reduce every gradient as an all-to-all summed in rank order on each rank: the sums have
+    /// the bits of one rank accumulating the same micro-batches on any engine with an
+    /// all-to-all (NCCL, MPI, the in-process group), where NCCL's own reductions add in an
+    /// order of their choosing. The same bytes cross the links; each rank receives into a
+    /// buffer of the whole bucket.
+    #[arg(long)]
+    reduce_in_rank_order: bool,
     /// Parameters with fewer elements stay replicated (stage 3).
     #[arg(long, default_value_t = defaults().persist_below)]
     persist_below: usize,
@@ -236,6 +243,7 @@ impl Args {
             },
             bucket_mb: self.bucket_mb,
             overlap_comm: self.overlap_comm,
+            reduce_in_rank_order: self.reduce_in_rank_order,
             persist_below: self.persist_below,
             shard_group_size: self.shard_group_size,
             prefetch: self.prefetch,

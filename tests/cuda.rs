@@ -14,6 +14,8 @@ burn_zero_testing::skipped_without_feature!(
     zero_on_nccl_trains_like_local_group_on_every_gpu,
     the_auto_placement_plans_for_the_gpus_own_capacity,
     train_gpt_runs_one_process_per_gpu_under_zero_run,
+    three_nccl_processes_on_one_gpu_in_rank_order_train_bitwise_like_one_rank,
+    a_checkpoint_of_three_nccl_processes_resumes_on_two_bitwise_like_local_group,
 );
 
 /// The list above names every test of `training.rs`.

@@ -16,6 +16,7 @@ mod training;
 burn_zero_testing::skipped_without_feature!(
     "mpi",
     flex_ranks_under_mpirun_train_bitwise_like_one_rank_at_every_stage,
+    flex_ranks_reducing_in_rank_order_under_mpirun_train_bitwise_like_one_rank,
     flex_ranks_under_zero_run_train_bitwise_like_one_rank_at_every_stage,
     srun_shaped_tasks_join_through_the_name_server_and_train_bitwise,
     the_learner_trains_one_process_per_rank_like_threads,

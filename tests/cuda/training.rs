@@ -189,8 +189,7 @@ fn train_gpt_runs_one_process_per_gpu_under_zero_run() {
     };
     let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
     let config = short(count, 3);
-    let dir = std::env::temp_dir().join(format!("burn-zero-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch(test);
     let report = dir.join("memory.json");
     let output = Command::new(program("ZERO_RUN", "zero-run"))
         .arg("--nproc-per-node")
@@ -250,9 +249,199 @@ fn train_gpt_runs_one_process_per_gpu_under_zero_run() {
 
 /// A TCP port nobody listens on right now, for the rendezvous.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    burn_zero_testing::processes::free_port()
+}
+
+/// What a run ended with: every step's loss and the final parameters' digest.
+#[derive(Debug, Clone, PartialEq)]
+struct Ended {
+    losses: Vec<f32>,
+    digest: String,
+}
+
+impl Ended {
+    fn of(outcome: &RankOutcome) -> Self {
+        Ended {
+            losses: outcome.losses.clone(),
+            digest: burn_zero_gpt::params_digest(outcome.params.as_ref().expect("kept")),
+        }
+    }
+}
+
+/// The tiny GPT as `train_gpt` flags, for a run that reduces in rank order.
+fn flags(config: &RunConfig) -> Vec<String> {
+    let mut flags: Vec<String> = [
+        "--backend",
+        "cuda",
+        "--reduce-in-rank-order",
+        "--stage",
+        &config.stage.to_string(),
+        "--steps",
+        &config.steps.to_string(),
+        "--batch-size",
+        &config.batch_size.to_string(),
+        "--seq-len",
+        &config.seq_len.to_string(),
+        "--sample-len",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec();
+    if let Some(dir) = &config.checkpoint_dir {
+        flags.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
+    }
+    if config.resume {
+        flags.push("--resume".into());
+    }
+    flags
+}
+
+/// `world` processes of `train_gpt` on GPU 0 with `config`, meeting through the launcher
+/// variables. Each is told a host id of its own (`NCCL_HOSTID`): NCCL before 2.30.7 refuses
+/// two ranks of one communicator on one GPU of one host, and ranks of different hosts meet over
+/// sockets. Returns rank 0's losses and final parameters' digest.
+fn processes_on_one_gpu(world: usize, config: &RunConfig, dir: &std::path::Path) -> Ended {
+    let port = free_port();
+    let report = dir.join("memory.json");
+    let children: Vec<_> = (0..world)
+        .map(|rank| {
+            Command::new(program("TRAIN_GPT", "examples/train_gpt"))
+                .args(flags(config))
+                .arg("--memory-report")
+                .arg(&report)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("LOCAL_WORLD_SIZE", world.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("CUDA_VISIBLE_DEVICES", "0")
+                .env("NCCL_HOSTID", format!("burn-zero-test-{rank}"))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, child) in children.into_iter().enumerate() {
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "rank {rank} of {world}:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let path = dir.join("memory-rank0.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let entries: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let entry = &entries[0];
+    Ended {
+        // Written as f32's shortest text; read back as that f32.
+        losses: entry["losses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|loss| loss.to_string().parse::<f32>().unwrap())
+            .collect(),
+        digest: entry["params_digest"].as_str().unwrap().into(),
+    }
+}
+
+/// A fresh scratch folder for `name`.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-zero-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Three NCCL ranks, one process each, on one GPU, reducing in rank order: at every stage they
+/// train bit for bit like one rank accumulating the same three micro-batches (losses and final
+/// parameters). The one rank runs first, in this process: the matmul kernels its autotuning
+/// picks are written to cubecl's cache, which the processes then read, so both sides run the
+/// same kernels.
+#[test]
+fn three_nccl_processes_on_one_gpu_in_rank_order_train_bitwise_like_one_rank() {
+    let test = "three_nccl_processes_on_one_gpu_in_rank_order_train_bitwise_like_one_rank";
+    if skip::cuda_devices(test, 1).is_none() {
+        return;
+    }
+    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    let world = 3;
+    for stage in 0..=3 {
+        let config = RunConfig {
+            steps: 10,
+            ..short(world, stage)
+        };
+        let one = RunConfig {
+            world_size: 1,
+            accumulation: world,
+            ..config.clone()
+        };
+        let want = train_with::<Backend>(
+            &one,
+            CudaDevice::new(0),
+            |_| {},
+            local_ranks::<Backend>(1, CudaDevice::new(0)),
+        )
+        .unwrap();
+        let want = Ended::of(&want[0]);
+        let dir = scratch(&format!("{test}-{stage}"));
+        let got = processes_on_one_gpu(world, &config, &dir);
+        println!("stage {stage}: three NCCL processes {got:?}; one rank {want:?}");
+        assert_eq!(got, want, "stage {stage}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// A checkpoint saved by three NCCL processes on one GPU and resumed by two, reducing in rank
+/// order, ends bit for bit like the same save and resume with `LocalGroup` ranks on threads.
+#[test]
+fn a_checkpoint_of_three_nccl_processes_resumes_on_two_bitwise_like_local_group() {
+    let test = "a_checkpoint_of_three_nccl_processes_resumes_on_two_bitwise_like_local_group";
+    if skip::cuda_devices(test, 1).is_none() {
+        return;
+    }
+    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    let (nccl_dir, local_dir) = (
+        scratch(&format!("{test}-nccl")),
+        scratch(&format!("{test}-local")),
+    );
+    let runs = |dir: &std::path::Path| {
+        let save = RunConfig {
+            steps: 4,
+            batch_size: 12,
+            reduce_in_rank_order: true,
+            checkpoint_dir: Some(dir.join("checkpoints")),
+            ..short(3, 3)
+        };
+        let resume = RunConfig {
+            world_size: 2,
+            steps: 8,
+            resume: true,
+            ..save.clone()
+        };
+        (save, resume)
+    };
+    let threads = |config: &RunConfig| {
+        let outcomes = train_with::<Backend>(
+            config,
+            CudaDevice::new(0),
+            |_| {},
+            local_ranks::<Backend>(config.world_size, CudaDevice::new(0)),
+        )
+        .unwrap();
+        Ended::of(&outcomes[0])
+    };
+    let (save, resume) = runs(&local_dir);
+    threads(&save);
+    let want = threads(&resume);
+    let (save, resume) = runs(&nccl_dir);
+    processes_on_one_gpu(3, &save, &nccl_dir);
+    let got = processes_on_one_gpu(2, &resume, &nccl_dir);
+    println!("resumed on two NCCL processes {got:?}; on LocalGroup {want:?}");
+    assert_eq!(got, want);
+    std::fs::remove_dir_all(&nccl_dir).ok();
+    std::fs::remove_dir_all(&local_dir).ok();
 }

@@ -54,6 +54,9 @@ fn flags(config: &RunConfig) -> Vec<String> {
     if config.resume {
         flags.push("--resume".into());
     }
+    if config.reduce_in_rank_order {
+        flags.push("--reduce-in-rank-order".into());
+    }
     flags
 }
 
@@ -213,6 +216,25 @@ fn flex_ranks_under_mpirun_train_bitwise_like_one_rank_at_every_stage() {
             let want = one_rank::<Flex>(np, stage, 3);
             assert_eq!(got, want, "{np} processes at stage {stage}");
         }
+    }
+}
+
+/// Reductions in rank order over MPI's all-to-all (`--reduce-in-rank-order`): three processes
+/// still train bit for bit like one rank accumulating three micro-batches, at stages 1 and 3.
+#[test]
+fn flex_ranks_reducing_in_rank_order_under_mpirun_train_bitwise_like_one_rank() {
+    let test = "flex_ranks_reducing_in_rank_order_under_mpirun_train_bitwise_like_one_rank";
+    let np = 3;
+    for stage in [1, 3] {
+        let config = RunConfig {
+            reduce_in_rank_order: true,
+            ..config(np, stage, 3)
+        };
+        let Some(got) = under_mpirun(test, np, "flex", &config) else {
+            return;
+        };
+        let want = one_rank::<Flex>(np, stage, 3);
+        assert_eq!(got, want, "{np} processes in rank order at stage {stage}");
     }
 }
 

@@ -65,7 +65,8 @@ pub struct ZeroConfig {
     /// engine, world size and machine shape, the bits `LocalGroup` gives (NCCL sums in an order
     /// its algorithm picks). The same bytes cross the links as with a ring, but each rank
     /// receives into a buffer of the whole bucket. Needs an engine with an all-to-all
-    /// (`LocalGroup`); `shard` refuses it by name on one without. Off by default.
+    /// (`LocalGroup`, `MpiGroup`, `NcclGroup`); `shard` refuses it by name on one without. Off
+    /// by default.
     #[config(default = false)]
     pub reduce_in_rank_order: bool,
     /// Stage 3 with f16/bf16 parameters: once a parameter's reduced gradient shard arrives,

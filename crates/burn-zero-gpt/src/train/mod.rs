@@ -56,6 +56,9 @@ pub struct RunConfig {
     pub bucket_mb: f64,
     /// Reduce gradient buckets during backward.
     pub overlap_comm: bool,
+    /// Every reduction an all-to-all summed in rank order on each rank: the bits of one rank
+    /// accumulating the same micro-batches, on any engine with an all-to-all.
+    pub reduce_in_rank_order: bool,
     /// Parameters with fewer elements stay replicated at stage 3.
     pub persist_below: usize,
     /// Hybrid sharding: shard within groups of this many ranks, replicate across the groups
@@ -117,6 +120,7 @@ impl RunConfig {
             precision: DType::F32,
             bucket_mb: 25.0,
             overlap_comm: true,
+            reduce_in_rank_order: false,
             persist_below: 1024,
             shard_group_size: 0,
             prefetch: 0,
@@ -408,4 +412,5 @@ fn zero_config(config: &RunConfig) -> ZeroConfig {
         .with_chunk_size(config.chunk_size)
         .with_placement(config.placement)
         .with_overlap_comm(config.overlap_comm)
+        .with_reduce_in_rank_order(config.reduce_in_rank_order)
 }
