@@ -131,6 +131,7 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
         "other_collectives": per_step(counts.other_collectives),
         "collectives": per_step(counts.collectives()),
         "syncs": per_step(counts.syncs),
+        "engine_waits": per_step(counts.engine_waits),
         "host_reads": per_step(counts.host_reads),
         "host_writes": per_step(counts.host_writes),
         "host_read_bytes": per_step(counts.host_read_bytes),

@@ -562,7 +562,8 @@ fn print_step_counts(first: &RankOutcome) {
     let chunks = first.chunks;
     println!(
         "rank {}'s last step: {} all-gathers, {} reduce-scatters, {} all-reduces, {} other \
-         collectives ({} of them answered in place); {} device synchronisations; {} host reads \
+         collectives ({} of them answered in place); {} device synchronisations, {} host waits in \
+         the engine; {} host reads \
          ({}), {} host writes ({}); chunks: {} sharded, {} replicated, {} padding elements per \
          rank",
         first.rank,
@@ -572,6 +573,7 @@ fn print_step_counts(first: &RankOutcome) {
         counts.other_collectives,
         counts.in_place,
         counts.syncs,
+        counts.engine_waits,
         counts.host_reads,
         bytes(counts.host_read_bytes),
         counts.host_writes,

@@ -292,14 +292,14 @@ def markdown(report):
                   "laid them out (`param`: one parameter per chunk). Kernel launches: every launch on "
                   "the device in one step, from cubecl's execution log, in a run of its own.", "",
                   "| run | chunk size | chunks (sharded / replicated) | all-gathers | reduce-scatters | "
-                  "all-reduces | other | syncs | host reads | kernel launches |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "all-reduces | other | syncs | engine waits | host reads | kernel launches |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for config, r in sorted(counted.items()):
             c, k = r["counts_per_step"], r.get("chunks") or {}
             lines.append(
                 f"| {config} | {r.get('chunk_size', '-')} | {k.get('sharded', '-')} / {k.get('replicated', '-')} | "
                 f"{c['all_gathers']:g} | {c['reduce_scatters']:g} | {c['all_reduces']:g} | "
-                f"{c['other_collectives']:g} | {c['syncs']:g} | {c['host_reads']:g} | "
+                f"{c['other_collectives']:g} | {c['syncs']:g} | {c.get('engine_waits', '-')} | {c['host_reads']:g} | "
                 f"{r.get('kernel_launches_per_step', '-')} |")
         plain_launches = (st["configs"].get("plain-cube") or {}).get("kernel_launches_per_step")
         if plain_launches is not None:

@@ -336,6 +336,11 @@ fn processes_on_one_gpu(world: usize, config: &RunConfig, dir: &std::path::Path)
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let entries: serde_json::Value = serde_json::from_str(&text).unwrap();
     let entry = &entries[0];
+    // What a GPU pays for, counted by rank 0 over its last step.
+    println!(
+        "{world} NCCL processes on one GPU, rank 0's last step: {}",
+        entry["last_step_counts"]
+    );
     Ended {
         // Written as f32's shortest text; read back as that f32.
         losses: entry["losses"]

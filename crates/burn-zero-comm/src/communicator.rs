@@ -5,6 +5,7 @@ use std::sync::Arc;
 use burn::tensor::{Tensor, backend::Backend};
 
 use crate::call::ReduceOp;
+use crate::counters::RankCounters;
 use crate::error::CommError;
 
 /// Collective communication among the ranks of one group, on `B`'s float tensors.
@@ -94,5 +95,20 @@ pub trait Communicator<B: Backend>: Send + Sync {
     /// or the engine keeps no record (the default).
     fn first_failure(&self) -> Option<(usize, String)> {
         None
+    }
+
+    /// Whether the engine orders its reads of a collective's input after the input's writers
+    /// on the device itself, whatever thread queued them: a caller may then hand it a tensor
+    /// without finishing its own device work first (no synchronisation). `false`, the default,
+    /// for engines that read an input only once its writers have finished.
+    fn orders_inputs_on_device(&self) -> bool {
+        false
+    }
+
+    /// Gives the engine the rank's counters, where it counts its own waits for the device
+    /// ([`RankCounters::engine_wait`]). Engines that never wait ignore them (the default);
+    /// wrappers pass them on.
+    fn count_into(&self, counters: &Arc<RankCounters>) {
+        let _ = counters;
     }
 }

@@ -38,6 +38,7 @@ pub struct RankCounters {
     host_writes: AtomicU64,
     host_read_bytes: AtomicU64,
     host_write_bytes: AtomicU64,
+    engine_waits: AtomicU64,
 }
 
 impl RankCounters {
@@ -61,6 +62,12 @@ impl RankCounters {
     /// Counts one device synchronisation (a wait for the device's queued work).
     pub fn sync(&self) {
         self.syncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one wait of the host for the device inside the communication engine (a stream
+    /// synchronisation, or a poll until a collective has completed).
+    pub fn engine_wait(&self) {
+        self.engine_waits.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one read of `bytes` of device memory back to the host.
@@ -91,6 +98,7 @@ impl RankCounters {
             host_writes: load(&self.host_writes),
             host_read_bytes: load(&self.host_read_bytes),
             host_write_bytes: load(&self.host_write_bytes),
+            engine_waits: load(&self.engine_waits),
         }
     }
 }
@@ -121,6 +129,10 @@ pub struct Counts {
     pub host_read_bytes: u64,
     /// Bytes of those uploads: on a GPU, what crosses the bus to the device.
     pub host_write_bytes: u64,
+    /// Waits of the host for the device inside the communication engine, which `syncs` does
+    /// not count: an NCCL group's stream synchronisations and its polls until a collective
+    /// has completed. Engines that never wait (on CPU) count none.
+    pub engine_waits: u64,
 }
 
 impl Counts {
@@ -145,6 +157,7 @@ impl Add for Counts {
             host_writes: self.host_writes + other.host_writes,
             host_read_bytes: self.host_read_bytes + other.host_read_bytes,
             host_write_bytes: self.host_write_bytes + other.host_write_bytes,
+            engine_waits: self.engine_waits + other.engine_waits,
         }
     }
 }
@@ -164,6 +177,7 @@ impl Sub for Counts {
             host_writes: self.host_writes - earlier.host_writes,
             host_read_bytes: self.host_read_bytes - earlier.host_read_bytes,
             host_write_bytes: self.host_write_bytes - earlier.host_write_bytes,
+            engine_waits: self.engine_waits - earlier.engine_waits,
         }
     }
 }

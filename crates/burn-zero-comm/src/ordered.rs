@@ -194,6 +194,8 @@ impl<B: Backend> OrderedComm<B> {
     /// The ordered handle of `inner`'s rank. The issuing thread starts with the first
     /// collective and ends when the last handle (clones, split groups, reservations) goes.
     pub fn new(inner: Arc<dyn Communicator<B>>) -> Self {
+        let counters = Arc::new(RankCounters::default());
+        inner.count_into(&counters);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 next_ticket: 0,
@@ -205,7 +207,7 @@ impl<B: Backend> OrderedComm<B> {
         OrderedComm {
             issuer: Arc::new(Issuer {
                 shared,
-                counters: Arc::new(RankCounters::default()),
+                counters,
                 name: format!("burn-zero-issue-{}", inner.rank()),
                 thread: Mutex::new(Started::Not),
             }),
@@ -238,8 +240,10 @@ impl<B: Backend> OrderedComm<B> {
         &self,
         wrap: impl FnOnce(Arc<dyn Communicator<B>>) -> Arc<dyn Communicator<B>>,
     ) -> OrderedComm<B> {
+        let inner = wrap(self.inner.clone());
+        inner.count_into(&self.issuer.counters);
         OrderedComm {
-            inner: wrap(self.inner.clone()),
+            inner,
             issuer: self.issuer.clone(),
         }
     }
@@ -249,6 +253,7 @@ impl<B: Backend> OrderedComm<B> {
     /// groups ([`Reservation::on_group`]).
     pub fn split_ordered(&self, color: usize) -> Result<OrderedComm<B>, CommError> {
         let inner = self.reserve().split(color)?;
+        inner.count_into(&self.issuer.counters);
         Ok(OrderedComm {
             inner,
             issuer: self.issuer.clone(),
@@ -399,7 +404,13 @@ impl<B: Backend> Reservation<B> {
     /// Finishes this thread's pending work on `input`'s device before another thread reads
     /// it: on backends with a queue per thread (cubecl's wgpu and CUDA streams) the issuing
     /// thread must not read a buffer that is still being written. A no-op on CPU backends.
+    ///
+    /// Skipped for an engine that orders its reads after the writers on the device itself
+    /// ([`Communicator::orders_inputs_on_device`]).
     fn settle(&self, input: &Tensor<B, 1>) -> Result<(), CommError> {
+        if self.inner.orders_inputs_on_device() {
+            return Ok(());
+        }
         self.open.issuer.counters.sync();
         B::sync(&input.device()).map_err(|error| {
             // This position will be skipped: end the group rather than let the other ranks
@@ -639,6 +650,14 @@ impl<B: Backend> Communicator<B> for Reservation<B> {
     fn first_failure(&self) -> Option<(usize, String)> {
         self.inner.first_failure()
     }
+
+    fn orders_inputs_on_device(&self) -> bool {
+        self.inner.orders_inputs_on_device()
+    }
+
+    fn count_into(&self, counters: &Arc<RankCounters>) {
+        self.inner.count_into(counters);
+    }
 }
 
 impl<B: Backend> Communicator<B> for OrderedComm<B> {
@@ -696,5 +715,13 @@ impl<B: Backend> Communicator<B> for OrderedComm<B> {
 
     fn first_failure(&self) -> Option<(usize, String)> {
         self.inner.first_failure()
+    }
+
+    fn orders_inputs_on_device(&self) -> bool {
+        self.inner.orders_inputs_on_device()
+    }
+
+    fn count_into(&self, counters: &Arc<RankCounters>) {
+        self.inner.count_into(counters);
     }
 }

@@ -28,6 +28,7 @@ use burn::tensor::backend::Backend;
 
 use crate::call::ReduceOp;
 use crate::communicator::Communicator;
+use crate::counters::RankCounters;
 use crate::error::CommError;
 use crate::plane::{HostPlane, fold_pieces};
 
@@ -136,6 +137,14 @@ impl<B: Backend> Communicator<B> for RankOrderReduction<B> {
 
     fn report_failure(&self, reason: &str) {
         self.engine.report_failure(reason);
+    }
+
+    fn orders_inputs_on_device(&self) -> bool {
+        self.engine.orders_inputs_on_device()
+    }
+
+    fn count_into(&self, counters: &Arc<RankCounters>) {
+        self.engine.count_into(counters);
     }
 
     fn first_failure(&self) -> Option<(usize, String)> {

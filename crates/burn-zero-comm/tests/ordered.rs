@@ -323,3 +323,114 @@ fn a_position_on_a_one_rank_group_keeps_its_place_beside_a_larger_group() {
     })
     .unwrap();
 }
+
+/// An engine that says it orders its inputs on the device and waits for the device once per
+/// collective, as the NCCL group does: the layer hands it tensors without a synchronisation,
+/// and the waits it counts into the rank's counters are the rank's.
+struct OrderingOnDevice {
+    inner: Arc<dyn Communicator<B>>,
+    counters: Mutex<Option<Arc<burn_zero_comm::RankCounters>>>,
+}
+
+impl OrderingOnDevice {
+    fn waited(&self) {
+        if let Some(counters) = self.counters.lock().unwrap().as_ref() {
+            counters.engine_wait();
+        }
+    }
+}
+
+impl Communicator<B> for OrderingOnDevice {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        self.waited();
+        self.inner.all_gather(block)
+    }
+    fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.waited();
+        self.inner.reduce_scatter(input, op)
+    }
+    fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.waited();
+        self.inner.all_reduce(input, op)
+    }
+    fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
+        self.waited();
+        self.inner.broadcast(buffer, root)
+    }
+    fn barrier(&self) -> Result<(), CommError> {
+        self.inner.barrier()
+    }
+    fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        self.inner.duplicate()
+    }
+    fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        self.inner.split(color)
+    }
+    fn abort(&self, reason: &str) {
+        self.inner.abort(reason);
+    }
+    fn orders_inputs_on_device(&self) -> bool {
+        true
+    }
+    fn count_into(&self, counters: &Arc<burn_zero_comm::RankCounters>) {
+        *self.counters.lock().unwrap() = Some(counters.clone());
+    }
+}
+
+#[test]
+fn an_engine_that_orders_inputs_on_the_device_is_handed_them_without_a_synchronisation() {
+    let counts = launch_with::<B, _, _, _>(
+        2,
+        &[Default::default(); 2],
+        &LaunchOptions::default(),
+        |ctx| {
+            let engine = Arc::new(OrderingOnDevice {
+                inner: ctx.engine().clone(),
+                counters: Mutex::new(None),
+            });
+            let ordered = OrderedComm::new(engine);
+            let device = Default::default();
+            let block = Tensor::<B, 1>::ones([4], &device);
+            ordered.all_gather(block.clone())?;
+            ordered.all_reduce(block.clone(), ReduceOp::Sum)?;
+            ordered.reserve().all_gather_later(block)?.wait()?;
+            Ok::<_, CommError>(ordered.counters().snapshot())
+        },
+    )
+    .unwrap();
+    for counts in counts {
+        assert_eq!(
+            (counts.all_gathers, counts.all_reduces),
+            (2, 1),
+            "{counts:?}"
+        );
+        assert_eq!(
+            counts.syncs, 0,
+            "no synchronisation before the collectives: {counts:?}"
+        );
+        assert_eq!(counts.engine_waits, 3, "the engine's own waits: {counts:?}");
+    }
+    // The control: the same collectives on the engine itself are each synchronised first.
+    let counts = launch_with::<B, _, _, _>(
+        2,
+        &[Default::default(); 2],
+        &LaunchOptions::default(),
+        |ctx| {
+            let ordered = OrderedComm::new(ctx.engine().clone());
+            let block = Tensor::<B, 1>::ones([4], &Default::default());
+            ordered.all_gather(block.clone())?;
+            ordered.all_reduce(block, ReduceOp::Sum)?;
+            Ok::<_, CommError>(ordered.counters().snapshot())
+        },
+    )
+    .unwrap();
+    for counts in counts {
+        assert_eq!((counts.syncs, counts.engine_waits), (2, 0), "{counts:?}");
+    }
+}

@@ -40,6 +40,8 @@ pub use gathered::cut_gathered;
 pub use host::BufferPool;
 pub use join::join;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use kernel::flag;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use kernel::fused;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use kernel::launches::{LaunchCountError, LaunchLog};

@@ -6,7 +6,7 @@
 mod common;
 mod kernel_cases;
 
-use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use burn::backend::wgpu::{CubeBackend, CubeTensor, WgpuDevice, WgpuRuntime};
 use burn_zero_kernels::kernel_available;
 use burn_zero_testing::skip;
 
@@ -36,4 +36,40 @@ fn gradient_on_another_device() {
     };
     // lavapipe is also the adapter behind `WgpuDevice::Cpu`: a second device on this machine.
     kernel_cases::gradient_on_another_device::<B>(&device, &WgpuDevice::Cpu);
+}
+
+/// The device flag's store lands with its value, each later one replacing the last, and a
+/// tensor that is not one `u32` is refused by name.
+#[test]
+fn a_device_flag_holds_the_last_value_signalled() {
+    use burn::tensor::{DType, Shape};
+    use burn_zero_kernels::{KernelError, flag};
+    use cubecl::Runtime;
+    let Some(device) = device("a_device_flag_holds_the_last_value_signalled") else {
+        return;
+    };
+    let client = WgpuRuntime::client(&device);
+    let make = |dtype: DType, len: usize| {
+        let handle = client.create_from_slice(&vec![0u8; 4 * len]);
+        CubeTensor::new_contiguous(
+            client.clone(),
+            device.clone(),
+            Shape::new([len]),
+            handle,
+            dtype,
+        )
+    };
+    let word = make(DType::U32, 1);
+    for value in [1u32, 7, 0x8000_0001, u32::MAX, 2] {
+        flag::signal(&word, value).unwrap();
+        let bytes = client.read_one(word.handle.clone()).unwrap();
+        assert_eq!(u32::from_le_bytes(bytes[..4].try_into().unwrap()), value);
+    }
+    for (dtype, len) in [(DType::F32, 1), (DType::U32, 2)] {
+        let error = flag::signal(&make(dtype, len), 1).unwrap_err();
+        assert!(
+            matches!(error, KernelError::UnsupportedDType { .. }),
+            "{error}"
+        );
+    }
 }

@@ -28,6 +28,8 @@ fn run() -> Result<String, CommError> {
         init_timeout: Duration::from_secs(60),
         rendezvous_timeout: Duration::from_secs(60),
         check_schedule: true,
+        // `PROBE_HOST_ORDER=1`: the host-synchronised path, for comparison.
+        order_on_device: std::env::var("PROBE_HOST_ORDER").map_or(true, |v| v != "1"),
     };
     let group = NcclGroup::from_env(&options)?;
     let (rank, world) = (

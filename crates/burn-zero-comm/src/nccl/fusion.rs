@@ -118,4 +118,12 @@ where
     fn first_failure(&self) -> Option<(usize, String)> {
         self.cause()
     }
+
+    // Inputs under Burn's fusion layer are still finished by their callers (the default
+    // `orders_inputs_on_device`): a fused tensor's pending operations live in the fusion
+    // stream of the thread that queued them.
+
+    fn count_into(&self, counters: &std::sync::Arc<crate::counters::RankCounters>) {
+        <NcclGroup as Communicator<super::CudaBackend>>::count_into(self, counters);
+    }
 }

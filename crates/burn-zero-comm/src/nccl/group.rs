@@ -1,7 +1,7 @@
 //! `NcclGroup`: one rank's NCCL communicator, and the collectives on CubeCL CUDA tensors.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use super::sys::{self, DataType, DevicePtr, Failure, Progress, RawComm, RedOp};
 use crate::call::{CollectiveCall, CollectiveOp, ReduceOp, dtype_name};
 use crate::communicator::Communicator;
 use crate::control::JobControl;
+use crate::counters::RankCounters;
 use crate::error::CommError;
 
 /// The dtypes the NCCL engine moves and reduces.
@@ -30,9 +31,12 @@ pub(crate) const SUPPORTED: &str = "f32, flex32 (stored as f32), f16, bf16";
 /// per thread), [`NcclGroup::from_env`] / [`NcclGroup::init`] (one rank per process, started by
 /// `zero-run` or torchrun), or [`crate::nccl::launch_nccl`].
 ///
-/// Each collective is ordered with CubeCL's compute stream by synchronisation: the input's
-/// pending work is finished (`Backend::sync`), NCCL runs on the group's own stream, and the
-/// call returns once NCCL has completed, so the result is ready for any stream. While it waits,
+/// Each collective is ordered after its input's writers on the device
+/// ([`NcclOptions::order_on_device`]): the issuing thread's stream writes a number into a
+/// device flag the group owns, and the group's own stream waits for it before NCCL runs; with
+/// the option off, the issuing thread's stream is synchronised instead. The call returns once
+/// NCCL has completed (the host polls an event), so the result is ready for any stream, and the
+/// input and output buffers stay held until then. While it waits,
 /// the rank polls NCCL for asynchronous errors and watches the group's timeout; on an error or
 /// a timeout it aborts the communicator (`ncclCommAbort`) and returns
 /// [`CommError::Nccl`] or [`CommError::Stalled`]. A failed group stays failed: every later call
@@ -70,6 +74,14 @@ pub struct NcclGroup {
     issued: AtomicU64,
     /// This rank as the group everything was split from numbers it.
     job_rank: usize,
+    /// The device flag collectives wait for ([`NcclOptions::order_on_device`]): one `u32`,
+    /// made on first use and held for the group's life, so nothing else ever gets its memory
+    /// while a stream may wait on it.
+    flag: Mutex<Option<CubeTensor<CudaRuntime>>>,
+    /// The last number written into the flag.
+    signals: AtomicU32,
+    /// The rank's counters, where the group's host waits are counted.
+    counters: OnceLock<Arc<RankCounters>>,
 }
 
 /// What the groups of one job in this process share.
@@ -115,6 +127,9 @@ struct Transfer {
     /// Elements of the output.
     out_numel: usize,
     data_type: DataType,
+    /// The device flag and number the group's stream waits for before NCCL runs, when the
+    /// collective is ordered on the device.
+    after: Option<(DevicePtr, u32)>,
 }
 
 impl NcclGroup {
@@ -173,6 +188,9 @@ impl NcclGroup {
             control,
             issued: AtomicU64::new(0),
             job_rank: rank,
+            flag: Mutex::new(None),
+            signals: AtomicU32::new(0),
+            counters: OnceLock::new(),
         })
     }
 
@@ -634,10 +652,17 @@ impl NcclGroup {
                 "a CubeCL buffer is smaller than its tensor".into(),
             ));
         }
-        <CubeBackend<CudaRuntime, f32, i32, u8> as burn::tensor::backend::Backend>::sync(
-            &self.device,
-        )
-        .map_err(|e| fail_now(format!("finishing the input: {e}")))?;
+        let after = if self.options.order_on_device {
+            let signal = self.signal(&client).map_err(fail_now)?;
+            Some(signal)
+        } else {
+            self.count_wait();
+            <CubeBackend<CudaRuntime, f32, i32, u8> as burn::tensor::backend::Backend>::sync(
+                &self.device,
+            )
+            .map_err(|e| fail_now(format!("finishing the input: {e}")))?;
+            None
+        };
 
         let transfer = Transfer {
             send: DevicePtr(send.resource().ptr),
@@ -645,6 +670,7 @@ impl NcclGroup {
             numel,
             out_numel,
             data_type,
+            after,
         };
         self.launch(kind, transfer, &call, &during)?;
         // The buffers were in use until here.
@@ -656,6 +682,47 @@ impl NcclGroup {
             output,
             dtype,
         ))
+    }
+
+    /// Writes the next number into the group's device flag on the issuing thread's stream,
+    /// after everything queued there (which cubecl orders after the input's writers on other
+    /// streams when it resolves the input), and submits it; returns the flag's address and the
+    /// number, for the group's stream to wait on.
+    fn signal(
+        &self,
+        client: &burn_cubecl::cubecl::prelude::ComputeClient<CudaRuntime>,
+    ) -> Result<(DevicePtr, u32), String> {
+        let mut flag = lock(&self.flag);
+        let flag = flag.get_or_insert_with(|| {
+            let handle = client.create_from_slice(&[0u8; 4]);
+            CubeTensor::new_contiguous(
+                client.clone(),
+                self.device.clone(),
+                Shape::new([1]),
+                handle,
+                DType::U32,
+            )
+        });
+        // Starts at 1, above the flag's first value; 2³² collectives would wrap it.
+        let value = self.signals.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        burn_zero_kernels::flag::signal(flag, value)
+            .map_err(|e| format!("signalling the input: {e}"))?;
+        // Queued work reaches CUDA only when cubecl's device thread submits it: the group's
+        // stream must not wait for a number still in that queue.
+        client
+            .flush()
+            .map_err(|e| format!("submitting the signal: {e:?}"))?;
+        let resource = client
+            .get_resource(flag.handle.clone())
+            .map_err(|e| format!("the device flag: {e}"))?;
+        Ok((DevicePtr(resource.resource().ptr), value))
+    }
+
+    /// Counts one wait of the host for the device, when the rank's counters were given.
+    fn count_wait(&self) {
+        if let Some(counters) = self.counters.get() {
+            counters.engine_wait();
+        }
     }
 
     /// Checks `call` (described by `during`) before any buffer is touched: the group must be
@@ -731,11 +798,17 @@ impl NcclGroup {
             numel,
             out_numel,
             data_type,
+            after,
         } = transfer;
         let started = Instant::now();
         let mut link = self.lock();
         self.bind(&mut link)?;
         let stream = self.stream.cu_stream();
+        if let Some((flag, value)) = after
+            && let Err(failure) = sys::wait_value(stream, flag, value)
+        {
+            return Err(self.fail(&mut link, self.nccl_error(during, failure)));
+        }
         let launched = {
             let comm = self.usable(&mut link)?;
             match kind {
@@ -764,6 +837,8 @@ impl NcclGroup {
         if let Err(error) = recorded {
             return Err(self.fail(&mut link, self.device_error(format!("CUDA: {error}"))));
         }
+        // The host waits for the device here, once per collective.
+        self.count_wait();
         self.wait(&mut link, call, started, |link| {
             link.done
                 .try_is_complete()
@@ -954,6 +1029,15 @@ where
 
     fn first_failure(&self) -> Option<(usize, String)> {
         self.cause()
+    }
+
+    fn orders_inputs_on_device(&self) -> bool {
+        self.options.order_on_device
+    }
+
+    fn count_into(&self, counters: &Arc<RankCounters>) {
+        // A group is given the counters of its one rank; a second call changes nothing.
+        let _ = self.counters.set(counters.clone());
     }
 
     fn abort(&self, reason: &str) {

@@ -54,6 +54,15 @@ pub struct NcclOptions {
     /// there (and more of a GPU's shorter step). Turn it on to debug a hang or a crash inside
     /// NCCL. Aborts travel over the connection either way.
     pub check_schedule: bool,
+    /// Order each collective after its input's writers on the device, without the host
+    /// waiting: a one-thread kernel on the issuing thread's stream writes an increasing number
+    /// into a device flag after everything queued before it (cubecl has already ordered that
+    /// stream after the input's writers on other threads' streams), and the group's stream
+    /// waits for the number (`cuStreamWaitValue32`) before NCCL runs. The ranks' own threads
+    /// then hand tensors over without a synchronisation either. On by default; off, each
+    /// collective synchronises the issuing thread's stream first and each caller its own, as
+    /// before (the fallback, and the comparison for the GPU check).
+    pub order_on_device: bool,
 }
 
 impl Default for NcclOptions {
@@ -65,6 +74,7 @@ impl Default for NcclOptions {
             init_timeout: Duration::from_secs(300),
             rendezvous_timeout: Duration::from_secs(300),
             check_schedule: false,
+            order_on_device: true,
         }
     }
 }

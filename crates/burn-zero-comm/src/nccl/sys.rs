@@ -140,6 +140,31 @@ pub(crate) fn unique_id() -> Result<[u8; UNIQUE_ID_BYTES], Failure> {
 }
 
 /// Opens a group of NCCL calls (several communicators initialised from one thread).
+/// Makes `stream` wait on the device until the 32-bit word at `flag` is at least `value`
+/// (`cuStreamWaitValue32`): work queued on `stream` afterwards starts only then. The host does
+/// not wait.
+pub(crate) fn wait_value(stream: Stream, flag: DevicePtr, value: u32) -> Result<(), Failure> {
+    use cudarc::driver::sys as cu;
+    // SAFETY: `stream` is a live stream of the current context and `flag` a device address of
+    // that context holding a 4-byte-aligned word, alive until the wait is over (the caller's
+    // group owns it for its whole life).
+    let result = unsafe {
+        cu::cuStreamWaitValue32_v2(
+            stream,
+            flag.0,
+            value,
+            cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        )
+    };
+    match result {
+        cu::cudaError_enum::CUDA_SUCCESS => Ok(()),
+        error => Err(Failure {
+            code: format!("{error:?}"),
+            detail: "cuStreamWaitValue32 on the group's stream".into(),
+        }),
+    }
+}
+
 pub(crate) fn group_start() -> Result<(), Failure> {
     // SAFETY: no arguments; NCCL keeps the group state per thread.
     check(unsafe { sys::ncclGroupStart() }, None).map(|_| ())

@@ -173,8 +173,20 @@ impl<B: Backend> CommThread<B> {
     }
 
     /// Finishes the caller's pending work on the device before the thread reads what it was
-    /// handed. A no-op on CPU backends.
+    /// handed. A no-op on CPU backends; skipped where the engines order their inputs after
+    /// the writers on the device ([`burn_zero_comm::Communicator::orders_inputs_on_device`]:
+    /// the thread's packing kernels are then ordered after the gradients' writers by cubecl,
+    /// and the collective after the packing by the engine).
     fn settle(&self) {
+        let on_device = self.order.shard.orders_inputs_on_device()
+            && self
+                .order
+                .replicas
+                .as_ref()
+                .is_none_or(|replicas| replicas.orders_inputs_on_device());
+        if on_device {
+            return;
+        }
         if let Err(error) = B::sync(&self.device) {
             panic!(
                 "burn-zero: rank {} could not finish its gradients on its device: {error}",

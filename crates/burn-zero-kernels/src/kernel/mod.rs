@@ -10,6 +10,7 @@
 
 mod adam;
 mod batch;
+pub mod flag;
 pub mod fused;
 mod gathered;
 pub mod launches;
