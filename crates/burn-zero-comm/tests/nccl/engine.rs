@@ -89,17 +89,30 @@ fn exercise(
     Ok(out)
 }
 
-/// NCCL and LocalGroup (over the same CUDA backend and devices) agree bit for bit.
+/// NCCL and LocalGroup (over the same CUDA backend and devices) agree bit for bit, with the
+/// collectives ordered after their inputs on the device (the default) and by synchronisation.
 fn check_parity(devices: &[CudaDevice]) {
+    for order_on_device in [true, false] {
+        let options = NcclOptions {
+            order_on_device,
+            ..NcclOptions::default()
+        };
+        check_parity_with(devices, &options);
+    }
+}
+
+fn check_parity_with(devices: &[CudaDevice], options: &NcclOptions) {
     let world = devices.len();
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for block in [1, 7, 4099] {
-            let context = format!("world {world}, {dtype:?}, block {block}");
-            let nccl =
-                launch_nccl::<f32, i32, u8, _, _, _>(devices, &NcclOptions::default(), |ctx| {
-                    exercise(ctx.comm().as_ref(), ctx.device(), dtype, block)
-                })
-                .unwrap_or_else(|e| panic!("NCCL, {context}: {e}"));
+            let context = format!(
+                "world {world}, {dtype:?}, block {block}, ordered on the device: {}",
+                options.order_on_device
+            );
+            let nccl = launch_nccl::<f32, i32, u8, _, _, _>(devices, options, |ctx| {
+                exercise(ctx.comm().as_ref(), ctx.device(), dtype, block)
+            })
+            .unwrap_or_else(|e| panic!("NCCL, {context}: {e}"));
             let local = launch::<B, _, _, _>(world, devices, |ctx| {
                 exercise(ctx.comm().as_ref(), ctx.device(), dtype, block)
             })
