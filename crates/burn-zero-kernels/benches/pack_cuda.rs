@@ -1,20 +1,26 @@
-//! Pack and unpack bandwidth on a CUDA device (feature `cuda`) against a device-to-device copy
-//! of the same bytes, for the GPU check (`scripts/gpu-check.sh`).
+//! Pack, unpack and gathered-cut bandwidth on a CUDA device (feature `cuda`) against a
+//! device-to-device copy of the same bytes, for the GPU check (`scripts/gpu-check.sh`).
 //!
-//! The bucket is what the 50M-parameter benchmark model fills: 25 MiB of f32 with members of
-//! 4 MiB (six of them, and one of 1 MiB to fill it), packed as 1 rank row (world size 1) and as
-//! 8 rows, with and without a predivide factor. The copy is Burn's own device copy kernel
-//! (`CubeTensor::copy`, vectorised) of a 25 MiB tensor. GB/s counts bytes read plus bytes
-//! written (1 GB = 1e9 bytes): every path reads and writes the bucket once, so the ratio to the
-//! copy is the fraction of copy bandwidth reached (the goal is at least 0.8).
+//! Buckets of 1, 25 and 100 MiB (of the bucket's dtype), of 7 members (six equal ones and a
+//! quarter-size one, which gives it an odd length) and of 48 (equal, each of an odd length), as
+//! 1 rank row and as 8; f32 gradients into an f32 bucket, and into a bf16 one (the cast of
+//! `reduce_dtype`), each with a predivide factor. Unpack reads every member of a row back with a
+//! divisor (the gradient buckets' call, `unpack_row`); the gathered cut takes every member out of
+//! an all-gathered chunk of 8 rank rows (`cut_gathered`, stage 3's gathers). The copy is Burn's
+//! own device copy kernel (`CubeTensor::copy`, vectorised) of a tensor as large as the bucket.
+//! GB/s counts bytes read plus bytes written (1 GB = 1e9 bytes), so the ratio to the copy is the
+//! fraction of the copy's bandwidth reached (the goal is at least 0.8).
 //!
-//! The pack is one `Packer` filled member by member, the unpack one `unpack_row` over the row's
-//! members, as the gradient buckets run them: the kernels take up to 16 members in a launch,
-//! so each is one launch here.
+//! The kernels take up to 16 members in a launch: 7 members are one launch, 48 are three. Each
+//! bucket comes from cubecl's memory pool, as in training, where a bucket of the same size was
+//! dropped the step before.
 //!
-//! A GPU runs the 25 MiB in tens of microseconds, so each sample times a batch of calls with
-//! one device synchronisation at the end. Prints a table; `PACK_CUDA_REPORT=path` also writes
-//! JSON there. Without a CUDA device it says it was skipped (and writes `{"skipped": ...}`).
+//! Time: cubecl 0.10 profiles CUDA work by synchronising before and after, so each sample times
+//! a batch of calls with one device synchronisation at the end, long enough (a gigabyte of traffic,
+//! about half a millisecond on an H100) that the synchronisation is a small part of it; that is the device time per call. Beside
+//! it, the host's time per call: what enqueueing one call costs the calling thread, timed without
+//! a synchronisation. Prints a table; `PACK_CUDA_REPORT=path` also writes JSON there. Without a
+//! CUDA device it says it was skipped (and writes `{"skipped": ...}`).
 
 use std::hint::black_box;
 use std::sync::Mutex;
@@ -23,34 +29,73 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_cubecl::CubeBackend;
-use burn_zero_kernels::{BucketSpec, MemberSpec, PackPath, Packer, RowPart, unpack_row};
+use burn_zero_kernels::{
+    BucketSpec, GatheredMember, MemberSpec, PackPath, Packer, RowPart, cut_gathered, unpack_row,
+};
 use criterion::Criterion;
 use cubecl::cuda::{CudaDevice, CudaRuntime};
 
 type B = CubeBackend<CudaRuntime, f32, i32, u8>;
 
 const MIB: usize = 1 << 20;
-/// Bucket bytes: 25 MiB of f32.
-const BUCKET_BYTES: usize = 25 * MIB;
-/// Member sizes in elements: six of 4 MiB and one of 1 MiB.
-const MEMBER_NUMELS: [usize; 7] = [MIB, MIB, MIB, MIB, MIB, MIB, MIB / 4];
+/// Bucket sizes in MiB of the bucket's dtype.
+const BUCKETS_MIB: [usize; 3] = [1, 25, 100];
+/// Members per bucket.
+const MEMBERS: [usize; 2] = [7, 48];
+/// Rank rows.
+const ROWS: [usize; 2] = [1, 8];
+/// Device work per sample: enough that one synchronisation is a small part of it.
+const SAMPLE_BYTES: usize = 1 << 30;
 
-/// (label, bytes moved per call, calls and elapsed time of each sample).
-type Samples = Vec<(String, usize, Vec<(u64, Duration)>)>;
-static TIMES: Mutex<Samples> = Mutex::new(Vec::new());
+/// One measured path: label, bytes moved per call, (calls, elapsed) per sample, and the host's
+/// time to enqueue one call.
+struct Measured {
+    label: String,
+    bytes: usize,
+    samples: Vec<(u64, Duration)>,
+    enqueue: Vec<f64>,
+}
 
-fn record(label: &str, bytes: usize, iters: u64, elapsed: Duration) {
+static TIMES: Mutex<Vec<Measured>> = Mutex::new(Vec::new());
+
+fn record(label: &str, bytes: usize, iters: u64, elapsed: Duration, enqueue: f64) {
     let mut times = TIMES.lock().unwrap();
-    match times.iter_mut().find(|(l, ..)| l == label) {
-        Some((.., list)) => list.push((iters, elapsed)),
-        None => times.push((label.to_string(), bytes, vec![(iters, elapsed)])),
+    match times.iter_mut().find(|m| m.label == label) {
+        Some(m) => {
+            m.samples.push((iters, elapsed));
+            m.enqueue.push(enqueue);
+        }
+        None => times.push(Measured {
+            label: label.to_string(),
+            bytes,
+            samples: vec![(iters, elapsed)],
+            enqueue: vec![enqueue],
+        }),
     }
 }
 
-/// The bucket of `rows` rank rows; members padded to a multiple of `rows`.
-fn layout(rows: usize, predivide: f64) -> (BucketSpec, Vec<MemberSpec>) {
+/// Member sizes (elements) of a bucket of `numel` elements with `count` members: equal odd
+/// lengths, and with 7 members a quarter-size last one.
+fn member_numels(numel: usize, count: usize) -> Vec<usize> {
+    if count == 7 {
+        let unit = (numel * 4 / 25) | 1;
+        let mut sizes = vec![unit; 6];
+        sizes.push(numel.saturating_sub(6 * unit).max(1));
+        sizes
+    } else {
+        vec![(numel / count) | 1; count]
+    }
+}
+
+/// The bucket of `rows` rank rows in `dtype`; members padded to a multiple of `rows`.
+fn layout(
+    numels: &[usize],
+    rows: usize,
+    dtype: DType,
+    predivide: f64,
+) -> (BucketSpec, Vec<MemberSpec>) {
     let mut offset = 0;
-    let members: Vec<MemberSpec> = MEMBER_NUMELS
+    let members: Vec<MemberSpec> = numels
         .iter()
         .map(|&numel| {
             let len = numel.div_ceil(rows);
@@ -62,69 +107,85 @@ fn layout(rows: usize, predivide: f64) -> (BucketSpec, Vec<MemberSpec>) {
     let spec = BucketSpec {
         rows,
         row_len: offset,
-        dtype: DType::F32,
+        dtype,
         predivide,
     };
     (spec, members)
 }
 
-fn tensor(numel: usize, seed: usize, device: &CudaDevice) -> Tensor<B, 1> {
+fn tensor(numel: usize, seed: usize, dtype: DType, device: &CudaDevice) -> Tensor<B, 1> {
     let values: Vec<f32> = (0..numel)
         .map(|i| ((i * 7 + seed * 13) % 1000) as f32 / 250.0 - 2.0)
         .collect();
-    Tensor::<B, 1>::from_data(TensorData::new(values, [numel]), device)
+    let data = TensorData::new(values, [numel]).convert_dtype(dtype);
+    Tensor::<B, 1>::from_data(data, (device, dtype))
 }
 
-/// Times `call` in batches with one synchronisation per batch.
+/// Times `call` in batches of about `SAMPLE_BYTES` of traffic with one synchronisation per
+/// batch, and the host's enqueueing time per call without one.
 fn bench(c: &mut Criterion, label: &str, bytes: usize, device: &CudaDevice, call: impl Fn()) {
+    let batch = (SAMPLE_BYTES / bytes.max(1)).clamp(4, 2000) as u64;
     c.bench_function(label, |b| {
-        b.iter_custom(|iters| {
+        b.iter_custom(|wanted| {
+            // At least a batch per sample; criterion is told the time of the calls it asked for.
+            let iters = wanted.max(batch);
             B::sync(device).unwrap();
             let start = Instant::now();
             for _ in 0..iters {
                 call();
             }
+            let enqueued = start.elapsed();
             B::sync(device).unwrap();
             let elapsed = start.elapsed();
-            record(label, bytes, iters, elapsed);
-            elapsed
+            let enqueue = enqueued.as_secs_f64() / iters as f64;
+            record(label, bytes, iters, elapsed, enqueue);
+            elapsed.mul_f64(wanted as f64 / iters as f64)
         })
     });
 }
 
 fn run(c: &mut Criterion, device: &CudaDevice) {
-    let source = tensor(BUCKET_BYTES / 4, 1, device)
-        .into_primitive()
-        .tensor();
-    bench(
-        c,
-        "copy (CubeTensor::copy)",
-        2 * BUCKET_BYTES,
-        device,
-        || {
-            black_box(source.copy());
-        },
-    );
-    for rows in [1, 8] {
-        for predivide in [1.0, 2.0] {
-            let (spec, members) = layout(rows, predivide);
-            let grads: Vec<_> = members
-                .iter()
-                .enumerate()
-                .map(|(i, m)| tensor(m.numel, i, device).into_primitive().tensor())
-                .collect();
-            let moved = 2 * MEMBER_NUMELS.iter().sum::<usize>() * 4;
-            let label = format!("pack rows={rows} predivide={predivide}");
-            bench(c, &label, moved, device, || {
-                let mut packer = Packer::<B>::new(spec, device, PackPath::Kernel).unwrap();
-                for (member, grad) in members.iter().zip(&grads) {
-                    packer.push(member, Some(grad.clone())).unwrap();
+    for mib in BUCKETS_MIB {
+        let source = tensor(mib * MIB / 4, 1, DType::F32, device)
+            .into_primitive()
+            .tensor();
+        bench(
+            c,
+            &format!("copy {mib} MiB f32"),
+            2 * mib * MIB,
+            device,
+            || {
+                black_box(source.copy());
+            },
+        );
+        for dtype in [DType::F32, DType::BF16] {
+            let numel = mib * MIB / dtype.size();
+            for count in MEMBERS {
+                let numels = member_numels(numel, count);
+                let grads: Vec<_> = numels
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| tensor(n, i, DType::F32, device).into_primitive().tensor())
+                    .collect();
+                let elements: usize = numels.iter().sum();
+                // Read f32 gradients, write the bucket's dtype.
+                let moved = elements * (4 + dtype.size());
+                for rows in ROWS {
+                    let (spec, members) = layout(&numels, rows, dtype, 2.0);
+                    let name = format!("{mib} MiB f32->{dtype:?}, {count} members, {rows} row(s)");
+                    bench(c, &format!("pack {name}"), moved, device, || {
+                        let mut packer = Packer::<B>::new(spec, device, PackPath::Kernel).unwrap();
+                        for (member, grad) in members.iter().zip(&grads) {
+                            packer.push(member, Some(grad.clone())).unwrap();
+                        }
+                        black_box(packer.finish().unwrap());
+                    });
                 }
-                black_box(packer.finish().unwrap());
-            });
-            if rows == 1 {
-                let row = tensor(spec.row_len, 99, device).into_primitive().tensor();
-                let label = format!("unpack rows={rows} postdivide={predivide}");
+                // Unpack of one reduced row, back to f32 with the divisor.
+                let (spec, members) = layout(&numels, 1, dtype, 2.0);
+                let row = tensor(spec.row_len, 99, dtype, device)
+                    .into_primitive()
+                    .tensor();
                 let parts: Vec<RowPart> = members
                     .iter()
                     .map(|m| RowPart {
@@ -133,61 +194,100 @@ fn run(c: &mut Criterion, device: &CudaDevice) {
                         dtype: DType::F32,
                     })
                     .collect();
-                // What the gradient buckets run: every member of the row in one call.
+                let label = format!("unpack {mib} MiB {dtype:?}->f32, {count} members, /2");
                 bench(c, &label, moved, device, || {
                     let unpacked =
-                        unpack_row::<B>(row.clone(), &parts, predivide, PackPath::Kernel, None);
+                        unpack_row::<B>(row.clone(), &parts, 2.0, PackPath::Kernel, None);
                     black_box(unpacked.unwrap());
                 });
             }
         }
+        // The gathered cut: a chunk of 8 rank rows of f32, every member taken out.
+        for count in MEMBERS {
+            let ranks = 8;
+            let numels = member_numels(mib * MIB / 4, count);
+            let (spec, members) = layout(&numels, ranks, DType::F32, 1.0);
+            let gathered = tensor(spec.row_len * ranks, 5, DType::F32, device)
+                .into_primitive()
+                .tensor();
+            let cut: Vec<GatheredMember> = members
+                .iter()
+                .map(|m| GatheredMember {
+                    offset: m.offset,
+                    block_len: m.len,
+                    numel: m.numel,
+                })
+                .collect();
+            let moved = 2 * 4 * numels.iter().sum::<usize>();
+            let label = format!("gathered cut {mib} MiB f32, {count} members, 8 ranks");
+            bench(c, &label, moved, device, || {
+                let members = cut_gathered::<B>(&gathered, ranks, &cut, PackPath::Kernel);
+                black_box(members.unwrap());
+            });
+        }
     }
 }
 
-/// Median seconds per call over the samples.
-fn per_call(samples: &[(u64, Duration)]) -> f64 {
-    let mut values: Vec<f64> = samples
-        .iter()
-        .map(|(iters, elapsed)| elapsed.as_secs_f64() / *iters as f64)
-        .collect();
+/// Median of `values`.
+fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
 }
 
+/// Median seconds per call over the samples.
+fn per_call(samples: &[(u64, Duration)]) -> f64 {
+    median(
+        samples
+            .iter()
+            .map(|(iters, elapsed)| elapsed.as_secs_f64() / *iters as f64)
+            .collect(),
+    )
+}
+
 fn report() -> serde_json::Value {
-    let times = TIMES.lock().unwrap().clone();
-    let copy = times
-        .iter()
-        .find(|(label, ..)| label.starts_with("copy"))
-        .map(|(_, bytes, samples)| *bytes as f64 / per_call(samples) / 1e9);
+    let times = TIMES.lock().unwrap();
+    // The copy of each bucket size, in GB/s.
+    let copy_of = |label: &str| {
+        let mib = label.split_whitespace().nth(1)?;
+        let copy = times
+            .iter()
+            .find(|m| m.label == format!("copy {mib} MiB f32"))?;
+        Some(copy.bytes as f64 / per_call(&copy.samples) / 1e9)
+    };
     let mut table = String::from(
-        "| path | bytes moved | median time | GB/s | of copy |\n|---|---|---|---|---|\n",
+        "| path | bytes moved | device time per call | GB/s | of copy | host time per call |\n\
+         |---|---|---|---|---|---|\n",
     );
     let mut rows = Vec::new();
-    for (label, bytes, samples) in &times {
-        let seconds = per_call(samples);
-        let gbps = *bytes as f64 / seconds / 1e9;
+    for m in times.iter() {
+        let seconds = per_call(&m.samples);
+        let host = median(m.enqueue.clone());
+        let gbps = m.bytes as f64 / seconds / 1e9;
+        let copy = copy_of(&m.label);
         let ratio = copy.map(|c| gbps / c);
         table += &format!(
-            "| {label} | {:.1} MB | {:.1} µs | {gbps:.0} | {} |\n",
-            *bytes as f64 / 1e6,
+            "| {} | {:.1} MB | {:.1} µs | {gbps:.0} | {} | {:.1} µs |\n",
+            m.label,
+            m.bytes as f64 / 1e6,
             seconds * 1e6,
-            ratio.map_or("-".into(), |r| format!("{:.0}%", r * 100.0))
+            ratio.map_or("-".into(), |r| format!("{:.0}%", r * 100.0)),
+            host * 1e6,
         );
         rows.push(serde_json::json!({
-            "path": label,
-            "bytes_moved": bytes,
+            "path": m.label,
+            "bytes_moved": m.bytes,
             "median_s": seconds,
+            "host_s_per_call": host,
             "gb_per_s": gbps,
+            "copy_gb_per_s": copy,
             "fraction_of_copy": ratio,
         }));
     }
     println!("\n{table}");
     serde_json::json!({
-        "bucket_bytes": BUCKET_BYTES,
-        "member_numels": MEMBER_NUMELS,
-        "dtype": "f32",
-        "copy_gb_per_s": copy,
+        "buckets_mib": BUCKETS_MIB,
+        "members": MEMBERS,
+        "rows": ROWS,
         "results": rows,
         "goal_fraction_of_copy": 0.8,
     })
@@ -198,9 +298,9 @@ fn main() {
     let value = if burn_zero_testing::skip::cuda_devices("pack_cuda", 1).is_some() {
         let mut c = Criterion::default()
             .configure_from_args()
-            .sample_size(20)
-            .warm_up_time(Duration::from_millis(500))
-            .measurement_time(Duration::from_secs(2));
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(100))
+            .measurement_time(Duration::from_millis(500));
         run(&mut c, &CudaDevice::new(0));
         c.final_summary();
         report()
