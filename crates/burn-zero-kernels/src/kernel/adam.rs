@@ -36,7 +36,7 @@ use crate::host::{AdamRule, AdamStep, MultiplyAdd};
 /// whether the new parameter is also written, cast to `H` (f16 or bf16), into `copy_out`
 /// (without, `copy_out` is an alias of the never-written gradient and `H` is `F`); `fused`
 /// whether each multiply-add is one `fma` (`neg_lr` is `−lr` for the update's).
-#[cube(launch, address_type = "dynamic")]
+#[cube(launch_unchecked, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn adam_update<F: Float, H: Float, N: Size>(
     param: &LinearView<Vector<F, N>>,
@@ -316,40 +316,44 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
         Some(out) => out.clone().into_linear_view(),
         None => grad.as_linear_view_alias(1),
     };
-    adam_update::launch::<R>(
-        &client,
-        calculate_cube_count_elemwise(&client, units, cube_dim),
-        cube_dim,
-        address,
-        vector,
-        param.clone().into_linear_view(),
-        grad.into_linear_view(),
-        m_in.clone().into_linear_view(),
-        v_in.clone().into_linear_view(),
-        launch_param_out,
-        launch_m_out,
-        launch_v_out,
-        launch_copy_out,
-        scalar(scalars.lr),
-        scalar(-scalars.lr),
-        scalar(scalars.beta_1),
-        scalar(scalars.beta_2),
-        scalar(scalars.one_minus_beta_1),
-        scalar(scalars.one_minus_beta_2),
-        scalar(scalars.bias_1),
-        scalar(scalars.bias_2),
-        scalar(scalars.epsilon),
-        scalar(scalars.decay.unwrap_or(1.0)),
-        scalar(scalars.factor.unwrap_or(1.0)),
-        scalars.first,
-        moments.is_some(),
-        scalars.adamw,
-        scalars.decay.is_some(),
-        scalars.factor.is_some(),
-        copy_out.is_some(),
-        multiply_add == MultiplyAdd::Fused,
-        [dtype, copy_dtype],
-    );
+    // SAFETY: each unit first checks that its position is inside the outputs (`is_in_bounds`), and
+    // every input and output has the parameter's length (checked before the launch).
+    unsafe {
+        adam_update::launch_unchecked::<R>(
+            &client,
+            calculate_cube_count_elemwise(&client, units, cube_dim),
+            cube_dim,
+            address,
+            vector,
+            param.clone().into_linear_view(),
+            grad.into_linear_view(),
+            m_in.clone().into_linear_view(),
+            v_in.clone().into_linear_view(),
+            launch_param_out,
+            launch_m_out,
+            launch_v_out,
+            launch_copy_out,
+            scalar(scalars.lr),
+            scalar(-scalars.lr),
+            scalar(scalars.beta_1),
+            scalar(scalars.beta_2),
+            scalar(scalars.one_minus_beta_1),
+            scalar(scalars.one_minus_beta_2),
+            scalar(scalars.bias_1),
+            scalar(scalars.bias_2),
+            scalar(scalars.epsilon),
+            scalar(scalars.decay.unwrap_or(1.0)),
+            scalar(scalars.factor.unwrap_or(1.0)),
+            scalars.first,
+            moments.is_some(),
+            scalars.adamw,
+            scalars.decay.is_some(),
+            scalars.factor.is_some(),
+            copy_out.is_some(),
+            multiply_add == MultiplyAdd::Fused,
+            [dtype, copy_dtype],
+        )
+    };
     let param = param_out.unwrap_or(param);
     let m = m_out.unwrap_or(m_in);
     let v = v_out.unwrap_or(v_in);

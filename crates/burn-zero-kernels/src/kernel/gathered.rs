@@ -19,7 +19,7 @@ use super::{address_type, from_cube, into_cube_reading, storage_type, vector_siz
 /// `output[k] = gathered[(k / block) * row + offset + k % block]` for a batch of members, each
 /// into an output of its own. Unit `pos` (in vectors) belongs to member `i` when
 /// `starts[i] <= pos < ends[i]`, and is element `pos - starts[i]` of its output.
-#[cube(launch, address_type = "dynamic")]
+#[cube(launch_unchecked, address_type = "dynamic")]
 fn cut_members<E: Numeric, N: Size>(
     gathered: &LinearView<Vector<E, N>>,
     outputs: &mut Sequence<LinearView<Vector<E, N>, ReadWrite>>,
@@ -141,22 +141,27 @@ fn launch<R: CubeRuntime>(
         outputs.push(output.clone().into_linear_view());
     }
     let cube_dim = CubeDim::new(client, units);
-    cut_members::launch::<R>(
-        client,
-        calculate_cube_count_elemwise(client, units, cube_dim),
-        cube_dim,
-        address,
-        vector,
-        gathered.clone().into_linear_view(),
-        outputs,
-        starts,
-        ends,
-        offsets,
-        blocks,
-        row / vector,
-        units,
-        dtype,
-    );
+    // SAFETY: every unit below `units` falls in one member's range; it reads inside that member's
+    // blocks of the gathered rows and writes below the member's length, both checked before the
+    // launch.
+    unsafe {
+        cut_members::launch_unchecked::<R>(
+            client,
+            calculate_cube_count_elemwise(client, units, cube_dim),
+            cube_dim,
+            address,
+            vector,
+            gathered.clone().into_linear_view(),
+            outputs,
+            starts,
+            ends,
+            offsets,
+            blocks,
+            row / vector,
+            units,
+            dtype,
+        )
+    };
     for (index, _, output) in members {
         copies[index] = Some(output);
     }

@@ -27,8 +27,9 @@ use crate::spec::{BucketSpec, MemberSpec};
 /// `offset + % len`. It casts to `O`, then divides in `O`. A gradient's view reads a strided
 /// layout through its own indexing.
 /// The members' ranges tile `0..units`; every unit tests each member's range (the batch is
-/// small, and the kernel is bound by memory, not by these comparisons).
-#[cube(launch, address_type = "dynamic")]
+/// small, and the kernel is bound by memory, not by these comparisons). With `one_row` (a
+/// bucket of one rank row) the element's column is its position: no division.
+#[cube(launch_unchecked, address_type = "dynamic")]
 fn pack_members<I: Float, O: Float, N: Size>(
     grads: &Sequence<LinearView<Vector<I, N>>>,
     bucket: &mut LinearView<Vector<O, N>, ReadWrite>,
@@ -41,6 +42,7 @@ fn pack_members<I: Float, O: Float, N: Size>(
     row_len: usize,
     units: usize,
     #[comptime] divide: bool,
+    #[comptime] one_row: bool,
     #[define(I, O)] _dtypes: [StorageType; 2],
 ) {
     if ABSOLUTE_POS >= units {
@@ -54,8 +56,12 @@ fn pack_members<I: Float, O: Float, N: Size>(
             let local = ABSOLUTE_POS - start;
             let len = lens[i];
             let offset = offsets[i];
-            let row = local / len;
-            let column = local % len;
+            let mut row = 0;
+            let mut column = local;
+            if !one_row {
+                row = local / len;
+                column = local % len;
+            }
             let mut value = Vector::<O, N>::from_int(0);
             if local < numels[i] {
                 value = Vector::cast_from(grads[i][local]);
@@ -69,7 +75,7 @@ fn pack_members<I: Float, O: Float, N: Size>(
 }
 
 /// Zero-fills a member's columns of every row (a member without a gradient).
-#[cube(launch, address_type = "dynamic")]
+#[cube(launch_unchecked, address_type = "dynamic")]
 fn zero_member<O: Float, N: Size>(
     bucket: &mut LinearView<Vector<O, N>, ReadWrite>,
     len: usize,
@@ -132,19 +138,23 @@ impl<R: CubeRuntime> CubePacker<R> {
         let vector = vector_size(client, elem, &[member.len, member.offset, spec.row_len]);
         let units = spec.rows * member.len / vector;
         let cube_dim = CubeDim::new(client, units);
-        zero_member::launch::<R>(
-            client,
-            calculate_cube_count_elemwise(client, units, cube_dim),
-            cube_dim,
-            address_type(&[&self.bucket]),
-            vector,
-            self.bucket.clone().into_linear_view(),
-            member.len / vector,
-            spec.row_len / vector,
-            member.offset / vector,
-            units,
-            self.out,
-        );
+        // SAFETY: every unit below `units` writes one vector of the member's columns of a row,
+        // inside the bucket (the member's range was checked against the row when it was pushed).
+        unsafe {
+            zero_member::launch_unchecked::<R>(
+                client,
+                calculate_cube_count_elemwise(client, units, cube_dim),
+                cube_dim,
+                address_type(&[&self.bucket]),
+                vector,
+                self.bucket.clone().into_linear_view(),
+                member.len / vector,
+                spec.row_len / vector,
+                member.offset / vector,
+                units,
+                self.out,
+            )
+        };
     }
 
     /// Packs `grad` into `member`'s columns: a contiguous gradient joins the batch of its dtype
@@ -198,25 +208,31 @@ impl<R: CubeRuntime> CubePacker<R> {
             units,
         } = ranges;
         let cube_dim = CubeDim::new(client, units);
-        pack_members::launch::<R>(
-            client,
-            calculate_cube_count_elemwise(client, units, cube_dim),
-            cube_dim,
-            address,
-            vector,
-            grads,
-            self.bucket.clone().into_linear_view(),
-            InputScalar::new(spec.predivide, spec.dtype),
-            starts,
-            ends,
-            numels,
-            lens,
-            offsets,
-            spec.row_len / vector,
-            units,
-            spec.predivide != 1.0,
-            [input, self.out],
-        );
+        // SAFETY: every unit below `units` falls in one member's range; it reads its gradient only
+        // below that gradient's length and writes inside the member's columns of the bucket, all
+        // checked against the bucket when the members were pushed.
+        unsafe {
+            pack_members::launch_unchecked::<R>(
+                client,
+                calculate_cube_count_elemwise(client, units, cube_dim),
+                cube_dim,
+                address,
+                vector,
+                grads,
+                self.bucket.clone().into_linear_view(),
+                InputScalar::new(spec.predivide, spec.dtype),
+                starts,
+                ends,
+                numels,
+                lens,
+                offsets,
+                spec.row_len / vector,
+                units,
+                spec.predivide != 1.0,
+                spec.rows == 1,
+                [input, self.out],
+            )
+        };
     }
 }
 

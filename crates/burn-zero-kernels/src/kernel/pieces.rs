@@ -21,7 +21,7 @@ use crate::pieces::PieceOp;
 /// `max_pair`, which takes the other value only where the kept one is lower) or not lower
 /// (`min`); divided by `divisor` at the end with `divide`. Pieces lie end to end, `piece_len`
 /// vectors each.
-#[cube(launch, address_type = "dynamic")]
+#[cube(launch_unchecked, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn fold_pieces<F: Float, N: Size>(
     pieces: &LinearView<Vector<F, N>>,
@@ -83,21 +83,26 @@ pub(super) fn reduce_pieces<B: Backend, R: CubeRuntime>(
     let units = len / vector;
     let cube_dim = CubeDim::new(&client, units);
     let address = address_type(&[&received, &output]);
-    fold_pieces::launch::<R>(
-        &client,
-        calculate_cube_count_elemwise(&client, units, cube_dim),
-        cube_dim,
-        address,
-        vector,
-        received.clone().into_linear_view(),
-        output.clone().into_linear_view(),
-        InputScalar::new(parts as f64, received.dtype),
-        units,
-        parts,
-        op == PieceOp::Max,
-        op == PieceOp::Min,
-        op == PieceOp::Mean && parts > 1,
-        dtype,
-    );
+    // SAFETY: units below `piece_len` read `parts` pieces of `piece_len` vectors inside the
+    // received buffer (its length is `parts` pieces, checked by the caller) and write below the
+    // output's `piece_len`.
+    unsafe {
+        fold_pieces::launch_unchecked::<R>(
+            &client,
+            calculate_cube_count_elemwise(&client, units, cube_dim),
+            cube_dim,
+            address,
+            vector,
+            received.clone().into_linear_view(),
+            output.clone().into_linear_view(),
+            InputScalar::new(parts as f64, received.dtype),
+            units,
+            parts,
+            op == PieceOp::Max,
+            op == PieceOp::Min,
+            op == PieceOp::Mean && parts > 1,
+            dtype,
+        )
+    };
     Ok(from_cube::<B, R>(output))
 }

@@ -25,7 +25,7 @@ use crate::host::{MultiplyAdd, SgdStep};
 /// Comptime flags: `decays` whether the L2 penalty `decay` applies; `momentum` whether there
 /// is a velocity; `first` builds it from the gradient (Burn's first step; `v_in` is not
 /// read); `nesterov` the Nesterov update.
-#[cube(launch, address_type = "dynamic")]
+#[cube(launch_unchecked, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn sgd_update<F: Float, N: Size>(
     param: &LinearView<Vector<F, N>>,
@@ -166,29 +166,33 @@ pub(super) fn sgd_step<B: Backend, R: CubeRuntime>(
         (None, None) => grad.as_linear_view_alias(1),
     };
     let scalar = |value: f32| InputScalar::new(value, DType::F32);
-    sgd_update::launch::<R>(
-        &client,
-        calculate_cube_count_elemwise(&client, units, cube_dim),
-        cube_dim,
-        address,
-        vector,
-        param.clone().into_linear_view(),
-        grad.into_linear_view(),
-        v_in.clone().into_linear_view(),
-        launch_param_out,
-        launch_v_out,
-        scalar(step.lr),
-        scalar(-step.lr),
-        scalar(step.weight_decay.unwrap_or(0.0)),
-        scalar(momentum.map_or(0.0, |m| m.momentum)),
-        scalar(momentum.map_or(1.0, |m| m.keep_grad)),
-        step.weight_decay.is_some(),
-        momentum.is_some(),
-        first,
-        momentum.is_some_and(|m| m.nesterov),
-        multiply_add == MultiplyAdd::Fused,
-        dtype,
-    );
+    // SAFETY: each unit first checks that its position is inside the outputs (`is_in_bounds`), and
+    // every input and output has the parameter's length (checked before the launch).
+    unsafe {
+        sgd_update::launch_unchecked::<R>(
+            &client,
+            calculate_cube_count_elemwise(&client, units, cube_dim),
+            cube_dim,
+            address,
+            vector,
+            param.clone().into_linear_view(),
+            grad.into_linear_view(),
+            v_in.clone().into_linear_view(),
+            launch_param_out,
+            launch_v_out,
+            scalar(step.lr),
+            scalar(-step.lr),
+            scalar(step.weight_decay.unwrap_or(0.0)),
+            scalar(momentum.map_or(0.0, |m| m.momentum)),
+            scalar(momentum.map_or(1.0, |m| m.keep_grad)),
+            step.weight_decay.is_some(),
+            momentum.is_some(),
+            first,
+            momentum.is_some_and(|m| m.nesterov),
+            multiply_add == MultiplyAdd::Fused,
+            dtype,
+        )
+    };
     let param = param_out.unwrap_or(param);
     let velocity = momentum.map(|_| v_out.unwrap_or(v_in));
     Ok((from_cube::<B, R>(param), velocity.map(from_cube::<B, R>)))

@@ -19,7 +19,7 @@ use super::{address_type, from_cube, into_cube, storage_type, vector_size};
 /// `output[k] = cast(reduced[offset + k] / divisor)` for a batch of members, each into an output
 /// of its own: divides in `I`, then casts to `O`. Unit `pos` (in vectors) belongs to member `i`
 /// when `starts[i] <= pos < ends[i]`, and is element `pos - starts[i]` of its output.
-#[cube(launch, address_type = "dynamic")]
+#[cube(launch_unchecked, address_type = "dynamic")]
 fn unpack_members<I: Float, O: Float, N: Size>(
     reduced: &LinearView<Vector<I, N>>,
     outputs: &mut Sequence<LinearView<Vector<O, N>, ReadWrite>>,
@@ -149,22 +149,27 @@ fn launch<R: CubeRuntime>(
         outputs.push(output.clone().into_linear_view());
     }
     let cube_dim = CubeDim::new(client, units);
-    unpack_members::launch::<R>(
-        client,
-        calculate_cube_count_elemwise(client, units, cube_dim),
-        cube_dim,
-        address,
-        vector,
-        reduced.clone().into_linear_view(),
-        outputs,
-        divisor,
-        starts,
-        ends,
-        offsets,
-        units,
-        postdivide != 1.0,
-        [input, out],
-    );
+    // SAFETY: every unit below `units` falls in one part's range; it reads inside the part's
+    // columns of the reduced row and writes below the part's length, both checked before the
+    // launch.
+    unsafe {
+        unpack_members::launch_unchecked::<R>(
+            client,
+            calculate_cube_count_elemwise(client, units, cube_dim),
+            cube_dim,
+            address,
+            vector,
+            reduced.clone().into_linear_view(),
+            outputs,
+            divisor,
+            starts,
+            ends,
+            offsets,
+            units,
+            postdivide != 1.0,
+            [input, out],
+        )
+    };
     for (index, _, output) in parts {
         unpacked[index] = Some(output);
     }
