@@ -47,8 +47,8 @@ pub use kernel::fused;
 pub use kernel::launches::{LaunchCountError, LaunchLog};
 pub use memory_reading::DeviceMemory;
 pub use pack::Packer;
-pub use pieces::{PieceOp, reduce_pieces};
-pub use spec::{BucketSpec, GatheredMember, MemberSpec, PackPath, RowPart};
+pub use pieces::reduce_pieces;
+pub use spec::{BucketSpec, GatheredMember, MemberSpec, PackPath, PieceOp, RowPart};
 pub use unpack::{unpack, unpack_row};
 
 /// One Adam or AdamW step of a flat f32 shard in one kernel launch, on a `CubeBackend` (wgpu

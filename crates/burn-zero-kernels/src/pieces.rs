@@ -5,21 +5,7 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 
 use crate::KernelError;
-use crate::spec::is_float;
-
-/// How the pieces are combined.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PieceOp {
-    /// Added in rank order, each addition rounded in the dtype.
-    Sum,
-    /// The sum, divided once by the number of pieces (when there is more than one).
-    Mean,
-    /// Burn's `max_pair` folded in rank order: a later piece's value replaces the kept one
-    /// where the kept one is lower.
-    Max,
-    /// Burn's `min_pair` folded likewise: where the later value is lower.
-    Min,
-}
+use crate::spec::{PieceOp, is_float};
 
 /// Reduces `received`, `parts` pieces of equal length end to end, in one kernel launch on a
 /// `CubeBackend` (wgpu or CUDA, plain or fused): from piece 0, each later piece folded in in

@@ -145,3 +145,17 @@ pub struct GatheredMember {
 pub(crate) fn is_slice(len: usize, postdivide: f64, from: DType, to: DType) -> bool {
     len == 0 || (postdivide == 1.0 && from == to)
 }
+
+/// How the pieces an all-to-all received are combined ([`crate::reduce_pieces`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PieceOp {
+    /// Added in rank order, each addition rounded in the dtype.
+    Sum,
+    /// The sum, divided once by the number of pieces (when there is more than one).
+    Mean,
+    /// Burn's `max_pair` folded in rank order: a later piece's value replaces the kept one
+    /// where the kept one is lower.
+    Max,
+    /// Burn's `min_pair` folded likewise: where the later value is lower.
+    Min,
+}

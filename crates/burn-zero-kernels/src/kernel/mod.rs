@@ -189,7 +189,7 @@ pub(crate) fn cut_gathered<B: Backend>(
 pub(crate) fn reduce_pieces<B: Backend>(
     received: B::FloatTensorPrimitive,
     parts: usize,
-    op: crate::pieces::PieceOp,
+    op: crate::spec::PieceOp,
 ) -> Option<Result<B::FloatTensorPrimitive, KernelError>> {
     #[cfg(feature = "wgpu")]
     if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {

@@ -14,7 +14,7 @@ use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use super::{address_type, from_cube, into_cube_reading, storage_type, vector_size};
 use crate::KernelError;
-use crate::pieces::PieceOp;
+use crate::spec::PieceOp;
 
 /// `output[i]` = piece 0's element `i`, then each later piece's folded in in order, rounded in
 /// `F` after each step: added (`max`/`min` false), or kept when it is not greater (`max`: Burn's
