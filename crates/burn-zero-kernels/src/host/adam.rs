@@ -119,7 +119,7 @@ pub fn adam_step(
     v: &mut [f32],
     threads: usize,
 ) {
-    drive::<f16, false>(step, param, grad, m, v, None, threads);
+    adam_step_with(step, MultiplyAdd::Rounded, param, grad, m, v, threads);
 }
 
 /// [`adam_step`] with the given rounding of its multiply-adds: [`MultiplyAdd::Rounded`] is

@@ -222,14 +222,19 @@ pub(crate) fn multiply_add<B: Backend>() -> Option<MultiplyAdd> {
     None
 }
 
-/// Refuses the rounding a runtime cannot compute: CUDA's compiler contracts multiply-adds, so
-/// its kernels cannot round them separately.
-fn check_multiply_add<B: Backend>(multiply_add: MultiplyAdd) -> Result<(), KernelError> {
-    if multiply_add == MultiplyAdd::Rounded && self::multiply_add::<B>() == Some(MultiplyAdd::Fused)
-    {
-        return Err(KernelError::SeparateRoundingUnavailable);
-    }
-    Ok(())
+/// The rounding an optimizer kernel of `B` runs with: `requested`, or `B`'s own when none is;
+/// `None` when `B` has no kernels in this build, an error for a rounding the runtime cannot
+/// compute (CUDA's compiler contracts multiply-adds, so its kernels cannot round them apart).
+fn chosen_multiply_add<B: Backend>(
+    requested: Option<MultiplyAdd>,
+) -> Option<Result<MultiplyAdd, KernelError>> {
+    let native = self::multiply_add::<B>()?;
+    Some(match requested.unwrap_or(native) {
+        MultiplyAdd::Rounded if native == MultiplyAdd::Fused => {
+            Err(KernelError::SeparateRoundingUnavailable)
+        }
+        chosen => Ok(chosen),
+    })
 }
 
 /// One Adam/AdamW step with a kernel: `None` when `B` has no kernels in this build.
@@ -241,10 +246,10 @@ pub(crate) fn adam_step<B: Backend>(
     copy: Option<DType>,
     multiply_add: Option<MultiplyAdd>,
 ) -> Option<Result<adam::Stepped<B::FloatTensorPrimitive>, KernelError>> {
-    let multiply_add = multiply_add.or_else(self::multiply_add::<B>)?;
-    if let Err(error) = check_multiply_add::<B>(multiply_add) {
-        return Some(Err(error));
-    }
+    let multiply_add = match chosen_multiply_add::<B>(multiply_add)? {
+        Ok(chosen) => chosen,
+        Err(error) => return Some(Err(error)),
+    };
     #[cfg(feature = "wgpu")]
     if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
         return Some(adam::adam_step::<B, cubecl::wgpu::WgpuRuntime>(
@@ -279,10 +284,10 @@ pub(crate) fn sgd_step<B: Backend>(
     velocity: Option<B::FloatTensorPrimitive>,
     multiply_add: Option<MultiplyAdd>,
 ) -> Option<Result<sgd::Stepped<B::FloatTensorPrimitive>, KernelError>> {
-    let multiply_add = multiply_add.or_else(self::multiply_add::<B>)?;
-    if let Err(error) = check_multiply_add::<B>(multiply_add) {
-        return Some(Err(error));
-    }
+    let multiply_add = match chosen_multiply_add::<B>(multiply_add)? {
+        Ok(chosen) => chosen,
+        Err(error) => return Some(Err(error)),
+    };
     #[cfg(feature = "wgpu")]
     if is_runtime::<B, cubecl::wgpu::WgpuRuntime>() {
         return Some(sgd::sgd_step::<B, cubecl::wgpu::WgpuRuntime>(
