@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use burn_zero::comm::launch;
 use burn_zero::comm::nccl::CudaDevice;
 use burn_zero::{Capacity, Placement};
+use burn_zero_testing::processes::free_port;
 use burn_zero_testing::skip;
 
 use burn_zero_gpt::train::cuda::{Backend, CudaRanks};
@@ -245,11 +246,6 @@ fn train_gpt_runs_one_process_per_gpu_under_zero_run() {
     );
     assert!(last < first - 0.3, "loss {first} -> {last}");
     std::fs::remove_dir_all(&dir).ok();
-}
-
-/// A TCP port nobody listens on right now, for the rendezvous.
-fn free_port() -> u16 {
-    burn_zero_testing::processes::free_port()
 }
 
 /// What a run ended with: every step's loss and the final parameters' digest.

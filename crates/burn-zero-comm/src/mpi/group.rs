@@ -321,6 +321,14 @@ impl<B: Backend> MpiGroup<B> {
         Ok(recv.reduce(self.plane(), self.world_size, op, dtype, &input.device()))
     }
 
+    /// Each rank's block of a buffer of `numel` elements that the world size divides.
+    fn equal_blocks(&self, numel: usize) -> Vec<std::ops::Range<usize>> {
+        let block = numel / self.world_size;
+        (0..self.world_size)
+            .map(|rank| rank * block..(rank + 1) * block)
+            .collect()
+    }
+
     /// Sends range `r` of `input` to rank `r` and receives this rank's range from every rank,
     /// end to end in rank order (an all-to-all).
     fn exchange_blocks(
@@ -416,10 +424,7 @@ impl<B: Backend> Communicator<B> for MpiGroup<B> {
         if self.world_size == 1 || call.numel == 0 {
             return Ok(input);
         }
-        let block = call.numel / self.world_size;
-        let ranges: Vec<_> = (0..self.world_size)
-            .map(|rank| rank * block..(rank + 1) * block)
-            .collect();
+        let ranges = self.equal_blocks(call.numel);
         self.reduce_blocks(&call, &input, &ranges, op)
     }
 
@@ -465,10 +470,7 @@ impl<B: Backend> Communicator<B> for MpiGroup<B> {
         if self.world_size == 1 || call.numel == 0 {
             return Ok(input);
         }
-        let block = call.numel / self.world_size;
-        let ranges: Vec<_> = (0..self.world_size)
-            .map(|rank| rank * block..(rank + 1) * block)
-            .collect();
+        let ranges = self.equal_blocks(call.numel);
         let recv = self.exchange_blocks(&call, &input, &ranges)?;
         Ok(recv.into_tensor(self.plane(), input.dtype(), &input.device()))
     }

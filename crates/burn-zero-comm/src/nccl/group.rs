@@ -653,8 +653,7 @@ impl NcclGroup {
             ));
         }
         let after = if self.options.order_on_device {
-            let signal = self.signal(&client).map_err(fail_now)?;
-            Some(signal)
+            Some(self.signal(&client).map_err(fail_now)?)
         } else {
             self.count_wait();
             <CubeBackend<CudaRuntime, f32, i32, u8> as burn::tensor::backend::Backend>::sync(
