@@ -7,6 +7,7 @@ use burn::tensor::{Tensor, backend::Backend};
 use crate::call::ReduceOp;
 use crate::counters::RankCounters;
 use crate::error::CommError;
+use crate::issued::Issued;
 
 /// Collective communication among the ranks of one group, on `B`'s float tensors.
 ///
@@ -50,6 +51,17 @@ pub trait Communicator<B: Backend>: Send + Sync {
         Err(CommError::Unavailable(
             "this communication engine has no all_to_all".to_string(),
         ))
+    }
+
+    /// Queues `op` on `input` and returns without waiting for the device to finish it: the
+    /// caller (or the thread it hands the [`Issued`] to) waits just before it reads the
+    /// result. Engines whose collectives complete on the host, or that have no way to defer
+    /// the wait, run the blocking method and return a finished result (the default).
+    ///
+    /// Every rank issues the same collectives in the same order, as for the blocking methods;
+    /// the engine keeps its own order of completion.
+    fn issue(&self, op: DataOp, input: Tensor<B, 1>) -> Result<Issued<B>, CommError> {
+        op.run(self, input).map(Issued::ready)
     }
 
     /// Returns `root`'s buffer on every rank. Every rank passes a buffer of the same dtype and
@@ -110,5 +122,40 @@ pub trait Communicator<B: Backend>: Send + Sync {
     /// wrappers pass them on.
     fn count_into(&self, counters: &Arc<RankCounters>) {
         let _ = counters;
+    }
+}
+
+/// The collectives that move data, as [`Communicator::issue`] takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataOp {
+    /// [`Communicator::all_gather`].
+    AllGather,
+    /// [`Communicator::reduce_scatter`].
+    ReduceScatter(ReduceOp),
+    /// [`Communicator::all_reduce`].
+    AllReduce(ReduceOp),
+    /// [`Communicator::all_to_all`].
+    AllToAll,
+    /// [`Communicator::broadcast`] from `root`.
+    Broadcast {
+        /// The rank whose buffer every rank receives.
+        root: usize,
+    },
+}
+
+impl DataOp {
+    /// Runs the collective on `comm` with its blocking method.
+    pub fn run<B: Backend, C: Communicator<B> + ?Sized>(
+        self,
+        comm: &C,
+        input: Tensor<B, 1>,
+    ) -> Result<Tensor<B, 1>, CommError> {
+        match self {
+            DataOp::AllGather => comm.all_gather(input),
+            DataOp::ReduceScatter(op) => comm.reduce_scatter(input, op),
+            DataOp::AllReduce(op) => comm.all_reduce(input, op),
+            DataOp::AllToAll => comm.all_to_all(input),
+            DataOp::Broadcast { root } => comm.broadcast(input, root),
+        }
     }
 }

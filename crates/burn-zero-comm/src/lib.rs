@@ -9,6 +9,8 @@
 //! - [`OrderedComm`]: a rank's collectives issued from one thread, in the order its training
 //!   thread fixes, whichever thread submits them (what NCCL needs when gradient reduction
 //!   overlaps backward).
+//! - [`Issued`]: a collective queued on the device, whose completion the thread that reads
+//!   its result waits for ([`Communicator::issue`]), not the thread that issued it.
 //! - [`JobControl`]: a rank's side of the job-lifetime control connection (aborts that reach
 //!   every process, schedules compared across processes before data moves).
 //! - `mpi` (feature `mpi`): `MpiGroup`, the MPI engine for ranks in separate processes on any
@@ -45,6 +47,7 @@ pub mod communicator;
 pub mod control;
 pub mod counters;
 pub mod error;
+pub mod issued;
 pub mod launch;
 pub mod libraries;
 pub mod local;
@@ -60,10 +63,11 @@ pub mod rank_order;
 pub use burn_zero_launch::sync;
 pub use call::{CollectiveCall, CollectiveOp, ReduceOp};
 pub use capacity::{CapacityError, DeviceCapacity, device_capacity};
-pub use communicator::Communicator;
+pub use communicator::{Communicator, DataOp};
 pub use control::JobControl;
 pub use counters::{CollectiveKind, Counts, RankCounters};
 pub use error::{CommError, LaunchError, RankFailure};
+pub use issued::{Completion, Issued};
 pub use launch::{LaunchOptions, RankContext, launch, launch_with};
 pub use libraries::{CudaLibrary, MissingLibrary};
 pub use local::{GroupOptions, LocalGroup};

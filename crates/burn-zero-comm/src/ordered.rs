@@ -37,6 +37,15 @@
 //! result; a bucket reduction's submitter does not (its reservation is filled and waited on
 //! by the communication thread).
 //!
+//! # Who waits for the device
+//!
+//! The issuing thread issues a data collective ([`Communicator::issue`]) and goes on to the
+//! next ticket; the thread that asked for the result waits for the device to finish it
+//! ([`Issued::wait`]), on engines that can defer that wait (NCCL). A gather issued ahead of use
+//! is then usually complete when the training thread reads it. Work run with
+//! [`Reservation::run`] (a bucket's pack, reduction and unpack) reads its results on the
+//! issuing thread, which waits there.
+//!
 //! # One rank
 //!
 //! A group of one rank needs no engine for its data collectives: a gather of one block, a
@@ -64,8 +73,10 @@ use burn::tensor::backend::Backend;
 
 use crate::call::ReduceOp;
 use crate::communicator::Communicator;
+use crate::communicator::DataOp;
 use crate::counters::{CollectiveKind, RankCounters};
 use crate::error::CommError;
+use crate::issued::Issued;
 
 /// A collective waiting for the issuing thread, with the group it runs on.
 type Call = Box<dyn FnOnce() + Send>;
@@ -444,21 +455,21 @@ impl<B: Backend> Reservation<B> {
     }
 
     /// A collective of `kind` on `input`: answered in place on a group of one rank; otherwise
-    /// `input` is finished on the device, then `call` runs on the issuing thread.
+    /// `input` is finished on the device, then `op` is issued on the issuing thread, which
+    /// goes on to the next position at once; this thread waits for the device to finish it
+    /// ([`Issued::wait`]) just before it takes the result.
     fn data_collective(
         &self,
         kind: CollectiveKind,
         input: Tensor<B, 1>,
-        call: impl FnOnce(&dyn Communicator<B>, Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError>
-        + Send
-        + 'static,
+        op: DataOp,
     ) -> Result<Tensor<B, 1>, CommError> {
         if self.is_alone() {
             return self.in_place(kind, input);
         }
         self.count(kind);
         self.settle(&input)?;
-        self.submit(move |comm| call(comm, input))
+        self.submit(move |comm| comm.issue(op, input))?.wait()
     }
 
     /// Runs `work` on the issuing thread in this reservation's position and returns its
@@ -490,14 +501,14 @@ impl<B: Backend> Reservation<B> {
     /// position is taken now, in program order, so every rank issues it at the same point of
     /// its order however late it reads the result. Dropping the [`Pending`] discards the
     /// result (the collective still runs, as on every other rank).
-    pub fn all_gather_later(self, block: Tensor<B, 1>) -> Result<Pending<Tensor<B, 1>>, CommError> {
+    pub fn all_gather_later(self, block: Tensor<B, 1>) -> Result<Pending<B>, CommError> {
         if self.is_alone() {
-            let gathered = self.in_place(CollectiveKind::AllGather, block);
-            return Ok(Pending(Answer::Ready(gathered)));
+            let gathered = self.in_place(CollectiveKind::AllGather, block)?;
+            return Ok(Pending(Answer::Ready(Issued::ready(gathered))));
         }
         self.count(CollectiveKind::AllGather);
         self.settle(&block)?;
-        let result = self.push(move |comm| comm.all_gather(block))?;
+        let result = self.push(move |comm| comm.issue(DataOp::AllGather, block))?;
         Ok(Pending(Answer::Queued(result)))
     }
 
@@ -544,28 +555,30 @@ impl<B: Backend> Reservation<B> {
         &self,
         collective: impl FnOnce(&dyn Communicator<B>) -> Result<T, CommError> + Send + 'static,
     ) -> Result<T, CommError> {
-        let result = self.push(collective)?;
-        Pending(Answer::Queued(result)).wait()
+        self.push(collective)?
+            .recv()
+            .unwrap_or_else(|_| Err(stopped()))
     }
 }
 
-/// The result of a collective queued with [`Reservation::all_gather_later`].
-pub struct Pending<T>(Answer<T>);
+/// The result of a gather queued with [`Reservation::all_gather_later`].
+pub struct Pending<B: Backend>(Answer<B>);
 
 /// Where a [`Pending`] result comes from.
-enum Answer<T> {
-    /// From the issuing thread.
-    Queued(Receiver<Result<T, CommError>>),
+enum Answer<B: Backend> {
+    /// From the issuing thread, once it has issued the collective.
+    Queued(Receiver<Result<Issued<B>, CommError>>),
     /// Answered in place (a group of one rank).
-    Ready(Result<T, CommError>),
+    Ready(Issued<B>),
 }
 
-impl<T> Pending<T> {
-    /// Waits for the collective's result.
-    pub fn wait(self) -> Result<T, CommError> {
+impl<B: Backend> Pending<B> {
+    /// Waits for the issuing thread to issue the gather, then for the device to finish it,
+    /// and returns the gathered tensor.
+    pub fn wait(self) -> Result<Tensor<B, 1>, CommError> {
         match self.0 {
-            Answer::Queued(result) => result.recv().unwrap_or_else(|_| Err(stopped())),
-            Answer::Ready(result) => result,
+            Answer::Queued(issued) => issued.recv().unwrap_or_else(|_| Err(stopped()))?.wait(),
+            Answer::Ready(issued) => issued.wait(),
         }
     }
 }
@@ -580,29 +593,25 @@ impl<B: Backend> Communicator<B> for Reservation<B> {
     }
 
     fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
-        self.data_collective(CollectiveKind::AllGather, block, |comm, block| {
-            comm.all_gather(block)
-        })
+        self.data_collective(CollectiveKind::AllGather, block, DataOp::AllGather)
     }
 
     fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
-        self.data_collective(CollectiveKind::ReduceScatter, input, move |comm, input| {
-            comm.reduce_scatter(input, op)
-        })
+        self.data_collective(
+            CollectiveKind::ReduceScatter,
+            input,
+            DataOp::ReduceScatter(op),
+        )
     }
 
     fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
-        self.data_collective(CollectiveKind::AllReduce, input, move |comm, input| {
-            comm.all_reduce(input, op)
-        })
+        self.data_collective(CollectiveKind::AllReduce, input, DataOp::AllReduce(op))
     }
 
     /// Counted with the other collectives ([`CollectiveKind::Other`]): the rank-order
     /// reductions it serves run inside the engine and count as the reductions they are.
     fn all_to_all(&self, input: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
-        self.data_collective(CollectiveKind::Other, input, |comm, input| {
-            comm.all_to_all(input)
-        })
+        self.data_collective(CollectiveKind::Other, input, DataOp::AllToAll)
     }
 
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
@@ -612,9 +621,7 @@ impl<B: Backend> Communicator<B> for Reservation<B> {
                 world_size: 1,
             });
         }
-        self.data_collective(CollectiveKind::Other, buffer, move |comm, buffer| {
-            comm.broadcast(buffer, root)
-        })
+        self.data_collective(CollectiveKind::Other, buffer, DataOp::Broadcast { root })
     }
 
     fn barrier(&self) -> Result<(), CommError> {

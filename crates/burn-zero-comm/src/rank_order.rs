@@ -28,8 +28,10 @@ use burn::tensor::backend::Backend;
 
 use crate::call::ReduceOp;
 use crate::communicator::Communicator;
+use crate::communicator::DataOp;
 use crate::counters::RankCounters;
 use crate::error::CommError;
+use crate::issued::Issued;
 use crate::plane::{HostPlane, fold_pieces};
 
 /// An engine whose reductions are all-to-alls summed in rank order (see the module docs).
@@ -117,6 +119,31 @@ impl<B: Backend> Communicator<B> for RankOrderReduction<B> {
 
     fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
         self.engine.broadcast(buffer, root)
+    }
+
+    /// The engine's own collective issued as it is; a reduce-scatter on a device backend is
+    /// the engine's all-to-all issued, its pieces summed by the thread that waits for the
+    /// result, once they have arrived. An all-reduce (an all-gather of that sum) and the sums
+    /// on host backends finish before this returns.
+    fn issue(&self, op: DataOp, input: Tensor<B, 1>) -> Result<Issued<B>, CommError> {
+        match op {
+            DataOp::AllGather | DataOp::AllToAll | DataOp::Broadcast { .. } => {
+                self.engine.issue(op, input)
+            }
+            DataOp::ReduceScatter(reduce)
+                if self.plane.is_none()
+                    && self.world_size() > 1
+                    && input.dims()[0] > 0
+                    && input.dims()[0].is_multiple_of(self.world_size()) =>
+            {
+                let parts = self.world_size();
+                let issued = self.engine.issue(DataOp::AllToAll, input)?;
+                Ok(issued.map(move |received| fold_pieces(received, parts, reduce)))
+            }
+            DataOp::ReduceScatter(_) | DataOp::AllReduce(_) => {
+                op.run(self, input).map(Issued::ready)
+            }
+        }
     }
 
     fn barrier(&self) -> Result<(), CommError> {

@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use burn::backend::NdArray;
 use burn::tensor::Tensor;
-use burn_zero_comm::{CommError, Communicator, LaunchOptions, OrderedComm, ReduceOp, launch_with};
+use burn_zero_comm::{
+    CommError, Communicator, Completion, DataOp, Issued, LaunchOptions, OrderedComm, ReduceOp,
+    launch_with,
+};
 use burn_zero_testing::recording::{CallLog, RecordingComm};
 
 type B = NdArray;
@@ -433,4 +436,127 @@ fn an_engine_that_orders_inputs_on_the_device_is_handed_them_without_a_synchroni
     for counts in counts {
         assert_eq!((counts.syncs, counts.engine_waits), (2, 0), "{counts:?}");
     }
+}
+
+/// Whether the device has finished a rank's gathers: closed until the test opens it.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+    /// The thread that waited for a gather's completion.
+    waiter: Mutex<Option<ThreadId>>,
+}
+
+/// A gather's completion behind a [`Gate`], as an NCCL collective's event.
+struct Gated(Arc<Gate>);
+
+impl Completion for Gated {
+    fn wait(self: Box<Self>) -> Result<(), CommError> {
+        *self.0.waiter.lock().unwrap() = Some(thread::current().id());
+        let mut open = self.0.open.lock().unwrap();
+        while !*open {
+            open = self.0.opened.wait(open).unwrap();
+        }
+        Ok(())
+    }
+}
+
+/// An engine whose gathers complete on a device later than they are issued: `issue` returns
+/// at once with a completion that only the gate ends.
+struct Deferring {
+    inner: Arc<dyn Communicator<B>>,
+    gate: Arc<Gate>,
+}
+
+impl Communicator<B> for Deferring {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
+        self.issue(DataOp::AllGather, block)?.wait()
+    }
+    fn reduce_scatter(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.inner.reduce_scatter(input, op)
+    }
+    fn all_reduce(&self, input: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, CommError> {
+        self.inner.all_reduce(input, op)
+    }
+    fn broadcast(&self, buffer: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>, CommError> {
+        self.inner.broadcast(buffer, root)
+    }
+    fn issue(&self, op: DataOp, input: Tensor<B, 1>) -> Result<Issued<B>, CommError> {
+        let result = op.run(self.inner.as_ref(), input)?;
+        Ok(match op {
+            DataOp::AllGather => {
+                Issued::pending(Box::new(Gated(self.gate.clone())), move || result)
+            }
+            _ => Issued::ready(result),
+        })
+    }
+    fn barrier(&self) -> Result<(), CommError> {
+        self.inner.barrier()
+    }
+    fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        self.inner.duplicate()
+    }
+    fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
+        self.inner.split(color)
+    }
+    fn abort(&self, reason: &str) {
+        self.inner.abort(reason);
+    }
+}
+
+#[test]
+fn the_thread_that_reads_a_collective_waits_for_it_and_the_issuing_thread_goes_on() {
+    let gates: Vec<Arc<Gate>> = (0..2).map(|_| Arc::default()).collect();
+    let given = gates.clone();
+    launch_with::<B, _, _, _>(
+        2,
+        &[Default::default(); 2],
+        &LaunchOptions::default(),
+        move |ctx| {
+            let gate = given[ctx.rank()].clone();
+            let engine = Arc::new(Deferring {
+                inner: ctx.engine().clone(),
+                gate: gate.clone(),
+            });
+            let ordered = OrderedComm::new(engine);
+            let device = Default::default();
+            let mine = Tensor::<B, 1>::from_floats([ctx.rank() as f32; 2], &device);
+            // Position 0: a gather ahead of use, still running on the "device".
+            let prefetched = ordered.reserve().all_gather_later(mine)?;
+            // Position 1, from another thread: the issuing thread must get to it although
+            // position 0 has not completed.
+            let (sent, answer) = channel();
+            let other = ordered.clone();
+            thread::spawn(move || {
+                let ones = Tensor::<B, 1>::ones([3], &Default::default());
+                let _ = sent.send(other.all_reduce(ones, ReduceOp::Sum));
+            });
+            let total = answer
+                .recv_timeout(Duration::from_secs(30))
+                .expect("the issuing thread waited for an earlier collective's completion")?;
+            assert_eq!(total.into_data().to_vec::<f32>().unwrap(), vec![2.0; 3]);
+            assert_eq!(*gate.waiter.lock().unwrap(), None, "nobody waited yet");
+
+            *gate.open.lock().unwrap() = true;
+            gate.opened.notify_all();
+            let gathered = prefetched.wait()?;
+            assert_eq!(
+                gathered.into_data().to_vec::<f32>().unwrap(),
+                vec![0.0, 0.0, 1.0, 1.0]
+            );
+            assert_eq!(
+                *gate.waiter.lock().unwrap(),
+                Some(thread::current().id()),
+                "the thread that reads the gather waits for its completion"
+            );
+            Ok::<_, CommError>(())
+        },
+    )
+    .unwrap();
 }

@@ -3,7 +3,7 @@
 //!
 //! Each collective resolves its input to the `CubeTensor` it stands for (the fusion server runs
 //! whatever is pending for it), runs the `CubeBackend` collective on the calling thread, and
-//! registers the finished result back into the fusion stream. The blocking NCCL wait therefore
+//! registers the result back into the fusion stream once the collective has completed. The blocking NCCL wait therefore
 //! never happens on the device's fusion server thread, which every thread of the process shares:
 //! a rank waiting there for its peers would stall all other work on the device, the
 //! overlapped gradient reduction's included.
@@ -19,7 +19,9 @@ use cubecl_cuda::CudaRuntime;
 use super::NcclGroup;
 use crate::call::ReduceOp;
 use crate::communicator::Communicator;
+use crate::communicator::DataOp;
 use crate::error::CommError;
+use crate::issued::Issued;
 
 /// Burn's default CUDA backend (`burn::backend::Cuda` with Burn's `fusion` feature, on by
 /// default): `CubeBackend` under the fusion layer. [`NcclGroup`] runs collectives for it.
@@ -68,7 +70,7 @@ where
         &self,
         block: Tensor<Fused<F, I, BT>, 1>,
     ) -> Result<Tensor<Fused<F, I, BT>, 1>, CommError> {
-        Communicator::<Plain<F, I, BT>>::all_gather(self, unfuse(block)).map(fuse)
+        self.issue(DataOp::AllGather, block)?.wait()
     }
 
     fn reduce_scatter(
@@ -76,7 +78,7 @@ where
         input: Tensor<Fused<F, I, BT>, 1>,
         op: ReduceOp,
     ) -> Result<Tensor<Fused<F, I, BT>, 1>, CommError> {
-        Communicator::<Plain<F, I, BT>>::reduce_scatter(self, unfuse(input), op).map(fuse)
+        self.issue(DataOp::ReduceScatter(op), input)?.wait()
     }
 
     fn all_reduce(
@@ -84,7 +86,14 @@ where
         input: Tensor<Fused<F, I, BT>, 1>,
         op: ReduceOp,
     ) -> Result<Tensor<Fused<F, I, BT>, 1>, CommError> {
-        Communicator::<Plain<F, I, BT>>::all_reduce(self, unfuse(input), op).map(fuse)
+        self.issue(DataOp::AllReduce(op), input)?.wait()
+    }
+
+    fn all_to_all(
+        &self,
+        input: Tensor<Fused<F, I, BT>, 1>,
+    ) -> Result<Tensor<Fused<F, I, BT>, 1>, CommError> {
+        self.issue(DataOp::AllToAll, input)?.wait()
     }
 
     fn broadcast(
@@ -92,7 +101,18 @@ where
         buffer: Tensor<Fused<F, I, BT>, 1>,
         root: usize,
     ) -> Result<Tensor<Fused<F, I, BT>, 1>, CommError> {
-        Communicator::<Plain<F, I, BT>>::broadcast(self, unfuse(buffer), root).map(fuse)
+        self.issue(DataOp::Broadcast { root }, buffer)?.wait()
+    }
+
+    /// The `CubeBackend` collective on the tensor the input stands for; the result joins the
+    /// fusion stream of the thread that waits for it, once it has completed.
+    fn issue(
+        &self,
+        op: DataOp,
+        input: Tensor<Fused<F, I, BT>, 1>,
+    ) -> Result<Issued<Fused<F, I, BT>>, CommError> {
+        Communicator::<Plain<F, I, BT>>::issue(self, op, unfuse(input))
+            .map(|issued| issued.map(fuse))
     }
 
     fn barrier(&self) -> Result<(), CommError> {

@@ -17,9 +17,11 @@ use super::NcclOptions;
 use super::sys::{self, DataType, DevicePtr, Failure, Progress, RawComm, RedOp};
 use crate::call::{CollectiveCall, CollectiveOp, ReduceOp, dtype_name};
 use crate::communicator::Communicator;
+use crate::communicator::DataOp;
 use crate::control::JobControl;
 use crate::counters::RankCounters;
 use crate::error::CommError;
+use crate::issued::{Completion, Issued};
 
 /// The dtypes the NCCL engine moves and reduces.
 pub(crate) const SUPPORTED: &str = "f32, flex32 (stored as f32), f16, bf16";
@@ -34,11 +36,13 @@ pub(crate) const SUPPORTED: &str = "f32, flex32 (stored as f32), f16, bf16";
 /// Each collective is ordered after its input's writers on the device
 /// ([`NcclOptions::order_on_device`]): the issuing thread's stream writes a number into a
 /// device flag the group owns, and the group's own stream waits for it before NCCL runs; with
-/// the option off, the issuing thread's stream is synchronised instead. The call returns once
-/// NCCL has completed (the host polls an event), so the result is ready for any stream, and the
-/// input and output buffers stay held until then. While it waits,
-/// the rank polls NCCL for asynchronous errors and watches the group's timeout; on an error or
-/// a timeout it aborts the communicator (`ncclCommAbort`) and returns
+/// the option off, the issuing thread's stream is synchronised instead. [`Communicator::issue`]
+/// returns as soon as NCCL's call is queued; the thread that reads the result
+/// ([`crate::Issued::wait`]) queries an event recorded after it and waits only if NCCL has not
+/// completed yet, so the result is ready for any stream when it is handed out. The input and
+/// output buffers are held until then. The blocking methods issue and wait at once. While it
+/// waits, the rank polls NCCL for asynchronous errors and watches the group's timeout; on an
+/// error or a timeout it aborts the communicator (`ncclCommAbort`) and returns
 /// [`CommError::Nccl`] or [`CommError::Stalled`]. A failed group stays failed: every later call
 /// returns the same error.
 ///
@@ -55,6 +59,22 @@ pub(crate) const SUPPORTED: &str = "f32, flex32 (stored as f32), f16, bf16";
 /// (ring or tree), not rank order, so they can differ from `LocalGroup` in the last bits when
 /// more than two ranks add values that round.
 pub struct NcclGroup {
+    /// Shared with the collectives still in flight ([`Communicator::issue`]): the
+    /// communicator and its stream live until the last of them has completed.
+    group: Arc<Group>,
+}
+
+impl std::ops::Deref for NcclGroup {
+    type Target = Group;
+
+    fn deref(&self) -> &Group {
+        &self.group
+    }
+}
+
+/// The state behind an [`NcclGroup`] handle: the communicator, its stream, and what the
+/// collectives share.
+pub struct Group {
     // Declared first so that it drops first: the communicator is aborted before its stream
     // and context are released. Shared (weakly) with the control connection's failure hook.
     link: Arc<Mutex<Link>>,
@@ -103,8 +123,6 @@ struct Link {
     /// `None` once the communicator was aborted.
     comm: Option<RawComm>,
     failure: Option<CommError>,
-    /// Recorded on the group's stream after each collective; polled for completion.
-    done: CudaEvent,
 }
 
 /// What a collective hands to NCCL besides the buffers.
@@ -132,6 +150,45 @@ struct Transfer {
     after: Option<(DevicePtr, u32)>,
 }
 
+/// A collective queued on the group's stream, with what the device may still touch: the
+/// [`Completion`] an [`Issued`] result waits on. It holds the group, so the communicator and
+/// its stream outlive it.
+struct InFlight {
+    group: Arc<Group>,
+    /// Recorded on the group's stream after the collective.
+    done: CudaEvent,
+    call: CollectiveCall,
+    /// When it was queued: the group's timeout runs from here.
+    started: Instant,
+    /// The input and output tensors and their resolved buffers, released once `done` is
+    /// complete (or the group failed).
+    held: Box<dyn Send>,
+}
+
+impl Completion for InFlight {
+    /// Queries the event; when the device is not done yet, waits for it (counted as one wait
+    /// of the engine), polling NCCL for errors and watching the group's timeout meanwhile.
+    fn wait(self: Box<Self>) -> Result<(), CommError> {
+        let InFlight {
+            group,
+            done,
+            call,
+            started,
+            held,
+        } = *self;
+        let waited = group.wait(&call, started, || {
+            done.try_is_complete()
+                .map_err(|e| group.device_error(format!("CUDA: {e}")))
+        });
+        if matches!(waited, Ok(true)) {
+            group.count_wait();
+        }
+        // On a failure the communicator was aborted, which ends its work on the device.
+        drop(held);
+        waited.map(|_| ())
+    }
+}
+
 impl NcclGroup {
     /// Wraps a communicator that was created on `context`'s device and has finished
     /// initialising.
@@ -148,49 +205,11 @@ impl NcclGroup {
         family: Family,
         control: Option<Arc<JobControl>>,
     ) -> Result<Self, CommError> {
-        lock(&family.departed).resize(world_size, None);
-        let device_error = |error: cudarc::driver::DriverError| CommError::Device {
-            rank,
-            reason: format!("CUDA: {error}"),
-        };
-        let stream = context.new_stream().map_err(device_error)?;
-        let done = context.new_event(None).map_err(device_error)?;
-        let link = Arc::new(Mutex::new(Link {
-            comm: Some(comm),
-            failure: None,
-            done,
-        }));
-        if let Some(control) = &control {
-            // On receipt of the job's failure: abort the communicator now when no collective
-            // holds it; a collective that does sees the failure at its next poll (`usable`).
-            let link = Arc::downgrade(&link);
-            control.on_failure(move |error| {
-                let Some(link) = link.upgrade() else { return };
-                if let Ok(mut link) = link.try_lock()
-                    && link.failure.is_none()
-                {
-                    tracing::error!(rank, %error, "the job failed; aborting the NCCL communicator");
-                    link.comm = None; // Drop aborts.
-                    link.failure = Some(error.clone());
-                }
-            });
-        }
+        let group = Group::new(
+            rank, world_size, device, options, context, comm, family, control,
+        )?;
         Ok(NcclGroup {
-            rank,
-            world_size,
-            device,
-            options,
-            context,
-            stream,
-            link,
-            abort_request: Mutex::new(None),
-            family,
-            control,
-            issued: AtomicU64::new(0),
-            job_rank: rank,
-            flag: Mutex::new(None),
-            signals: AtomicU32::new(0),
-            counters: OnceLock::new(),
+            group: Arc::new(group),
         })
     }
 
@@ -412,7 +431,7 @@ impl NcclGroup {
                     let mut link = self.lock();
                     self.fail(&mut link, error)
                 })?;
-        let mut group = NcclGroup::from_parts(
+        let mut group = Group::new(
             rank,
             members.len(),
             self.device.clone(),
@@ -423,7 +442,9 @@ impl NcclGroup {
             self.duplicate_control(),
         )?;
         group.job_rank = self.job_rank;
-        Ok(group)
+        Ok(NcclGroup {
+            group: Arc::new(group),
+        })
     }
 
     /// [`Communicator::report_failure`] for both backends this engine serves: kept for the
@@ -444,6 +465,391 @@ impl NcclGroup {
             .as_ref()
             .and_then(|control| control.first_failure())
             .or_else(|| lock(&self.family.cause).clone())
+    }
+
+    /// The control connection of a duplicate: the same connection, aborts only (a duplicate
+    /// counts its collectives apart, so its positions are not comparable with the store's).
+    fn duplicate_control(&self) -> Option<Arc<JobControl>> {
+        self.control
+            .as_ref()
+            .map(|control| Arc::new(control.without_checks()))
+    }
+
+    /// The communicator a split started, or the group ended with why it did not: NCCL's
+    /// failure, or the parent still busy with it when the group's timeout ran out.
+    fn split_started(
+        &self,
+        link: &mut Link,
+        split: Result<sys::Split, Failure>,
+        started: Instant,
+        during: &str,
+    ) -> Result<(RawComm, Progress), CommError> {
+        match split {
+            Ok(sys::Split::Started(child, progress)) => Ok((child, progress)),
+            Ok(sys::Split::Stalled) => {
+                let stalled = CommError::Stalled {
+                    rank: self.rank,
+                    during: during.to_string(),
+                    waited: started.elapsed(),
+                };
+                Err(self.fail(link, stalled))
+            }
+            Err(failure) => Err(self.fail(link, self.nccl_error(during, failure))),
+        }
+    }
+
+    /// Fingerprints the next call of this rank.
+    fn call(&self, op: CollectiveOp, dtype: Option<DType>, numel: usize) -> CollectiveCall {
+        let seq = self.issued.fetch_add(1, Ordering::Relaxed) + 1;
+        let call = CollectiveCall {
+            seq,
+            op,
+            dtype,
+            numel,
+        };
+        tracing::trace!(rank = self.rank, %call, "collective");
+        call
+    }
+
+    /// Checks a call on its face; an invalid call fails the group, so the other ranks' NCCL
+    /// calls time out (or fail) instead of waiting forever.
+    fn validate(&self, call: &CollectiveCall) -> Result<DataType, CommError> {
+        let dtype = call.dtype.unwrap_or(DType::F32);
+        let data_type = data_type(dtype).ok_or_else(|| CommError::UnsupportedDtype {
+            dtype: dtype_name(dtype),
+            op: call.op.to_string(),
+            supported: SUPPORTED,
+        })?;
+        match call.op {
+            CollectiveOp::ReduceScatter(_) | CollectiveOp::AllToAll
+                if !call.numel.is_multiple_of(self.world_size) =>
+            {
+                Err(CommError::NotDivisible {
+                    numel: call.numel,
+                    world_size: self.world_size,
+                })
+            }
+            CollectiveOp::Broadcast { root } if root >= self.world_size => {
+                Err(CommError::InvalidRoot {
+                    root,
+                    world_size: self.world_size,
+                })
+            }
+            _ => Ok(data_type),
+        }
+    }
+
+    /// Runs one collective on `input` and returns its result on this rank's device, once
+    /// NCCL has completed it.
+    fn run(
+        &self,
+        op: CollectiveOp,
+        input: CubeTensor<CudaRuntime>,
+        kind: Kind,
+    ) -> Result<CubeTensor<CudaRuntime>, CommError> {
+        let (output, in_flight) = self.start(op, input, kind)?;
+        if let Some(in_flight) = in_flight {
+            Box::new(in_flight).wait()?;
+        }
+        Ok(output)
+    }
+
+    /// Queues one collective on `input` on the group's stream and returns its output buffer
+    /// with what completes it ([`InFlight`]), or the output alone when nothing moves. The
+    /// output must not be read before the collective completed.
+    fn start(
+        &self,
+        op: CollectiveOp,
+        input: CubeTensor<CudaRuntime>,
+        kind: Kind,
+    ) -> Result<(CubeTensor<CudaRuntime>, Option<InFlight>), CommError> {
+        let numel = input.meta.shape().num_elements();
+        let dtype = input.dtype;
+        let call = self.call(op, Some(dtype), numel);
+        let during = call.to_string();
+        self.admit(&call, &during, &input)?;
+        let data_type = data_type(dtype).unwrap_or(DataType::F32);
+        let out_numel = self.out_numel(kind, numel);
+        if out_numel == 0 || numel == 0 {
+            // Nothing moves; every rank agrees on the (empty) result without NCCL.
+            return Ok((input, None));
+        }
+
+        // Failing before NCCL is called still fails the group, so this rank's schedule never
+        // silently diverges from the others'.
+        let fail_now = |reason: String| {
+            let mut link = self.lock();
+            self.fail(&mut link, self.device_error(reason))
+        };
+        let input = into_contiguous(input);
+        let client = input.client.clone();
+        let elem_size = input.dtype.size();
+        let output = client.empty(out_numel * elem_size);
+        // Resolving the buffers on this thread's stream also orders them after their writers
+        // on other streams; the signal (or `sync`) then covers all of it.
+        let send = client
+            .get_resource(input.handle.clone())
+            .map_err(|e| fail_now(format!("input buffer: {e}")))?;
+        let recv = client
+            .get_resource(output.clone())
+            .map_err(|e| fail_now(format!("output buffer: {e}")))?;
+        if (send.resource().size as usize) < numel * elem_size
+            || (recv.resource().size as usize) < out_numel * elem_size
+        {
+            return Err(fail_now(
+                "a CubeCL buffer is smaller than its tensor".into(),
+            ));
+        }
+        let after = if self.options.order_on_device {
+            Some(self.signal(&client).map_err(fail_now)?)
+        } else {
+            self.count_wait();
+            <CubeBackend<CudaRuntime, f32, i32, u8> as burn::tensor::backend::Backend>::sync(
+                &self.device,
+            )
+            .map_err(|e| fail_now(format!("finishing the input: {e}")))?;
+            None
+        };
+
+        let transfer = Transfer {
+            send: DevicePtr(send.resource().ptr),
+            recv: DevicePtr(recv.resource().ptr),
+            numel,
+            out_numel,
+            data_type,
+            after,
+        };
+        let started = Instant::now();
+        let done = self.launch(kind, transfer, &call, &during, started)?;
+        let output = CubeTensor::new_contiguous(
+            client,
+            self.device.clone(),
+            Shape::new([out_numel]),
+            output,
+            dtype,
+        );
+        let in_flight = InFlight {
+            group: self.group.clone(),
+            done,
+            call,
+            started,
+            // The device reads the input and writes the output until `done`.
+            held: Box::new((send, recv, input, output.clone())),
+        };
+        Ok((output, Some(in_flight)))
+    }
+
+    /// Writes the next number into the group's device flag on the issuing thread's stream,
+    /// after everything queued there (which cubecl orders after the input's writers on other
+    /// streams when it resolves the input), and submits it; returns the flag's address and the
+    /// number, for the group's stream to wait on.
+    fn signal(
+        &self,
+        client: &burn_cubecl::cubecl::prelude::ComputeClient<CudaRuntime>,
+    ) -> Result<(DevicePtr, u32), String> {
+        let mut flag = lock(&self.flag);
+        let flag = flag.get_or_insert_with(|| {
+            let handle = client.create_from_slice(&[0u8; 4]);
+            CubeTensor::new_contiguous(
+                client.clone(),
+                self.device.clone(),
+                Shape::new([1]),
+                handle,
+                DType::U32,
+            )
+        });
+        // Starts at 1, above the flag's first value; 2³² collectives would wrap it.
+        let value = self.signals.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        burn_zero_kernels::flag::signal(flag, value)
+            .map_err(|e| format!("signalling the input: {e}"))?;
+        // Queued work reaches CUDA only when cubecl's device thread submits it: the group's
+        // stream must not wait for a number still in that queue.
+        client
+            .flush()
+            .map_err(|e| format!("submitting the signal: {e:?}"))?;
+        let resource = client
+            .get_resource(flag.handle.clone())
+            .map_err(|e| format!("the device flag: {e}"))?;
+        Ok((DevicePtr(resource.resource().ptr), value))
+    }
+
+    /// Checks `call` (described by `during`) before any buffer is touched: the group must be
+    /// usable, the call valid ([`NcclGroup::validate`]) and `input` on the group's device; with
+    /// a control connection, every rank must also agree on the call. A check that does not
+    /// pass fails the group, so that the other ranks stop too.
+    fn admit(
+        &self,
+        call: &CollectiveCall,
+        during: &str,
+        input: &CubeTensor<CudaRuntime>,
+    ) -> Result<(), CommError> {
+        {
+            let mut link = self.lock();
+            self.usable(&mut link)?;
+            let checked = self.validate(call).and_then(|dtype| {
+                if input.device != self.device {
+                    Err(CommError::InvalidGroup(format!(
+                        "rank {}'s NCCL group runs on {:?}, the tensor of its {during} is on {:?}",
+                        self.rank, self.device, input.device
+                    )))
+                } else {
+                    Ok(dtype)
+                }
+            });
+            if let Err(error) = checked {
+                return Err(self.fail(&mut link, error));
+            }
+        }
+        // Every rank agrees on this call before NCCL touches a buffer.
+        if let Some(control) = &self.control
+            && let Err(error) = control.check(call)
+        {
+            let mut link = self.lock();
+            return Err(self.fail(&mut link, error));
+        }
+        Ok(())
+    }
+
+    /// The number of elements of a collective's result on this rank, for `numel` elements of
+    /// input: every rank's input side by side for a gather, this rank's share for a
+    /// reduce-scatter, as many as the input otherwise.
+    fn out_numel(&self, kind: Kind, numel: usize) -> usize {
+        match kind {
+            Kind::AllGather => numel * self.world_size,
+            Kind::ReduceScatter(_) => numel / self.world_size,
+            Kind::AllToAll | Kind::AllReduce(_) | Kind::Broadcast(_) => numel,
+        }
+    }
+
+    /// Enqueues the NCCL call of `kind` on the group's stream, waits ([`Group::wait`]) until
+    /// NCCL has enqueued all of it (a call it reports pending is still being enqueued), and
+    /// returns an event recorded on the stream after it, which completes with the call. Any
+    /// failure fails the group.
+    fn launch(
+        &self,
+        kind: Kind,
+        transfer: Transfer,
+        call: &CollectiveCall,
+        during: &str,
+        started: Instant,
+    ) -> Result<CudaEvent, CommError> {
+        let Transfer {
+            send: send_ptr,
+            recv: recv_ptr,
+            numel,
+            out_numel,
+            data_type,
+            after,
+        } = transfer;
+        let mut link = self.lock();
+        self.bind(&mut link)?;
+        let done = self
+            .context
+            .new_event(None)
+            .map_err(|e| self.fail(&mut link, self.device_error(format!("CUDA: {e}"))))?;
+        let stream = self.stream.cu_stream();
+        if let Some((flag, value)) = after
+            && let Err(failure) = sys::wait_value(stream, flag, value)
+        {
+            return Err(self.fail(&mut link, self.nccl_error(during, failure)));
+        }
+        let launched = {
+            let comm = self.usable(&mut link)?;
+            match kind {
+                Kind::AllGather => comm.all_gather(send_ptr, recv_ptr, numel, data_type, stream),
+                Kind::AllToAll => {
+                    let block = numel / self.world_size;
+                    let ranks = self.world_size;
+                    comm.all_to_all(send_ptr, recv_ptr, block, ranks, data_type, stream)
+                }
+                Kind::ReduceScatter(op) => {
+                    comm.reduce_scatter(send_ptr, recv_ptr, out_numel, data_type, op, stream)
+                }
+                Kind::AllReduce(op) => {
+                    comm.all_reduce(send_ptr, recv_ptr, numel, data_type, op, stream)
+                }
+                Kind::Broadcast(root) => {
+                    comm.broadcast(send_ptr, recv_ptr, numel, data_type, root, stream)
+                }
+            }
+        };
+        let progress = launched.map_err(|f| self.fail(&mut link, self.nccl_error(during, f)))?;
+        if progress == Progress::Pending {
+            drop(link);
+            self.wait(call, started, || Ok(true))?;
+            link = self.lock();
+        }
+        if let Err(error) = done.record(&self.stream) {
+            return Err(self.fail(&mut link, self.device_error(format!("CUDA: {error}"))));
+        }
+        Ok(done)
+    }
+
+    fn reduce_kind(op: ReduceOp) -> RedOp {
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => RedOp::Sum,
+            ReduceOp::Max => RedOp::Max,
+            ReduceOp::Min => RedOp::Min,
+        }
+    }
+}
+
+impl Group {
+    /// The state of a group around a communicator that was created on `context`'s device and
+    /// has finished initialising.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        rank: usize,
+        world_size: usize,
+        device: CudaDevice,
+        options: NcclOptions,
+        context: Arc<CudaContext>,
+        comm: RawComm,
+        family: Family,
+        control: Option<Arc<JobControl>>,
+    ) -> Result<Self, CommError> {
+        lock(&family.departed).resize(world_size, None);
+        let device_error = |error: cudarc::driver::DriverError| CommError::Device {
+            rank,
+            reason: format!("CUDA: {error}"),
+        };
+        let stream = context.new_stream().map_err(device_error)?;
+        let link = Arc::new(Mutex::new(Link {
+            comm: Some(comm),
+            failure: None,
+        }));
+        if let Some(control) = &control {
+            // On receipt of the job's failure: abort the communicator now when no collective
+            // holds it; a collective that does sees the failure at its next poll (`usable`).
+            let link = Arc::downgrade(&link);
+            control.on_failure(move |error| {
+                let Some(link) = link.upgrade() else { return };
+                if let Ok(mut link) = link.try_lock()
+                    && link.failure.is_none()
+                {
+                    tracing::error!(rank, %error, "the job failed; aborting the NCCL communicator");
+                    link.comm = None; // Drop aborts.
+                    link.failure = Some(error.clone());
+                }
+            });
+        }
+        Ok(Group {
+            rank,
+            world_size,
+            device,
+            options,
+            context,
+            stream,
+            link,
+            abort_request: Mutex::new(None),
+            family,
+            control,
+            issued: AtomicU64::new(0),
+            job_rank: rank,
+            flag: Mutex::new(None),
+            signals: AtomicU32::new(0),
+            counters: OnceLock::new(),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Link> {
@@ -513,14 +919,6 @@ impl NcclGroup {
         error
     }
 
-    /// The control connection of a duplicate: the same connection, aborts only (a duplicate
-    /// counts its collectives apart, so its positions are not comparable with the store's).
-    fn duplicate_control(&self) -> Option<Arc<JobControl>> {
-        self.control
-            .as_ref()
-            .map(|control| Arc::new(control.without_checks()))
-    }
-
     /// A rank of this process that finished its work before reaching `call`, which it will
     /// therefore never join.
     fn departed_before(&self, call: &CollectiveCall) -> Option<CommError> {
@@ -535,240 +933,12 @@ impl NcclGroup {
             })
     }
 
-    /// The communicator a split started, or the group ended with why it did not: NCCL's
-    /// failure, or the parent still busy with it when the group's timeout ran out.
-    fn split_started(
-        &self,
-        link: &mut Link,
-        split: Result<sys::Split, Failure>,
-        started: Instant,
-        during: &str,
-    ) -> Result<(RawComm, Progress), CommError> {
-        match split {
-            Ok(sys::Split::Started(child, progress)) => Ok((child, progress)),
-            Ok(sys::Split::Stalled) => {
-                let stalled = CommError::Stalled {
-                    rank: self.rank,
-                    during: during.to_string(),
-                    waited: started.elapsed(),
-                };
-                Err(self.fail(link, stalled))
-            }
-            Err(failure) => Err(self.fail(link, self.nccl_error(during, failure))),
-        }
-    }
-
     fn nccl_error(&self, during: &str, failure: Failure) -> CommError {
         CommError::Nccl {
             rank: self.rank,
             during: during.to_string(),
             code: failure.code,
             detail: failure.detail,
-        }
-    }
-
-    /// Fingerprints the next call of this rank.
-    fn call(&self, op: CollectiveOp, dtype: Option<DType>, numel: usize) -> CollectiveCall {
-        let seq = self.issued.fetch_add(1, Ordering::Relaxed) + 1;
-        let call = CollectiveCall {
-            seq,
-            op,
-            dtype,
-            numel,
-        };
-        tracing::trace!(rank = self.rank, %call, "collective");
-        call
-    }
-
-    /// Checks a call on its face; an invalid call fails the group, so the other ranks' NCCL
-    /// calls time out (or fail) instead of waiting forever.
-    fn validate(&self, call: &CollectiveCall) -> Result<DataType, CommError> {
-        let dtype = call.dtype.unwrap_or(DType::F32);
-        let data_type = data_type(dtype).ok_or_else(|| CommError::UnsupportedDtype {
-            dtype: dtype_name(dtype),
-            op: call.op.to_string(),
-            supported: SUPPORTED,
-        })?;
-        match call.op {
-            CollectiveOp::ReduceScatter(_) | CollectiveOp::AllToAll
-                if !call.numel.is_multiple_of(self.world_size) =>
-            {
-                Err(CommError::NotDivisible {
-                    numel: call.numel,
-                    world_size: self.world_size,
-                })
-            }
-            CollectiveOp::Broadcast { root } if root >= self.world_size => {
-                Err(CommError::InvalidRoot {
-                    root,
-                    world_size: self.world_size,
-                })
-            }
-            _ => Ok(data_type),
-        }
-    }
-
-    /// Runs one collective on `input` and returns its result on this rank's device.
-    fn run(
-        &self,
-        op: CollectiveOp,
-        input: CubeTensor<CudaRuntime>,
-        kind: Kind,
-    ) -> Result<CubeTensor<CudaRuntime>, CommError> {
-        let numel = input.meta.shape().num_elements();
-        let dtype = input.dtype;
-        let call = self.call(op, Some(dtype), numel);
-        let during = call.to_string();
-        self.admit(&call, &during, &input)?;
-        let data_type = data_type(dtype).unwrap_or(DataType::F32);
-        let out_numel = self.out_numel(kind, numel);
-        if out_numel == 0 || numel == 0 {
-            // Nothing moves; every rank agrees on the (empty) result without NCCL.
-            return Ok(input);
-        }
-
-        // Failing before NCCL is called still fails the group, so this rank's schedule never
-        // silently diverges from the others'.
-        let fail_now = |reason: String| {
-            let mut link = self.lock();
-            self.fail(&mut link, self.device_error(reason))
-        };
-        let input = into_contiguous(input);
-        let client = input.client.clone();
-        let elem_size = input.dtype.size();
-        let output = client.empty(out_numel * elem_size);
-        // Resolving the buffers on this thread's stream also orders them after their writers
-        // on other streams; `sync` then waits for all of it.
-        let send = client
-            .get_resource(input.handle.clone())
-            .map_err(|e| fail_now(format!("input buffer: {e}")))?;
-        let recv = client
-            .get_resource(output.clone())
-            .map_err(|e| fail_now(format!("output buffer: {e}")))?;
-        if (send.resource().size as usize) < numel * elem_size
-            || (recv.resource().size as usize) < out_numel * elem_size
-        {
-            return Err(fail_now(
-                "a CubeCL buffer is smaller than its tensor".into(),
-            ));
-        }
-        let after = if self.options.order_on_device {
-            Some(self.signal(&client).map_err(fail_now)?)
-        } else {
-            self.count_wait();
-            <CubeBackend<CudaRuntime, f32, i32, u8> as burn::tensor::backend::Backend>::sync(
-                &self.device,
-            )
-            .map_err(|e| fail_now(format!("finishing the input: {e}")))?;
-            None
-        };
-
-        let transfer = Transfer {
-            send: DevicePtr(send.resource().ptr),
-            recv: DevicePtr(recv.resource().ptr),
-            numel,
-            out_numel,
-            data_type,
-            after,
-        };
-        self.launch(kind, transfer, &call, &during)?;
-        // The buffers were in use until here.
-        drop((send, recv, input));
-        Ok(CubeTensor::new_contiguous(
-            client,
-            self.device.clone(),
-            Shape::new([out_numel]),
-            output,
-            dtype,
-        ))
-    }
-
-    /// Writes the next number into the group's device flag on the issuing thread's stream,
-    /// after everything queued there (which cubecl orders after the input's writers on other
-    /// streams when it resolves the input), and submits it; returns the flag's address and the
-    /// number, for the group's stream to wait on.
-    fn signal(
-        &self,
-        client: &burn_cubecl::cubecl::prelude::ComputeClient<CudaRuntime>,
-    ) -> Result<(DevicePtr, u32), String> {
-        let mut flag = lock(&self.flag);
-        let flag = flag.get_or_insert_with(|| {
-            let handle = client.create_from_slice(&[0u8; 4]);
-            CubeTensor::new_contiguous(
-                client.clone(),
-                self.device.clone(),
-                Shape::new([1]),
-                handle,
-                DType::U32,
-            )
-        });
-        // Starts at 1, above the flag's first value; 2³² collectives would wrap it.
-        let value = self.signals.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        burn_zero_kernels::flag::signal(flag, value)
-            .map_err(|e| format!("signalling the input: {e}"))?;
-        // Queued work reaches CUDA only when cubecl's device thread submits it: the group's
-        // stream must not wait for a number still in that queue.
-        client
-            .flush()
-            .map_err(|e| format!("submitting the signal: {e:?}"))?;
-        let resource = client
-            .get_resource(flag.handle.clone())
-            .map_err(|e| format!("the device flag: {e}"))?;
-        Ok((DevicePtr(resource.resource().ptr), value))
-    }
-
-    /// Counts one wait of the host for the device, when the rank's counters were given.
-    fn count_wait(&self) {
-        if let Some(counters) = self.counters.get() {
-            counters.engine_wait();
-        }
-    }
-
-    /// Checks `call` (described by `during`) before any buffer is touched: the group must be
-    /// usable, the call valid ([`NcclGroup::validate`]) and `input` on the group's device; with
-    /// a control connection, every rank must also agree on the call. A check that does not
-    /// pass fails the group, so that the other ranks stop too.
-    fn admit(
-        &self,
-        call: &CollectiveCall,
-        during: &str,
-        input: &CubeTensor<CudaRuntime>,
-    ) -> Result<(), CommError> {
-        {
-            let mut link = self.lock();
-            self.usable(&mut link)?;
-            let checked = self.validate(call).and_then(|dtype| {
-                if input.device != self.device {
-                    Err(CommError::InvalidGroup(format!(
-                        "rank {}'s NCCL group runs on {:?}, the tensor of its {during} is on {:?}",
-                        self.rank, self.device, input.device
-                    )))
-                } else {
-                    Ok(dtype)
-                }
-            });
-            if let Err(error) = checked {
-                return Err(self.fail(&mut link, error));
-            }
-        }
-        // Every rank agrees on this call before NCCL touches a buffer.
-        if let Some(control) = &self.control
-            && let Err(error) = control.check(call)
-        {
-            let mut link = self.lock();
-            return Err(self.fail(&mut link, error));
-        }
-        Ok(())
-    }
-
-    /// The number of elements of a collective's result on this rank, for `numel` elements of
-    /// input: every rank's input side by side for a gather, this rank's share for a
-    /// reduce-scatter, as many as the input otherwise.
-    fn out_numel(&self, kind: Kind, numel: usize) -> usize {
-        match kind {
-            Kind::AllGather => numel * self.world_size,
-            Kind::ReduceScatter(_) => numel / self.world_size,
-            Kind::AllToAll | Kind::AllReduce(_) | Kind::Broadcast(_) => numel,
         }
     }
 
@@ -780,107 +950,52 @@ impl NcclGroup {
         }
     }
 
-    /// Enqueues the NCCL call of `kind` on the group's stream, then waits
-    /// ([`NcclGroup::wait`]) until NCCL has enqueued all of it (a call it reports pending is
-    /// still being enqueued), and until the group's `done` event, recorded on the stream after
-    /// the call, says that it completed on the device. Any failure fails the group.
-    fn launch(
-        &self,
-        kind: Kind,
-        transfer: Transfer,
-        call: &CollectiveCall,
-        during: &str,
-    ) -> Result<(), CommError> {
-        let Transfer {
-            send: send_ptr,
-            recv: recv_ptr,
-            numel,
-            out_numel,
-            data_type,
-            after,
-        } = transfer;
-        let started = Instant::now();
-        let mut link = self.lock();
-        self.bind(&mut link)?;
-        let stream = self.stream.cu_stream();
-        if let Some((flag, value)) = after
-            && let Err(failure) = sys::wait_value(stream, flag, value)
-        {
-            return Err(self.fail(&mut link, self.nccl_error(during, failure)));
+    /// Counts one wait of the host for the device, when the rank's counters were given.
+    fn count_wait(&self) {
+        if let Some(counters) = self.counters.get() {
+            counters.engine_wait();
         }
-        let launched = {
-            let comm = self.usable(&mut link)?;
-            match kind {
-                Kind::AllGather => comm.all_gather(send_ptr, recv_ptr, numel, data_type, stream),
-                Kind::AllToAll => {
-                    let block = numel / self.world_size;
-                    let ranks = self.world_size;
-                    comm.all_to_all(send_ptr, recv_ptr, block, ranks, data_type, stream)
-                }
-                Kind::ReduceScatter(op) => {
-                    comm.reduce_scatter(send_ptr, recv_ptr, out_numel, data_type, op, stream)
-                }
-                Kind::AllReduce(op) => {
-                    comm.all_reduce(send_ptr, recv_ptr, numel, data_type, op, stream)
-                }
-                Kind::Broadcast(root) => {
-                    comm.broadcast(send_ptr, recv_ptr, numel, data_type, root, stream)
-                }
-            }
-        };
-        let progress = launched.map_err(|f| self.fail(&mut link, self.nccl_error(during, f)))?;
-        if progress == Progress::Pending {
-            self.wait(&mut link, call, started, |_| Ok(true))?;
-        }
-        let recorded = link.done.record(&self.stream);
-        if let Err(error) = recorded {
-            return Err(self.fail(&mut link, self.device_error(format!("CUDA: {error}"))));
-        }
-        // The host waits for the device here, once per collective.
-        self.count_wait();
-        self.wait(&mut link, call, started, |link| {
-            link.done
-                .try_is_complete()
-                .map_err(|e| self.device_error(format!("CUDA: {e}")))
-        })?;
-        drop(link);
-        Ok(())
     }
 
     /// Polls until `ready` says so, NCCL reports an error, an abort is requested, or the
-    /// timeout passes; the last three fail the group.
+    /// timeout (counted from `started`) passes; the last three fail the group. The group is
+    /// locked for each poll only, so other collectives of the group can be queued meanwhile.
+    /// Returns whether `ready` ever said no: whether the host had to wait.
     fn wait(
         &self,
-        link: &mut Link,
         call: &CollectiveCall,
         started: Instant,
-        mut ready: impl FnMut(&Link) -> Result<bool, CommError>,
-    ) -> Result<(), CommError> {
-        let during = call.to_string();
-        let during = during.as_str();
+        mut ready: impl FnMut() -> Result<bool, CommError>,
+    ) -> Result<bool, CommError> {
         let mut spins = 0u32;
         loop {
-            if let Some(error) = self.departed_before(call) {
-                return Err(self.fail(link, error));
-            }
-            let polled = self.usable(link)?.poll();
-            match polled {
-                Err(failure) => return Err(self.fail(link, self.nccl_error(during, failure))),
-                Ok(Progress::Pending) => {}
-                Ok(Progress::Done) => match ready(link) {
-                    Ok(true) => return Ok(()),
-                    Ok(false) => {}
-                    Err(error) => return Err(self.fail(link, error)),
-                },
-            }
-            let waited = started.elapsed();
-            if waited >= self.options.timeout {
-                let error = CommError::Stalled {
-                    rank: self.rank,
-                    during: during.to_string(),
-                    waited,
-                };
-                return Err(self.fail(link, error));
+            {
+                let mut link = self.lock();
+                if let Some(error) = self.departed_before(call) {
+                    return Err(self.fail(&mut link, error));
+                }
+                let polled = self.usable(&mut link)?.poll();
+                match polled {
+                    Err(failure) => {
+                        let error = self.nccl_error(&call.to_string(), failure);
+                        return Err(self.fail(&mut link, error));
+                    }
+                    Ok(Progress::Pending) => {}
+                    Ok(Progress::Done) => match ready() {
+                        Ok(true) => return Ok(spins > 0),
+                        Ok(false) => {}
+                        Err(error) => return Err(self.fail(&mut link, error)),
+                    },
+                }
+                let waited = started.elapsed();
+                if waited >= self.options.timeout {
+                    let error = CommError::Stalled {
+                        rank: self.rank,
+                        during: call.to_string(),
+                        waited,
+                    };
+                    return Err(self.fail(&mut link, error));
+                }
             }
             // Spin briefly (small collectives finish in microseconds), then back off.
             spins += 1;
@@ -894,14 +1009,6 @@ impl NcclGroup {
 
     fn take_abort_request(&self) -> Option<String> {
         lock(&self.abort_request).take()
-    }
-
-    fn reduce_kind(op: ReduceOp) -> RedOp {
-        match op {
-            ReduceOp::Sum | ReduceOp::Mean => RedOp::Sum,
-            ReduceOp::Max => RedOp::Max,
-            ReduceOp::Min => RedOp::Min,
-        }
     }
 }
 
@@ -933,9 +1040,7 @@ where
         &self,
         block: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
     ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
-        let input = block.into_primitive().tensor();
-        let out = self.run(CollectiveOp::AllGather, input, Kind::AllGather)?;
-        Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
+        self.issue(DataOp::AllGather, block)?.wait()
     }
 
     fn reduce_scatter(
@@ -943,17 +1048,7 @@ where
         input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
         op: ReduceOp,
     ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
-        let primitive = input.into_primitive().tensor();
-        let out = self.run(
-            CollectiveOp::ReduceScatter(op),
-            primitive,
-            Kind::ReduceScatter(Self::reduce_kind(op)),
-        )?;
-        Ok(mean_if(
-            Tensor::from_primitive(TensorPrimitive::Float(out)),
-            op,
-            self.world_size,
-        ))
+        self.issue(DataOp::ReduceScatter(op), input)?.wait()
     }
 
     fn all_reduce(
@@ -961,17 +1056,7 @@ where
         input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
         op: ReduceOp,
     ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
-        let primitive = input.into_primitive().tensor();
-        let out = self.run(
-            CollectiveOp::AllReduce(op),
-            primitive,
-            Kind::AllReduce(Self::reduce_kind(op)),
-        )?;
-        Ok(mean_if(
-            Tensor::from_primitive(TensorPrimitive::Float(out)),
-            op,
-            self.world_size,
-        ))
+        self.issue(DataOp::AllReduce(op), input)?.wait()
     }
 
     fn broadcast(
@@ -979,22 +1064,57 @@ where
         buffer: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
         root: usize,
     ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
-        let primitive = buffer.into_primitive().tensor();
-        let out = self.run(
-            CollectiveOp::Broadcast { root },
-            primitive,
-            Kind::Broadcast(root),
-        )?;
-        Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
+        self.issue(DataOp::Broadcast { root }, buffer)?.wait()
     }
 
     fn all_to_all(
         &self,
         input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
     ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
-        let primitive = input.into_primitive().tensor();
-        let out = self.run(CollectiveOp::AllToAll, primitive, Kind::AllToAll)?;
-        Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
+        self.issue(DataOp::AllToAll, input)?.wait()
+    }
+
+    /// Queues the collective on the group's stream and returns at once: the thread that
+    /// waits on the result polls the collective's event ([`InFlight`]), so the issuing thread
+    /// never waits for the device. A mean's division runs after completion, on the waiting
+    /// thread.
+    fn issue(
+        &self,
+        op: DataOp,
+        input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
+    ) -> Result<Issued<CubeBackend<CudaRuntime, F, I, BT>>, CommError> {
+        let (call, kind, mean) = match op {
+            DataOp::AllGather => (CollectiveOp::AllGather, Kind::AllGather, None),
+            DataOp::AllToAll => (CollectiveOp::AllToAll, Kind::AllToAll, None),
+            DataOp::Broadcast { root } => (
+                CollectiveOp::Broadcast { root },
+                Kind::Broadcast(root),
+                None,
+            ),
+            DataOp::ReduceScatter(op) => (
+                CollectiveOp::ReduceScatter(op),
+                Kind::ReduceScatter(NcclGroup::reduce_kind(op)),
+                Some(op),
+            ),
+            DataOp::AllReduce(op) => (
+                CollectiveOp::AllReduce(op),
+                Kind::AllReduce(NcclGroup::reduce_kind(op)),
+                Some(op),
+            ),
+        };
+        let world_size = self.world_size;
+        let (output, in_flight) = self.start(call, input.into_primitive().tensor(), kind)?;
+        let result = move || {
+            let output = Tensor::from_primitive(TensorPrimitive::Float(output));
+            match mean {
+                Some(op) => mean_if(output, op, world_size),
+                None => output,
+            }
+        };
+        Ok(match in_flight {
+            Some(in_flight) => Issued::pending(Box::new(in_flight), result),
+            None => Issued::ready(result()),
+        })
     }
 
     fn barrier(&self) -> Result<(), CommError> {

@@ -9,7 +9,7 @@ use burn_zero_comm::nccl::{
     CudaBackend, CudaDevice, NcclGroup, NcclOptions, cuda_device_count, launch_nccl,
 };
 use burn_zero_comm::{
-    CapacityError, CommError, Communicator, LaunchError, ReduceOp, device_capacity, launch,
+    CapacityError, CommError, Communicator, DataOp, LaunchError, ReduceOp, device_capacity, launch,
 };
 use burn_zero_testing::skip;
 
@@ -145,6 +145,71 @@ fn nccl_matches_local_group_on_every_gpu() {
         return;
     };
     check_parity(&devices);
+}
+
+/// Collectives issued back to back from one thread without waiting, then read on another
+/// thread in the reverse order (and one never read), give what the blocking calls give: each
+/// result is held until its own collective completed, whichever thread asks.
+#[test]
+fn issued_collectives_are_read_in_any_order_on_another_thread() {
+    let Some((_gpus, devices)) = gpus(
+        "issued_collectives_are_read_in_any_order_on_another_thread",
+        1,
+    ) else {
+        return;
+    };
+    let device = devices[0].clone();
+    let group = NcclGroup::local_group(&devices[..1], &NcclOptions::default())
+        .unwrap()
+        .remove(0);
+    let counters = std::sync::Arc::new(burn_zero_comm::RankCounters::default());
+    Communicator::<B>::count_into(&group, &counters);
+    let ops = [
+        DataOp::AllGather,
+        DataOp::ReduceScatter(ReduceOp::Mean),
+        DataOp::AllReduce(ReduceOp::Sum),
+        DataOp::AllToAll,
+        DataOp::Broadcast { root: 0 },
+    ];
+    let input = |salt: usize| tensor(&values(salt, 0, 1 << 20), DType::F32, &device);
+    let blocking: Vec<_> = ops
+        .iter()
+        .enumerate()
+        .map(|(salt, op)| bits(op.run(&group, input(salt)).unwrap()))
+        .collect();
+    let waits_before = counters.snapshot().engine_waits;
+    let mut issued: Vec<_> = ops
+        .iter()
+        .enumerate()
+        .map(|(salt, op)| group.issue(*op, input(salt)).unwrap())
+        .collect();
+    // One more, never read: dropping it waits for it.
+    drop(group.issue(DataOp::AllGather, input(9)).unwrap());
+    let results = std::thread::spawn(move || {
+        let mut results = Vec::new();
+        while let Some(last) = issued.pop() {
+            results.push(bits(last.wait().unwrap()));
+        }
+        results.reverse();
+        results
+    })
+    .join()
+    .unwrap();
+    for ((op, got), expected) in ops.iter().zip(results).zip(blocking) {
+        assert!(
+            got == expected,
+            "{op:?}: issued and blocking results differ"
+        );
+    }
+    let waits = counters.snapshot().engine_waits - waits_before;
+    println!(
+        "engine waits for {} issued collectives: {waits}",
+        ops.len() + 1
+    );
+    assert!(
+        waits <= ops.len() as u64 + 1,
+        "at most one wait per collective"
+    );
 }
 
 #[test]

@@ -12,7 +12,6 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn_zero_comm::Pending;
 
@@ -28,7 +27,7 @@ pub(crate) struct InFlight<B: Backend> {
     pub members: Vec<(usize, u64)>,
     /// Bytes it gathers.
     pub bytes: usize,
-    pub pending: Pending<Tensor<B, 1>>,
+    pub pending: Pending<B>,
 }
 
 /// What prefetching did since the module was sharded.
