@@ -2,7 +2,7 @@
 //! hold burn-zero's own accounting, and its memory targets, against.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use burn::tensor::backend::Backend;
@@ -24,6 +24,19 @@ pub fn device_memory<B: Backend>(device: &B::Device) -> Option<DeviceMemory> {
     }
 }
 
+/// How many samplers started with [`DeviceMemorySampler::start`] are running in this process.
+static WATCHING: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a [`DeviceMemorySampler`] started with [`DeviceMemorySampler::start`] reads device
+/// memory in this process now. cubecl counts a buffer from the call that allocates it until
+/// its handle drops, whether or not the device has run anything; work whose memory peaks only
+/// for that instant (a rank alone packing a gradient bucket) waits for the device while a
+/// sampler watches, so that the peak lasts long enough to be read, and does not otherwise.
+/// A process-wide fact, as the device's memory is: a sampler of any device counts.
+pub fn peaks_watched() -> bool {
+    WATCHING.load(Ordering::Relaxed) > 0
+}
+
 /// A thread that reads `device_memory` every `every` and keeps the most bytes in use and
 /// reserved it has seen, until it is stopped or dropped (which joins it). A reading is a
 /// snapshot: a peak shorter than `every` may fall between two.
@@ -33,12 +46,26 @@ pub struct DeviceMemorySampler {
     reserved: Arc<AtomicU64>,
     done: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Counted in [`peaks_watched`] while it runs.
+    watching: bool,
 }
 
 impl DeviceMemorySampler {
     /// Starts sampling `device`'s memory every `every`; `None` for a backend without the
-    /// count, or when no thread could be started.
+    /// count, or when no thread could be started. Short peaks are held for it while it runs
+    /// ([`peaks_watched`]): what tests and benchmarks that judge a run by its peak use.
     pub fn start<B: Backend>(device: &B::Device, every: Duration) -> Option<Self> {
+        Self::start_with::<B>(device, every, true)
+    }
+
+    /// As [`DeviceMemorySampler::start`], without asking for short peaks to be held: for a
+    /// reader that reads those peaks at their instant itself (the auto placement's warm-up),
+    /// so that training does not wait for the device on its account.
+    pub fn start_unwatched<B: Backend>(device: &B::Device, every: Duration) -> Option<Self> {
+        Self::start_with::<B>(device, every, false)
+    }
+
+    fn start_with<B: Backend>(device: &B::Device, every: Duration, watching: bool) -> Option<Self> {
         let first = device_memory::<B>(device)?;
         let in_use = Arc::new(AtomicU64::new(first.in_use));
         let reserved = Arc::new(AtomicU64::new(first.reserved));
@@ -59,11 +86,15 @@ impl DeviceMemorySampler {
                 })
                 .ok()?
         };
+        if watching {
+            WATCHING.fetch_add(1, Ordering::Relaxed);
+        }
         Some(Self {
             in_use,
             reserved,
             done,
             thread: Some(thread),
+            watching,
         })
     }
 
@@ -95,6 +126,9 @@ impl DeviceMemorySampler {
         if let Some(thread) = self.thread.take() {
             // A sampler that panicked has no reading to add.
             let _ = thread.join();
+            if self.watching {
+                WATCHING.fetch_sub(1, Ordering::Relaxed);
+            }
         }
     }
 }

@@ -34,7 +34,7 @@ mod unpack;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 
-pub use device_memory::{DeviceMemorySampler, device_memory, peak_device_memory};
+pub use device_memory::{DeviceMemorySampler, device_memory, peak_device_memory, peaks_watched};
 pub use error::KernelError;
 pub use gathered::cut_gathered;
 pub use host::BufferPool;

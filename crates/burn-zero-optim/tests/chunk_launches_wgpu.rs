@@ -16,12 +16,16 @@
 //! - a replicated chunk's gradients, delivered member by member, are joined for its step by
 //!   the pack kernel, up to 16 members a launch, not with a copy each.
 //!
+//! - a rank alone waits for the device once per gradient bucket only while a sampler reads the
+//!   device's memory, and not at all otherwise.
+//!
 //! Every side trains the same bits as one parameter per chunk. A binary of its own, one test
 //! at a time: a counting window counts every launch on the device. Without a wgpu adapter
 //! every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1` (CI) makes that a
 //! failure.
 
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use burn::backend::Autodiff;
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
@@ -32,7 +36,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use burn_zero_comm::launch;
 use burn_zero_core::{ChunkSize, Zero, ZeroConfig, ZeroError, shard};
-use burn_zero_kernels::LaunchLog;
+use burn_zero_kernels::{DeviceMemorySampler, LaunchLog, peaks_watched};
 use burn_zero_optim::ZeroOptimizer;
 use burn_zero_testing::{param_values, params_bits_equal, skip};
 
@@ -233,4 +237,52 @@ fn a_replicated_chunk_joins_its_gradients_in_one_launch_per_16_members() {
             "stage {stage}: chunks train the bits of one parameter per chunk at stage 0"
         );
     }
+}
+
+/// A rank alone reduces its buckets in place. It waits for the device once per bucket while a
+/// sampler on another thread reads the device's memory (so that the bucket's short peak lasts
+/// until read), and not at all otherwise: the counts show each, and both train the same bits.
+#[test]
+fn a_rank_alone_waits_for_the_device_per_bucket_only_while_its_memory_is_sampled() {
+    let Some((_one, base)) =
+        start("a_rank_alone_waits_for_the_device_per_bucket_only_while_its_memory_is_sampled")
+    else {
+        return;
+    };
+    let device = WgpuDevice::default();
+    let config = ZeroConfig::new()
+        .with_stage(3)
+        .with_chunk_size(ChunkSize::PerParameter);
+    let run = |sampled: bool| {
+        let sampler = sampled.then(|| {
+            DeviceMemorySampler::start::<Plain>(&device, Duration::from_millis(5))
+                .expect("wgpu's memory is counted")
+        });
+        assert_eq!(peaks_watched(), sampled);
+        let mut ranks = launch::<Plain, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
+            let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new()).expect("valid");
+            for step in 0..STEPS {
+                let loss = model.loss(input::<Train>(step, ctx.device()));
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                model = optimizer.step(1e-3, model, grads);
+            }
+            Ok((zero.counts(), param_values(&model)))
+        })
+        .unwrap();
+        drop(sampler);
+        ranks.swap_remove(0)
+    };
+    let (unsampled, params) = run(false);
+    let (sampled, sampled_params) = run(true);
+    println!("without a sampler: {unsampled:?}\nwith one: {sampled:?}");
+    let buckets = unsampled.reduce_scatters + unsampled.all_reduces;
+    assert!(buckets > 0, "{unsampled:?}");
+    assert_eq!(unsampled.syncs, 0, "no wait for the device: {unsampled:?}");
+    assert_eq!(
+        sampled.syncs,
+        sampled.reduce_scatters + sampled.all_reduces,
+        "one wait per bucket while sampled: {sampled:?}"
+    );
+    assert!(params_bits_equal(&params, &sampled_params));
 }

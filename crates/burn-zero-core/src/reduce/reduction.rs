@@ -14,7 +14,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_zero_comm::{CommError, Communicator, RankCounters, ReduceOp};
 use burn_zero_kernels::{
-    BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, RowPart, unpack_row,
+    BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, RowPart, peaks_watched,
+    unpack_row,
 };
 
 use crate::memory::{MemoryKind, MemoryTracker};
@@ -91,7 +92,7 @@ pub(crate) fn reduce<B: Backend>(
     // output, so once it returns the gradients have been read. A handle clone, no copy.
     let held: Vec<B::FloatTensorPrimitive> = grads.iter().flatten().cloned().collect();
     let packed = pack(ctx, bucket, grads)?;
-    if world_size == 1 && ctx.replicas.is_none() {
+    if world_size == 1 && ctx.replicas.is_none() && peaks_watched() {
         finish_alone(ctx)?;
     }
     let reduced = match bucket.mode {
@@ -150,17 +151,17 @@ fn pack<B: Backend>(
     Ok(packed)
 }
 
-/// A rank alone: the collective is answered in place, with no synchronisation of its own.
-/// The packed bucket is still finished on the device here, once per bucket, as a reduction at
-/// several ranks finishes it, so that a reading of the device's memory from another thread
-/// sees the reduction's peak. cubecl counts a buffer in use from the call that allocates it
-/// until its handle drops, whether or not the device has run anything, so without a wait the
-/// packed bucket and the gradients it was packed from are both counted only for the instant
-/// between the pack's submission and the gradients' release: a sampler every few
-/// milliseconds missed it in most runs on lavapipe (32 MiB read for 48 in
-/// `param_offload_wgpu`), and tests and benchmarks that judge a run by its sampled peak would
-/// read less than a GPU's allocator must serve. The auto placement's warm-up also reads the
-/// device at that instant (`at_peak`).
+/// A rank alone, while a sampler watches the device's memory ([`peaks_watched`]): the
+/// collective is answered in place, with no synchronisation of its own, and the packed bucket
+/// is finished on the device here so that a reading of the device's memory from another
+/// thread sees the reduction's peak. cubecl counts a buffer in use from the call that
+/// allocates it until its handle drops, whether or not the device has run anything, so
+/// without a wait the packed bucket and the gradients it was packed from are both counted
+/// only for the instant between the pack's submission and the gradients' release: a sampler
+/// every few milliseconds missed it in most runs on lavapipe (32 MiB read for 48 in
+/// `param_offload_wgpu`). Without a sampler nobody reads that instant from another thread:
+/// the auto placement's warm-up reads it on this thread (`at_peak`, while the gradients are
+/// still held), so training waits for the device here only while it is measured.
 fn finish_alone<B: Backend>(ctx: &Reduction<'_, B>) -> Result<(), ReduceError> {
     B::sync(ctx.device).map_err(|error| {
         ReduceError::Comm(CommError::Device {

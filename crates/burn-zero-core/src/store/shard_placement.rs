@@ -157,7 +157,9 @@ impl<B: Backend> ShardPlacement<B> {
     /// A warm-up reading at a period's boundary: the device's bytes in use now and the most
     /// the sampler saw since the last boundary.
     fn read_warmup(&self, auto: &mut AutoPlacement, gathered: Option<usize>) {
-        auto.keep_sampling(|| DeviceMemorySampler::start::<B>(&self.device, SAMPLE_EVERY));
+        auto.keep_sampling(|| {
+            DeviceMemorySampler::start_unwatched::<B>(&self.device, SAMPLE_EVERY)
+        });
         let now = device_memory::<B>(&self.device).map(|now| now.in_use);
         let reading = [now, auto.sampled()].into_iter().flatten().max();
         if let Some(reading) = reading {
