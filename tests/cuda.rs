@@ -16,6 +16,8 @@ burn_zero_testing::skipped_without_feature!(
     train_gpt_runs_one_process_per_gpu_under_zero_run,
     three_nccl_processes_on_one_gpu_in_rank_order_train_bitwise_like_one_rank,
     a_checkpoint_of_three_nccl_processes_resumes_on_two_bitwise_like_local_group,
+    nccl_processes_sharing_a_gpu_under_zero_run_train_bitwise_like_local_group,
+    a_rank_process_killed_mid_step_on_a_shared_gpu_is_named_by_zero_run,
 );
 
 /// The list above names every test of `training.rs`.

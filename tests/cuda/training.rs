@@ -262,14 +262,39 @@ impl Ended {
             digest: burn_zero_gpt::params_digest(outcome.params.as_ref().expect("kept")),
         }
     }
+
+    /// Rank 0's report in `dir` of a job of `world` processes (each writes its own).
+    fn reported(world: usize, dir: &std::path::Path) -> Self {
+        let path = dir.join("memory-rank0.json");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let entries: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let entry = &entries[0];
+        // What a GPU pays for, counted by rank 0 over its last step.
+        println!(
+            "{world} NCCL processes on one GPU, rank 0's last step: {}",
+            entry["last_step_counts"]
+        );
+        Ended {
+            // Written as f32's shortest text; read back as that f32.
+            losses: entry["losses"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|loss| loss.to_string().parse::<f32>().unwrap())
+                .collect(),
+            digest: entry["params_digest"].as_str().unwrap().into(),
+        }
+    }
 }
 
-/// The tiny GPT as `train_gpt` flags, for a run that reduces in rank order.
+/// The tiny GPT as `train_gpt` flags (its placement is the caller's to add).
 fn flags(config: &RunConfig) -> Vec<String> {
     let mut flags: Vec<String> = [
         "--backend",
         "cuda",
-        "--reduce-in-rank-order",
+        "--prefetch",
+        &config.prefetch.to_string(),
         "--stage",
         &config.stage.to_string(),
         "--steps",
@@ -288,6 +313,9 @@ fn flags(config: &RunConfig) -> Vec<String> {
     }
     if config.resume {
         flags.push("--resume".into());
+    }
+    if config.reduce_in_rank_order {
+        flags.push("--reduce-in-rank-order".into());
     }
     flags
 }
@@ -328,25 +356,38 @@ fn processes_on_one_gpu(world: usize, config: &RunConfig, dir: &std::path::Path)
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    let path = dir.join("memory-rank0.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let entries: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let entry = &entries[0];
-    // What a GPU pays for, counted by rank 0 over its last step.
-    println!(
-        "{world} NCCL processes on one GPU, rank 0's last step: {}",
-        entry["last_step_counts"]
-    );
-    Ended {
-        // Written as f32's shortest text; read back as that f32.
-        losses: entry["losses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|loss| loss.to_string().parse::<f32>().unwrap())
-            .collect(),
-        digest: entry["params_digest"].as_str().unwrap().into(),
-    }
+    Ended::reported(world, dir)
+}
+
+/// `world` processes of `train_gpt` with `config` and `extra` flags under `zero-run`, every
+/// rank on GPU 0 (`--share-gpu`); zero-run's output, and the folder of the ranks' reports.
+fn under_zero_run(
+    world: usize,
+    config: &RunConfig,
+    extra: &[&str],
+    dir: &std::path::Path,
+) -> std::process::Output {
+    Command::new(program("ZERO_RUN", "zero-run"))
+        .args(["--nproc-per-node", &world.to_string(), "--share-gpu", "0"])
+        .args(["--master-port", &free_port().to_string()])
+        .arg("--")
+        .arg(program("TRAIN_GPT", "examples/train_gpt"))
+        .args(flags(config))
+        .args(extra)
+        .arg("--memory-report")
+        .arg(dir.join("memory.json"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// zero-run's output as text.
+fn said(output: &std::process::Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
 }
 
 /// A fresh scratch folder for `name`.
@@ -373,6 +414,7 @@ fn three_nccl_processes_on_one_gpu_in_rank_order_train_bitwise_like_one_rank() {
     for stage in 0..=3 {
         let config = RunConfig {
             steps: 10,
+            reduce_in_rank_order: true,
             ..short(world, stage)
         };
         let one = RunConfig {
@@ -445,4 +487,120 @@ fn a_checkpoint_of_three_nccl_processes_resumes_on_two_bitwise_like_local_group(
     assert_eq!(got, want);
     std::fs::remove_dir_all(&nccl_dir).ok();
     std::fs::remove_dir_all(&local_dir).ok();
+}
+
+/// Two NCCL processes sharing GPU 0 under `zero-run`, with prefetch and, at stage 3, half the
+/// parameter shards offloaded, train bit for bit like two `LocalGroup` ranks on that GPU at
+/// every stage: NCCL's sum of two terms does not depend on its order. Then three processes
+/// under `zero-run` reducing in rank order, like one rank accumulating three micro-batches.
+/// The references run first, in this process, so the processes read their autotune results
+/// from cubecl's cache.
+#[test]
+fn nccl_processes_sharing_a_gpu_under_zero_run_train_bitwise_like_local_group() {
+    let test = "nccl_processes_sharing_a_gpu_under_zero_run_train_bitwise_like_local_group";
+    if skip::cuda_devices(test, 1).is_none() {
+        return;
+    }
+    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    let reference = |config: &RunConfig| {
+        let outcomes = train_with::<Backend>(
+            config,
+            CudaDevice::new(0),
+            |_| {},
+            local_ranks::<Backend>(config.world_size, CudaDevice::new(0)),
+        )
+        .unwrap();
+        Ended::of(&outcomes[0])
+    };
+    for stage in 0..=3 {
+        let offloaded: &[&str] = if stage == 3 {
+            &["--offload-param-frac", "0.5"]
+        } else {
+            &[]
+        };
+        let config = RunConfig {
+            steps: 8,
+            prefetch: 2,
+            placement: if stage == 3 {
+                Placement::device().with_offload_param_frac(0.5)
+            } else {
+                Placement::device()
+            },
+            ..short(2, stage)
+        };
+        let want = reference(&config);
+        let dir = scratch(&format!("{test}-{stage}"));
+        let output = under_zero_run(2, &config, offloaded, &dir);
+        assert!(output.status.success(), "stage {stage}:\n{}", said(&output));
+        let got = Ended::reported(2, &dir);
+        println!("stage {stage}: two NCCL processes {got:?}; two LocalGroup ranks {want:?}");
+        assert_eq!(got, want, "stage {stage}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+    let config = RunConfig {
+        steps: 8,
+        prefetch: 2,
+        reduce_in_rank_order: true,
+        ..short(3, 3)
+    };
+    let want = reference(&RunConfig {
+        world_size: 1,
+        accumulation: 3,
+        ..config.clone()
+    });
+    let dir = scratch(&format!("{test}-three"));
+    let output = under_zero_run(3, &config, &[], &dir);
+    assert!(output.status.success(), "three ranks:\n{}", said(&output));
+    let got = Ended::reported(3, &dir);
+    assert_eq!(
+        got, want,
+        "three NCCL processes in rank order against one rank"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A rank process killed (SIGKILL) in the middle of step 2, its peer sharing the GPU with
+/// prefetch and offloaded parameter shards: the peer stops well within the collective timeout
+/// (300 s here), and zero-run names the killed rank as the job's cause, with its signal.
+#[test]
+fn a_rank_process_killed_mid_step_on_a_shared_gpu_is_named_by_zero_run() {
+    let test = "a_rank_process_killed_mid_step_on_a_shared_gpu_is_named_by_zero_run";
+    if skip::cuda_devices(test, 1).is_none() {
+        return;
+    }
+    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    let config = RunConfig {
+        steps: 4,
+        prefetch: 2,
+        ..short(2, 3)
+    };
+    let dir = scratch(test);
+    let started = std::time::Instant::now();
+    let output = under_zero_run(
+        2,
+        &config,
+        &[
+            "--offload-param-frac",
+            "0.5",
+            "--fail-at",
+            "1:2:kill",
+            "--timeout",
+            "300",
+        ],
+        &dir,
+    );
+    let took = started.elapsed();
+    let said = said(&output);
+    println!("the job stopped after {took:?}:\n{said}");
+    assert!(!output.status.success(), "{said}");
+    assert!(
+        took < std::time::Duration::from_secs(120),
+        "the job took {took:?} to stop"
+    );
+    assert!(
+        said.contains("rank 1 failed (killed by SIGKILL) and caused the job's failure"),
+        "{said}"
+    );
+    assert_eq!(output.status.code(), Some(128 + 9), "{said}");
+    std::fs::remove_dir_all(&dir).ok();
 }

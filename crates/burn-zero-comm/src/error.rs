@@ -107,6 +107,19 @@ pub enum CommError {
         /// NCCL's own message (`ncclGetLastError`), when it has one.
         detail: String,
     },
+    /// NCCL refused to put several ranks of one communicator on one GPU ("Duplicate GPU
+    /// detected"); `remedy` says what allows it with the NCCL that is loaded.
+    #[error("rank {rank}: NCCL {version} refused several ranks on one GPU ({detail}): {remedy}")]
+    GpuShared {
+        /// The rank that saw the refusal.
+        rank: usize,
+        /// The loaded NCCL's version, e.g. `2.27.3`.
+        version: String,
+        /// NCCL's own message.
+        detail: String,
+        /// What to do about it.
+        remedy: String,
+    },
     /// A collective did not complete within the group's timeout. The communicator was aborted,
     /// so this rank does not wait forever; the usual causes are a rank that failed or stalled,
     /// or ranks that issued different collectives.

@@ -58,6 +58,8 @@ pub struct RunConfig {
     pub failure_grace: Duration,
     /// Prefix each output line with `[rank N] `.
     pub prefix_output: bool,
+    /// Run every rank of this node on this one GPU ([`RunConfig::gpu_sharing_vars`]).
+    pub share_gpu: Option<usize>,
 }
 
 impl RunConfig {
@@ -74,6 +76,7 @@ impl RunConfig {
             stop_timeout: Duration::from_secs(10),
             failure_grace: Duration::from_secs(3),
             prefix_output: true,
+            share_gpu: None,
         }
     }
 
@@ -110,6 +113,32 @@ impl RunConfig {
             return invalid("world size is too large".into());
         }
         Ok(())
+    }
+
+    /// What a rank's process is told so that every rank of this node runs on GPU
+    /// [`RunConfig::share_gpu`], and NCCL accepts several ranks of one communicator there:
+    /// `CUDA_VISIBLE_DEVICES` names that GPU alone (so each process sees it as device 0);
+    /// `NCCL_HOSTID`, different for every rank of the job, makes NCCL before 2.30.7 take the
+    /// ranks for ranks of different hosts (it refuses two ranks on one GPU of one host; they then
+    /// meet over sockets: slow, correct); `NCCL_MULTI_RANK_GPU_ENABLE=1` allows it outright
+    /// from NCCL 2.30.7. For testing several ranks on a machine with one GPU. Empty without
+    /// `share_gpu`.
+    pub fn gpu_sharing_vars(&self, rank: usize) -> Vec<(&'static str, OsString)> {
+        let Some(gpu) = self.share_gpu else {
+            return Vec::new();
+        };
+        vec![
+            ("CUDA_VISIBLE_DEVICES", gpu.to_string().into()),
+            (
+                "NCCL_HOSTID",
+                format!(
+                    "burn-zero-{}-{}-rank-{rank}",
+                    self.master_addr, self.master_port
+                )
+                .into(),
+            ),
+            ("NCCL_MULTI_RANK_GPU_ENABLE", "1".into()),
+        ]
     }
 
     /// The environment of local rank `local_rank` of this node.
@@ -483,7 +512,11 @@ fn spawn_rank(
     for (var, value) in env.to_vars() {
         command.env(var, value);
     }
-    for (var, value) in extra_env {
+    for (var, value) in extra_env
+        .iter()
+        .cloned()
+        .chain(config.gpu_sharing_vars(env.rank))
+    {
         command.env(var, value);
     }
     if let Some(file) = cause_file {
@@ -666,6 +699,28 @@ mod tests {
         assert_eq!(env.local_rank, 2);
         assert_eq!(env.local_world_size, Some(4));
         assert_eq!(env.master_endpoint(), "node0:29500");
+    }
+
+    #[test]
+    fn ranks_sharing_a_gpu_see_it_alone_under_host_ids_of_their_own() {
+        let mut config = RunConfig::new(3, "prog");
+        assert!(config.gpu_sharing_vars(0).is_empty());
+        config.share_gpu = Some(1);
+        let vars: Vec<_> = (0..3).map(|rank| config.gpu_sharing_vars(rank)).collect();
+        let value = |rank: usize, name: &str| {
+            vars[rank]
+                .iter()
+                .find(|(var, _)| *var == name)
+                .map(|(_, value)| value.clone())
+                .unwrap_or_else(|| panic!("{name} for rank {rank}"))
+        };
+        for rank in 0..3 {
+            assert_eq!(value(rank, "CUDA_VISIBLE_DEVICES"), "1");
+            assert_eq!(value(rank, "NCCL_MULTI_RANK_GPU_ENABLE"), "1");
+        }
+        let hosts: std::collections::HashSet<_> =
+            (0..3).map(|rank| value(rank, "NCCL_HOSTID")).collect();
+        assert_eq!(hosts.len(), 3, "a host id per rank: {hosts:?}");
     }
 
     #[test]

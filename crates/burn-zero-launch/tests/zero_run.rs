@@ -61,6 +61,42 @@ fn ranks_get_the_environment_and_prefixed_output() {
 }
 
 #[test]
+fn ranks_sharing_a_gpu_see_it_alone_with_host_ids_of_their_own() {
+    let (_, [output]) = with_port(|port| {
+        let port = port.to_string();
+        [zero_run(
+            &[
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                &port,
+                "--share-gpu",
+                "3",
+            ],
+            &["gpu-env"],
+        )
+        .output()
+        .unwrap()]
+    });
+    let (stdout, stderr) = texts(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let mut hosts = Vec::new();
+    for rank in 0..2 {
+        for line in ["CUDA_VISIBLE_DEVICES=3", "NCCL_MULTI_RANK_GPU_ENABLE=1"] {
+            let line = format!("[rank {rank}] {line}");
+            assert!(stdout.lines().any(|l| l == line), "{line:?} in\n{stdout}");
+        }
+        let host = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("[rank {rank}] NCCL_HOSTID=")))
+            .unwrap_or_else(|| panic!("rank {rank}'s NCCL_HOSTID in\n{stdout}"));
+        assert!(!host.is_empty());
+        hosts.push(host.to_string());
+    }
+    assert_ne!(hosts[0], hosts[1], "each rank is a host of its own");
+}
+
+#[test]
 fn ranks_of_a_second_node_are_offset() {
     let output = zero_run(
         &[

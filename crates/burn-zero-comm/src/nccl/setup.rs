@@ -28,7 +28,7 @@ pub(crate) fn init_comm(
         })?;
     let started = Instant::now();
     let (comm, progress) = RawComm::init(world_size, rank, id)
-        .map_err(|f| setup_error(rank, "ncclCommInitRankConfig", f))?;
+        .map_err(|f| name_shared_gpu(setup_error(rank, "ncclCommInitRankConfig", f)))?;
     let comm = finish_init(
         rank,
         comm,
@@ -36,7 +36,8 @@ pub(crate) fn init_comm(
         started,
         options.init_timeout,
         "communicator creation",
-    )?;
+    )
+    .map_err(name_shared_gpu)?;
     tracing::info!(rank, world_size, elapsed = ?started.elapsed(), "NCCL communicator created");
     Ok(comm)
 }
@@ -89,6 +90,68 @@ pub(crate) fn version_text(code: i32) -> String {
     format!("{}.{}.{}", code / 10000, (code / 100) % 100, code % 100)
 }
 
+/// NCCL's refusal of two ranks of one communicator on one GPU, as [`CommError::GpuShared`]
+/// with what allows it; any other error as it is.
+fn name_shared_gpu(error: CommError) -> CommError {
+    match error {
+        // NCCL is loaded (it answered): asking its version cannot fail to load it.
+        CommError::Nccl { ref detail, .. } if detail.contains("Duplicate GPU") => {
+            name_shared_gpu_of(error, sys::version().ok())
+        }
+        other => other,
+    }
+}
+
+/// [`name_shared_gpu`] for the NCCL of version code `version`.
+fn name_shared_gpu_of(error: CommError, version: Option<i32>) -> CommError {
+    match error {
+        CommError::Nccl { rank, detail, .. } if detail.contains("Duplicate GPU") => {
+            let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+            CommError::GpuShared {
+                rank,
+                version: version.map_or_else(|| "(version unknown)".into(), version_text),
+                detail,
+                remedy: shared_gpu_remedy(
+                    version,
+                    set("NCCL_MULTI_RANK_GPU_ENABLE"),
+                    set("NCCL_HOSTID"),
+                ),
+            }
+        }
+        other => other,
+    }
+}
+
+/// The first NCCL that reads `NCCL_MULTI_RANK_GPU_ENABLE`.
+const MULTI_RANK_GPU_VERSION: i32 = 23007;
+
+/// What lets several ranks share a GPU, given the loaded NCCL's version code and which of the
+/// two variables this process has.
+fn shared_gpu_remedy(version: Option<i32>, multi_rank_enabled: bool, host_id_set: bool) -> String {
+    let usual = "give each rank a GPU of its own, or, to share one (for testing), set \
+                 NCCL_HOSTID to a different value in every rank's process (`zero-run \
+                 --share-gpu` does)";
+    match version {
+        Some(code) if code >= MULTI_RANK_GPU_VERSION => format!(
+            "{usual}, or NCCL_MULTI_RANK_GPU_ENABLE=1 in every process{}",
+            if multi_rank_enabled {
+                " (it is set in this one: check the others)"
+            } else {
+                ""
+            }
+        ),
+        _ if multi_rank_enabled => format!(
+            "NCCL_MULTI_RANK_GPU_ENABLE is set, but only NCCL {} and later read it; {usual}",
+            version_text(MULTI_RANK_GPU_VERSION)
+        ),
+        _ if host_id_set => format!(
+            "NCCL_HOSTID is set in this process: it must differ between the ranks sharing the \
+             GPU; {usual}"
+        ),
+        _ => usual.to_string(),
+    }
+}
+
 pub(crate) fn setup_error(rank: usize, during: &str, failure: sys::Failure) -> CommError {
     CommError::Nccl {
         rank,
@@ -101,6 +164,43 @@ pub(crate) fn setup_error(rank: usize, during: &str, failure: sys::Failure) -> C
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_shared_gpu_names_what_allows_it_with_the_loaded_nccl() {
+        let old = shared_gpu_remedy(Some(22703), false, false);
+        assert!(
+            old.contains("NCCL_HOSTID") && !old.contains("ENABLE"),
+            "{old}"
+        );
+        let too_old = shared_gpu_remedy(Some(22703), true, false);
+        assert!(
+            too_old.starts_with("NCCL_MULTI_RANK_GPU_ENABLE is set, but only NCCL 2.30.7"),
+            "{too_old}"
+        );
+        let same_host = shared_gpu_remedy(Some(22703), false, true);
+        assert!(same_host.contains("must differ"), "{same_host}");
+        let new = shared_gpu_remedy(Some(23007), false, false);
+        assert!(new.contains("NCCL_MULTI_RANK_GPU_ENABLE=1"), "{new}");
+
+        let refused = CommError::Nccl {
+            rank: 1,
+            during: "communicator creation".into(),
+            code: "ncclInvalidUsage".into(),
+            detail: "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1b000".into(),
+        };
+        let named = name_shared_gpu_of(refused, Some(22703)).to_string();
+        assert!(
+            named.starts_with("rank 1: NCCL 2.27.3 refused several ranks on one GPU"),
+            "{named}"
+        );
+        let other = CommError::Nccl {
+            rank: 0,
+            during: "x".into(),
+            code: "ncclSystemError".into(),
+            detail: "socket".into(),
+        };
+        assert_eq!(name_shared_gpu(other.clone()), other);
+    }
 
     #[test]
     fn versions_read_as_text() {

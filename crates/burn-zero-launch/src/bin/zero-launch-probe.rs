@@ -50,6 +50,15 @@ fn main() {
             // A last line with no newline.
             print!("done");
         }
+        "gpu-env" => {
+            for name in [
+                "CUDA_VISIBLE_DEVICES",
+                "NCCL_HOSTID",
+                "NCCL_MULTI_RANK_GPU_ENABLE",
+            ] {
+                println!("{name}={}", var(name));
+            }
+        }
         "fail" => {
             let failing: String = args.get(1).cloned().unwrap_or_default();
             let code: i32 = args.get(2).and_then(|c| c.parse().ok()).unwrap_or(1);

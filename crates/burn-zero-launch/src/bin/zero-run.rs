@@ -3,6 +3,7 @@
 //! ```text
 //! zero-run --nproc-per-node 4 -- ./train --epochs 3
 //! zero-run --nproc-per-node 8 --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 -- ./train
+//! zero-run --nproc-per-node 3 --share-gpu 0 -- ./train    # three ranks on one GPU, for testing
 //! ```
 
 use std::ffi::OsString;
@@ -54,6 +55,13 @@ struct Cli {
     /// Pass the ranks' output through without the `[rank N] ` prefix.
     #[arg(long)]
     no_prefix: bool,
+    /// Run every rank on this one GPU (its index on this node), for trying several ranks on a
+    /// machine with one GPU: each rank sees only that GPU, and NCCL is told to accept several
+    /// ranks on it (NCCL_HOSTID per rank, NCCL_MULTI_RANK_GPU_ENABLE=1). The ranks share the
+    /// GPU's time and memory, and before NCCL 2.30.7 they talk over sockets: for correctness,
+    /// not speed.
+    #[arg(long, value_name = "GPU")]
+    share_gpu: Option<usize>,
     /// zero-run's own log level (error, warn, info, debug, trace).
     #[arg(long, default_value = "info", env = "ZERO_RUN_LOG")]
     log_level: Level,
@@ -92,6 +100,7 @@ fn main() -> ExitCode {
         stop_timeout: Duration::from_secs_f64(cli.stop_timeout),
         failure_grace: Duration::from_secs_f64(cli.failure_grace),
         prefix_output: !cli.no_prefix,
+        share_gpu: cli.share_gpu,
     };
     match run(&config) {
         Ok(outcome) => ExitCode::from(outcome.exit_code().clamp(0, 255) as u8),
