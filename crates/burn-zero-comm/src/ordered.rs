@@ -512,6 +512,25 @@ impl<B: Backend> Reservation<B> {
         Ok(Pending(Answer::Queued(result)))
     }
 
+    /// [`Self::all_gather_later`] of the block `prepare` makes, on the issuing thread, just
+    /// before the gather: a block uploaded there from host memory is copied in the issuing
+    /// thread's stream, beside the caller's work rather than in front of it, and the gather
+    /// is ordered after the copy in that stream. No synchronisation is needed first: nothing
+    /// the caller queued is read. On a group of one rank `prepare` runs here and the gather is
+    /// answered in place.
+    pub fn all_gather_later_from(
+        self,
+        prepare: impl FnOnce() -> Tensor<B, 1> + Send + 'static,
+    ) -> Result<Pending<B>, CommError> {
+        if self.is_alone() {
+            let gathered = self.in_place(CollectiveKind::AllGather, prepare())?;
+            return Ok(Pending(Answer::Ready(Issued::ready(gathered))));
+        }
+        self.count(CollectiveKind::AllGather);
+        let result = self.push(move |comm| comm.issue(DataOp::AllGather, prepare()))?;
+        Ok(Pending(Answer::Queued(result)))
+    }
+
     fn count(&self, kind: CollectiveKind) {
         self.open.issuer.counters.collective(kind);
     }

@@ -560,3 +560,45 @@ fn the_thread_that_reads_a_collective_waits_for_it_and_the_issuing_thread_goes_o
     )
     .unwrap();
 }
+
+/// A gather whose block is made by `all_gather_later_from` (an upload from host memory) has it
+/// made on the issuing thread, right before the gather; on a group of one rank, here.
+#[test]
+fn a_block_to_gather_later_is_made_on_the_issuing_thread() {
+    let made_on = launch_with::<B, _, _, _>(
+        2,
+        &[Default::default(); 2],
+        &LaunchOptions::default(),
+        |ctx| {
+            let ordered = OrderedComm::new(ctx.engine().clone());
+            let rank = ctx.rank() as f32;
+            let (sent, made_on) = channel();
+            let pending = ordered.reserve().all_gather_later_from(move || {
+                let _ = sent.send(thread::current().name().map(str::to_string));
+                Tensor::<B, 1>::from_floats([rank; 2], &Default::default())
+            })?;
+            let gathered = pending.wait()?.into_data().to_vec::<f32>().unwrap();
+            assert_eq!(gathered, vec![0.0, 0.0, 1.0, 1.0]);
+            Ok::<_, CommError>(made_on.recv().unwrap())
+        },
+    )
+    .unwrap();
+    for (rank, name) in made_on.into_iter().enumerate() {
+        assert_eq!(
+            name.as_deref(),
+            Some(format!("burn-zero-issue-{rank}").as_str())
+        );
+    }
+    let alone =
+        launch_with::<B, _, _, _>(1, &[Default::default()], &LaunchOptions::default(), |ctx| {
+            let ordered = OrderedComm::new(ctx.engine().clone());
+            let here = thread::current().id();
+            let pending = ordered.reserve().all_gather_later_from(move || {
+                assert_eq!(thread::current().id(), here, "made in place");
+                Tensor::<B, 1>::ones([3], &Default::default())
+            })?;
+            Ok::<_, CommError>(pending.wait()?.into_data().to_vec::<f32>().unwrap())
+        })
+        .unwrap();
+    assert_eq!(alone, vec![vec![1.0; 3]]);
+}

@@ -33,6 +33,7 @@ pub(crate) mod prefetch;
 mod residency;
 mod shard_placement;
 pub mod table;
+mod upload;
 
 /// Where each rank's padded block of a flat tensor lies (defined with the chunk layout).
 pub use crate::chunk::BlockLayout;

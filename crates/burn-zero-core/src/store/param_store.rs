@@ -25,6 +25,7 @@ use crate::store::host_gradients::{HostGradients, StepSite};
 use crate::store::prefetch::{GatherStats, InFlight, Prefetcher};
 use crate::store::shard_placement::ShardPlacement;
 use crate::store::table::{ParamInfo, ParamTable};
+use crate::store::upload::{ShardValues, Upload};
 
 /// One rank's store of a sharded module's parameters.
 ///
@@ -459,16 +460,17 @@ impl<B: Backend> ParamStore<B> {
                 let members = ahead.members.clone();
                 ahead.pending.wait().map(|raw| (raw, members))
             }
-            (None, Some(chunk)) => {
-                self.chunk_shard(chunk, key, version, block)
-                    .and_then(|(shard, members)| {
-                        self.comm().all_gather(shard).map(|raw| (raw, members))
-                    })
-            }
+            (None, Some(chunk)) => self
+                .chunk_shard(chunk, key, version, block, false)
+                .and_then(|(shard, members)| {
+                    self.comm()
+                        .all_gather(shard.on_device())
+                        .map(|raw| (raw, members))
+                }),
             (None, None) => {
-                let values = self.own_shard(key, version, block, parameter);
+                let values = self.own_shard(key, version, block, parameter, false);
                 self.comm()
-                    .all_gather(values)
+                    .all_gather(values.on_device())
                     .map(|raw| (raw, vec![(key, version)]))
             }
         };
@@ -505,7 +507,8 @@ impl<B: Backend> ParamStore<B> {
         key: usize,
         version: u64,
         block: &Block<B>,
-    ) -> Result<(Tensor<B, 1>, Vec<(usize, u64)>), CommError> {
+        defer_upload: bool,
+    ) -> Result<(ShardValues<B>, Vec<(usize, u64)>), CommError> {
         let live = lock(&self.live);
         // The other members' blocks (`None` stands for `block`), in chunk order.
         let mut others = Vec::with_capacity(chunk.members.len());
@@ -535,11 +538,12 @@ impl<B: Backend> ParamStore<B> {
             .iter()
             .map(|o| o.as_deref().unwrap_or(block))
             .collect();
-        if let Some(shard) = self.host_shard(chunk, &blocks, &members) {
+        if let Some(shard) = self.host_shard(chunk, &blocks, &members, defer_upload) {
             return Ok((shard, members));
         }
         if let Some(row) = whole_row(chunk, &blocks) {
-            return Ok((Tensor::from_primitive(TensorPrimitive::Float(row)), members));
+            let row = Tensor::from_primitive(TensorPrimitive::Float(row));
+            return Ok((ShardValues::Device(row), members));
         }
         // Blocks written apart (by sharding, or by steps of one parameter per call) are joined
         // by the pack kernels, up to 16 a launch.
@@ -552,64 +556,63 @@ impl<B: Backend> ParamStore<B> {
                     chunk.id
                 )
             });
-        Ok((
-            Tensor::from_primitive(TensorPrimitive::Float(shard)),
-            members,
-        ))
+        let shard = Tensor::from_primitive(TensorPrimitive::Float(shard));
+        Ok((ShardValues::Device(shard), members))
     }
 
     /// A single-member gather's shard: parameter `key`'s `block` (at `version`), from the
-    /// kept shards or uploaded when it is in host memory and a module `parameter`.
+    /// kept shards or uploaded when it is in host memory and a module `parameter` (left for
+    /// the gathering thread to upload with `defer_upload`, see [`Self::host_shard`]).
     fn own_shard(
         &self,
         key: usize,
         version: u64,
         block: &Block<B>,
         parameter: bool,
-    ) -> Tensor<B, 1> {
+        defer_upload: bool,
+    ) -> ShardValues<B> {
         let chunk = (parameter && block.is_on_host())
             .then(|| self.chunks().place(key))
             .flatten();
         if let Some((chunk, _)) = chunk
-            && let Some(shard) = self.host_shard(chunk, &[block], &[(key, version)])
+            && let Some(shard) = self.host_shard(chunk, &[block], &[(key, version)], defer_upload)
         {
             return shard;
         }
-        Tensor::from_primitive(TensorPrimitive::Float(block.values()))
+        ShardValues::Device(Tensor::from_primitive(TensorPrimitive::Float(
+            block.values(),
+        )))
     }
 
     /// The shard of `chunk` whose `blocks` (of `members` at their versions) are all in host
     /// memory: the one kept on the device when it holds these versions, or else uploaded
-    /// (and offered to be kept). `None` when a block is on the device.
+    /// (and offered to be kept). With `defer_upload`, and no shard kept between uses, the
+    /// joined host bytes are returned for the thread that gathers them to upload
+    /// ([`crate::store::upload`]). `None` when a block is on the device.
     fn host_shard(
         &self,
         chunk: &Chunk,
         blocks: &[&Block<B>],
         members: &[(usize, u64)],
-    ) -> Option<Tensor<B, 1>> {
+        defer_upload: bool,
+    ) -> Option<ShardValues<B>> {
         if !blocks.iter().all(|block| block.is_on_host()) {
             return None;
         }
-        let versions: Vec<u64> = members.iter().map(|&(_, version)| version).collect();
-        self.placement
-            .kept_or_uploaded(chunk, versions, || self.upload_host_shard(blocks))
-    }
-
-    /// `blocks` joined in host memory and uploaded once, when every one of them is there.
-    fn upload_host_shard(&self, blocks: &[&Block<B>]) -> Option<Tensor<B, 1>> {
-        let mut bytes = Vec::new();
-        let (mut dtype, mut numel) = (None, 0);
-        for block in blocks {
-            let (block_dtype, len) = block.append_host_bytes(&mut bytes)?;
-            if dtype.is_some_and(|d| d != block_dtype) {
-                return None;
-            }
-            dtype = Some(block_dtype);
-            numel += len;
+        if defer_upload && !self.placement.keeps_shards() {
+            let data = host_bytes(blocks)?;
+            let upload = Upload::new(data, self.device.clone(), self.counters.clone());
+            return Some(ShardValues::Host(upload));
         }
-        let data = TensorData::from_bytes_vec(bytes, [numel], dtype?);
-        let values = Block::<B>::upload(data, &self.device, &self.counters);
-        Some(Tensor::from_primitive(TensorPrimitive::Float(values)))
+        let versions: Vec<u64> = members.iter().map(|&(_, version)| version).collect();
+        let upload = || {
+            let data = host_bytes(blocks)?;
+            let values = Block::<B>::upload(data, &self.device, &self.counters);
+            Some(Tensor::from_primitive(TensorPrimitive::Float(values)))
+        };
+        self.placement
+            .kept_or_uploaded(chunk, versions, upload)
+            .map(ShardValues::Device)
     }
 
     /// Cuts every member out of an all-gather's result `raw` (one member, or a chunk of
@@ -761,7 +764,7 @@ impl<B: Backend> ParamStore<B> {
                 break;
             };
             let (values, members, bytes) = match self.gathered_chunk(key, true) {
-                Some(chunk) => match self.chunk_shard(chunk, key, version, &block) {
+                Some(chunk) => match self.chunk_shard(chunk, key, version, &block, true) {
                     Ok((shard, members)) => {
                         let bytes = chunk.gathered_len(self.world_size()) * info.dtype.size();
                         (shard, members, bytes)
@@ -769,7 +772,7 @@ impl<B: Backend> ParamStore<B> {
                     Err(_) => break,
                 },
                 None => {
-                    let values = self.own_shard(key, version, &block, true);
+                    let values = self.own_shard(key, version, &block, true, true);
                     let bytes = info.shape.num_elements() * info.dtype.size();
                     (values, vec![(key, version)], bytes)
                 }
@@ -780,16 +783,22 @@ impl<B: Backend> ParamStore<B> {
             }
             let evicted = lock(&self.cache).shrink_to(limit - inflight - bytes);
             self.memory.sub(MemoryKind::Gathered, evicted);
-            let pending = ordered
-                .reserve()
-                .all_gather_later(values)
-                .unwrap_or_else(|error| {
-                    panic!(
-                        "burn-zero: rank {} could not prefetch parameter #{key} `{}`: {error}",
-                        self.rank(),
-                        info.path
-                    )
-                });
+            // A shard in host memory is uploaded by the issuing thread, on its stream, just
+            // before the gather (see `store::upload`).
+            let reservation = ordered.reserve();
+            let pending = match values {
+                ShardValues::Device(values) => reservation.all_gather_later(values),
+                ShardValues::Host(upload) => {
+                    reservation.all_gather_later_from(move || upload.run())
+                }
+            }
+            .unwrap_or_else(|error| {
+                panic!(
+                    "burn-zero: rank {} could not prefetch parameter #{key} `{}`: {error}",
+                    self.rank(),
+                    info.path
+                )
+            });
             self.memory.add(MemoryKind::Gathered, bytes);
             prefetch.issued(InFlight {
                 members,
@@ -891,6 +900,21 @@ fn full_tensor<B: Backend>(
         B::float_slice(gathered, &[Slice::from(0..shape.num_elements())]),
         shape.clone(),
     )
+}
+
+/// `blocks` joined in host memory, when every one of them is there and they share a dtype.
+fn host_bytes<B: Backend>(blocks: &[&Block<B>]) -> Option<TensorData> {
+    let mut bytes = Vec::new();
+    let (mut dtype, mut numel) = (None, 0);
+    for block in blocks {
+        let (block_dtype, len) = block.append_host_bytes(&mut bytes)?;
+        if dtype.is_some_and(|d| d != block_dtype) {
+            return None;
+        }
+        dtype = Some(block_dtype);
+        numel += len;
+    }
+    Some(TensorData::from_bytes_vec(bytes, [numel], dtype?))
 }
 
 /// The row `blocks` (the members of `chunk`, in order) are ranges of, when they are exactly

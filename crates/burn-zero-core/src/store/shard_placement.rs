@@ -235,6 +235,12 @@ impl<B: Backend> ShardPlacement<B> {
         tracing::info!(rank = self.rank, ?report, "parameter shards placed");
     }
 
+    /// Whether shards may be kept on the device between uses (the auto placement has
+    /// decided): an upload must then be made where the shard is asked for, to be offered.
+    pub(crate) fn keeps_shards(&self) -> bool {
+        lock(&self.residency).is_some()
+    }
+
     /// The shard of host-resident `chunk` for a gather of its members at `versions`: the copy
     /// kept on the device when it holds these versions, or else what `upload` brings, offered
     /// to be kept. `None` when `upload` has nothing (a block is on the device).
