@@ -486,12 +486,8 @@ fn env_number(name: &str) -> Option<usize> {
 }
 
 fn preset_named(name: &str) -> Preset {
-    match name {
-        "tiny" => Preset::Tiny,
-        "small" => Preset::Small,
-        "base" => Preset::Base,
-        other => panic!("unknown preset {other:?}: tiny, small or base"),
-    }
+    name.parse()
+        .unwrap_or_else(|error: String| panic!("{error}"))
 }
 
 /// What runs, by default: on Flex both models (base with fewer steps and rounds: a step is

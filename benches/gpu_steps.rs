@@ -1,5 +1,7 @@
-//! The burn-zero side of the GPU check's step time: the scaling suite's GPT step under
-//! `Autodiff<Zero<_>>` on CUDA device 0, one rank, `NcclGroup`, at the ZeRO stage given by
+//! The burn-zero side of the GPU check's step time: the scaling suite's GPT step (or another
+//! model, sequence length, batch and precision: `--preset`, `--seq-len`, `--batch`,
+//! `--precision`) under `Autodiff<Zero<_>>` over `CubeBackend<CudaRuntime>` or Burn's fused
+//! `Cuda` (`--backend`) on CUDA device 0, one rank, `NcclGroup`, at the ZeRO stage given by
 //! `--stage` (every parameter sharded, as in the scaling suite), with one parameter per chunk
 //! or the searched chunk size (`--chunk-size param|search`), with `ZeroOptimizer` over Burn's
 //! Adam. Prints and writes (`--out`) the step times, the rank's memory accounting (the tracer's
@@ -20,24 +22,34 @@ use std::sync::Arc;
 
 use burn::backend::Autodiff;
 use burn::optim::AdamConfig;
+use burn::tensor::backend::Backend;
 use burn_zero::comm::nccl::{
-    CudaBackend, CudaDevice, CudaRuntime, NcclGroup, NcclOptions, cuda_device_count,
+    CudaBackend, CudaDevice, CudaRuntime, FusedCudaBackend, NcclGroup, NcclOptions,
+    cuda_device_count,
 };
 use burn_zero::comm::{Communicator, RankContext};
 use burn_zero::core::chunk::ChunkKind;
 use burn_zero::{ChunkSize, PerTensor, Zero, ZeroConfig, ZeroOptimizer, shard};
 use burn_zero_kernels::LaunchLog;
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 
 use gpu_steps::StepArgs;
 
 /// The backend `Zero` wraps.
-type Inner = CudaBackend;
-type Train = Autodiff<Zero<Inner>>;
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    /// `CubeBackend<CudaRuntime>`, without fusion.
+    Cube,
+    /// Burn's `Cuda` (Fusion over `CubeBackend<CudaRuntime>`).
+    Cuda,
+}
 
 #[derive(Parser, Debug)]
 #[command(about = "GPT step time of Zero on one CUDA device (NCCL, world size 1)")]
 struct Args {
+    /// The backend `Zero` wraps, as plain Burn's side takes it.
+    #[arg(long, value_enum, default_value_t = BackendArg::Cube)]
+    backend: BackendArg,
     /// ZeRO stage, 0 to 3.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     stage: u8,
@@ -71,7 +83,11 @@ fn chunk_size_name(size: &ChunkSize) -> &'static str {
     }
 }
 
-fn run(args: &Args) -> Result<serde_json::Value, String> {
+fn run<Inner>(args: &Args, name: &str) -> Result<serde_json::Value, String>
+where
+    Inner: Backend<Device = CudaDevice>,
+    NcclGroup: Communicator<Inner>,
+{
     let device = CudaDevice::new(0);
     let group = NcclGroup::local_group(std::slice::from_ref(&device), &NcclOptions::default())
         .map_err(|e| format!("creating the NCCL group: {e}"))?
@@ -79,7 +95,7 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
     let comm: Arc<dyn Communicator<Inner>> = Arc::new(group);
     let ctx = RankContext::new(device.clone(), comm);
     let corpus = workload::corpus();
-    let model = workload::model::<Train>(&corpus, &device);
+    let model = gpu_steps::model::<Autodiff<Zero<Inner>>>(&args.steps, &corpus, &device);
     let parameters = model.parameters();
     let config = ZeroConfig::new()
         .with_stage(args.stage)
@@ -97,10 +113,20 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
     let counts = zero.counts() - before.unwrap_or_default();
     let launches = if args.count_launches {
         let index = args.steps.warmup + args.steps.steps;
+        let shape = args.steps.shape();
         let ((), launched) = LaunchLog::install()
             .launches::<CudaRuntime, _>(&device, || {
-                let _model = workload::step(model, &mut optimizer, &corpus, index, 0, 1, &device);
-                let _ = <Inner as burn::tensor::backend::Backend>::sync(&device);
+                let _model = workload::step_shaped(
+                    &shape,
+                    model,
+                    &mut optimizer,
+                    &corpus,
+                    index,
+                    0,
+                    1,
+                    &device,
+                );
+                let _ = Inner::sync(&device);
             })
             .map_err(|e| e.to_string())?;
         Some(launched.len())
@@ -110,12 +136,7 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
     let memory = Some(zero.memory_report());
     let chunks = zero.store().chunks();
     let per_step = |n: u64| n as f64 / args.steps.steps.max(1) as f64;
-    let mut result = gpu_steps::result(
-        "burn-zero",
-        "Autodiff<Zero<CubeBackend<CudaRuntime>>> + NcclGroup",
-        parameters,
-        &seconds,
-    );
+    let mut result = gpu_steps::result("burn-zero", name, parameters, &args.steps, &seconds);
     result["stage"] = args.stage.into();
     result["world_size"] = 1.into();
     result["chunk_size"] = chunk_size_name(&args.chunk_size).into();
@@ -156,7 +177,15 @@ fn main() {
             "stage": args.stage,
             "chunk_size": chunk_size_name(&args.chunk_size),
         })),
-        Ok(_) => run(&args),
+        Ok(_) => match args.backend {
+            BackendArg::Cube => run::<CudaBackend>(
+                &args,
+                "Autodiff<Zero<CubeBackend<CudaRuntime>>> + NcclGroup",
+            ),
+            BackendArg::Cuda => {
+                run::<FusedCudaBackend>(&args, "Autodiff<Zero<Cuda>> (Fusion) + NcclGroup")
+            }
+        },
         Err(error) => Err(error.to_string()),
     };
     let result = result.and_then(|value| gpu_steps::emit(&args.steps, &value));

@@ -52,7 +52,7 @@ struct Args {
     /// ZeRO stage, 0 to 3.
     #[arg(long, default_value_t = 3)]
     stage: u8,
-    /// Model size: tiny, small or base.
+    /// Model size: tiny, small, base or gpt2.
     #[arg(long, default_value = "tiny")]
     preset: String,
     /// Epochs to train.
@@ -308,12 +308,10 @@ where
 /// The model preset `--preset` names, after checking the flags that need no text: the stage
 /// exists, the sizes are at least 1, and `--resume-after` has a checkpoint folder.
 fn checked_preset(args: &Args) -> Result<Preset, String> {
-    let preset = match args.preset.as_str() {
-        "tiny" => Preset::Tiny,
-        "small" => Preset::Small,
-        "base" => Preset::Base,
-        other => return Err(format!("--preset {other}: tiny, small or base")),
-    };
+    let preset: Preset = args
+        .preset
+        .parse()
+        .map_err(|error| format!("--preset: {error}"))?;
     if args.stage > 3 {
         return Err(format!("--stage {} does not exist (0 to 3)", args.stage));
     }

@@ -67,6 +67,8 @@ enum ModelArg {
     Small,
     /// d_model 384, 6 heads, 6 blocks (~10.7M parameters).
     Base,
+    /// GPT-2 small's shape: d_model 768, 12 heads, 12 blocks (~85M parameters here); a GPU's.
+    Gpt2,
 }
 
 /// The run's defaults (one source for the command line and the test).
@@ -234,6 +236,7 @@ impl Args {
                 ModelArg::Tiny => Preset::Tiny,
                 ModelArg::Small => Preset::Small,
                 ModelArg::Base => Preset::Base,
+                ModelArg::Gpt2 => Preset::Gpt2,
             },
             adapter_rank: self.adapter_rank,
             precision: match self.precision {

@@ -11,11 +11,49 @@ use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::workload;
-use burn_zero_gpt::{Corpus, Gpt};
+use burn::module::Module;
+use burn::tensor::DType;
+use burn_zero_gpt::{CastParams, Corpus, Gpt, Preset};
+
+/// The parameters' dtype.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    F32,
+    Bf16,
+}
+
+impl Precision {
+    pub fn dtype(self) -> DType {
+        match self {
+            Precision::F32 => DType::F32,
+            Precision::Bf16 => DType::BF16,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
 
 /// The command line both sides share.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StepArgs {
+    /// The model: `small` (the scaling suite's, 1.8M parameters) or `gpt2` (GPT-2 small's
+    /// shape: 12 blocks of width 768, 12 heads).
+    #[arg(long, default_value = "small")]
+    pub preset: Preset,
+    /// Characters per sequence (default: the scaling suite's 64).
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// Sequences per step (default: the scaling suite's 16).
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// The parameters' dtype, Burn's and burn-zero's alike: `f32` or `bf16`.
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub precision: Precision,
     /// Untimed steps first (kernel compilation, allocator warm-up, Adam's state).
     #[arg(long, default_value_t = 5)]
     pub warmup: usize,
@@ -25,6 +63,26 @@ pub struct StepArgs {
     /// Where to write the JSON result.
     #[arg(long)]
     pub out: Option<PathBuf>,
+}
+
+impl StepArgs {
+    /// The step's shape.
+    pub fn shape(&self) -> workload::Shape {
+        workload::Shape {
+            preset: self.preset,
+            seq_len: self.seq_len.unwrap_or(workload::SEQ_LEN),
+            global_batch: self.batch.unwrap_or(workload::GLOBAL_BATCH),
+        }
+    }
+}
+
+/// The initial model of `args`'s shape, in its precision.
+pub fn model<B: AutodiffBackend>(args: &StepArgs, corpus: &Corpus, device: &B::Device) -> Gpt<B> {
+    let model = workload::model_shaped::<B>(&args.shape(), corpus, device);
+    match args.precision {
+        Precision::F32 => model,
+        precision => model.map(&mut CastParams(precision.dtype())),
+    }
 }
 
 /// Seconds of each timed step, and the model after them.
@@ -51,15 +109,16 @@ pub fn time_steps_with<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
     timed_start: impl FnOnce(),
 ) -> Result<(Gpt<B>, Vec<f64>), String> {
     let sync = || B::sync(device).map_err(|e| format!("synchronising the device: {e:?}"));
+    let shape = args.shape();
     for step in 0..args.warmup {
-        model = workload::step(model, optimizer, corpus, step, 0, 1, device);
+        model = workload::step_shaped(&shape, model, optimizer, corpus, step, 0, 1, device);
     }
     sync()?;
     timed_start();
     let mut seconds = Vec::with_capacity(args.steps);
     for step in args.warmup..args.warmup + args.steps {
         let started = Instant::now();
-        model = workload::step(model, optimizer, corpus, step, 0, 1, device);
+        model = workload::step_shaped(&shape, model, optimizer, corpus, step, 0, 1, device);
         sync()?;
         seconds.push(started.elapsed().as_secs_f64());
     }
@@ -67,14 +126,22 @@ pub fn time_steps_with<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
 }
 
 /// The fields every result has: the workload, the step times and their median.
-pub fn result(side: &str, backend: &str, parameters: usize, seconds: &[f64]) -> serde_json::Value {
+pub fn result(
+    side: &str,
+    backend: &str,
+    parameters: usize,
+    args: &StepArgs,
+    seconds: &[f64],
+) -> serde_json::Value {
+    let shape = args.shape();
     serde_json::json!({
         "side": side,
         "backend": backend,
-        "preset": workload::PRESET.name(),
+        "preset": shape.preset.name(),
+        "precision": args.precision.name(),
         "parameters": parameters,
-        "global_batch": workload::GLOBAL_BATCH,
-        "seq_len": workload::SEQ_LEN,
+        "global_batch": shape.global_batch,
+        "seq_len": shape.seq_len,
         "median_step_s": workload::median(seconds),
         "fastest_step_s": seconds.iter().copied().fold(f64::INFINITY, f64::min),
         "samples_step_s": seconds,

@@ -31,6 +31,21 @@ pub const SAMPLES: usize = 10;
 pub const WARM_UP: Duration = Duration::from_millis(1500);
 pub const MEASUREMENT: Duration = Duration::from_secs(8);
 
+/// A step's shape: the model, characters per sequence and sequences per step over all ranks.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub preset: Preset,
+    pub seq_len: usize,
+    pub global_batch: usize,
+}
+
+/// The scaling suite's shape.
+pub const SHAPE: Shape = Shape {
+    preset: PRESET,
+    seq_len: SEQ_LEN,
+    global_batch: GLOBAL_BATCH,
+};
+
 /// The training text as symbol ids.
 pub fn corpus() -> Corpus {
     Corpus::new(TEXT)
@@ -43,8 +58,20 @@ pub fn model<B: AutodiffBackend>(corpus: &Corpus, device: &B::Device) -> Gpt<B> 
 
 /// [`model`] of another size (`benches/chunks.rs` runs `small` and `base`).
 pub fn model_of<B: AutodiffBackend>(preset: Preset, corpus: &Corpus, device: &B::Device) -> Gpt<B> {
+    model_shaped(&Shape { preset, ..SHAPE }, corpus, device)
+}
+
+/// [`model`] of `shape`'s preset, for its sequence length.
+pub fn model_shaped<B: AutodiffBackend>(
+    shape: &Shape,
+    corpus: &Corpus,
+    device: &B::Device,
+) -> Gpt<B> {
     B::seed(device, SEED);
-    let model = preset.config(corpus.vocab(), SEQ_LEN).init(device);
+    let model = shape
+        .preset
+        .config(corpus.vocab(), shape.seq_len)
+        .init(device);
     model.visit(&mut Materialise);
     model
 }
@@ -58,9 +85,22 @@ pub fn loss<B: AutodiffBackend>(
     world_size: usize,
     device: &B::Device,
 ) -> Tensor<B, 1> {
-    let rows = GLOBAL_BATCH / world_size;
-    let (inputs, targets) =
-        corpus.batch::<B>(SEED, step, rank * rows..(rank + 1) * rows, SEQ_LEN, device);
+    loss_shaped(&SHAPE, model, corpus, step, rank, world_size, device)
+}
+
+/// [`loss`] on batches of `shape`.
+pub fn loss_shaped<B: AutodiffBackend>(
+    shape: &Shape,
+    model: &Gpt<B>,
+    corpus: &Corpus,
+    step: usize,
+    rank: usize,
+    world_size: usize,
+    device: &B::Device,
+) -> Tensor<B, 1> {
+    let rows = shape.global_batch / world_size;
+    let range = rank * rows..(rank + 1) * rows;
+    let (inputs, targets) = corpus.batch::<B>(SEED, step, range, shape.seq_len, device);
     model.loss(inputs, targets)
 }
 
@@ -74,7 +114,24 @@ pub fn step<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
     world_size: usize,
     device: &B::Device,
 ) -> Gpt<B> {
-    let loss = loss(&model, corpus, step, rank, world_size, device);
+    step_shaped(
+        &SHAPE, model, optimizer, corpus, step, rank, world_size, device,
+    )
+}
+
+/// [`step`] on batches of `shape`.
+#[allow(clippy::too_many_arguments)]
+pub fn step_shaped<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
+    shape: &Shape,
+    model: Gpt<B>,
+    optimizer: &mut O,
+    corpus: &Corpus,
+    step: usize,
+    rank: usize,
+    world_size: usize,
+    device: &B::Device,
+) -> Gpt<B> {
+    let loss = loss_shaped(shape, &model, corpus, step, rank, world_size, device);
     let grads = GradientsParams::from_grads(loss.backward(), &model);
     optimizer.step(LR, model, grads)
 }

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """PyTorch FSDP2 peer of the GPU check: the GPT of burn-zero's step-time comparison, with the
-same shape (GPT `small`: 4 pre-norm blocks of width 192, 6 heads, MLP 768, a tied output head;
-76 symbols, 64 positions; global batch 16), trained with `torch.distributed.fsdp.fully_shard`
-on a world-size-1 process group, Adam at lr 1e-3. Step times are taken with the device
+same shape (by default GPT `small`: 4 pre-norm blocks of width 192, 6 heads, MLP 768, a tied
+output head; 76 symbols, 64 positions; global batch 16; `--preset gpt2`: 12 blocks of width
+768, 12 heads), trained with `torch.distributed.fsdp.fully_shard` (one unit per block) on a
+world-size-1 process group, Adam at lr 1e-3, in f32 or with every parameter in bf16
+(`--precision`, as burn-zero's side casts them). Step times are taken with the device
 synchronised after each step, as on burn-zero's side.
 
     python3 fsdp2.py --out fsdp2.json                 # CUDA device 0, NCCL group
+    python3 fsdp2.py --preset gpt2 --seq-len 256 --precision bf16 --out fsdp2-gpt2.json
     python3 fsdp2.py --device cpu --steps 3           # CPU, gloo group (checks the script)
 
 Prints one JSON object and writes it to --out.
@@ -30,23 +33,21 @@ from torch.distributed.fsdp import fully_shard
 VOCAB = 76
 SEQ_LEN = 64
 GLOBAL_BATCH = 16
-D_MODEL = 192
-HEADS = 6
-LAYERS = 4
-D_FF = 4 * D_MODEL
 LR = 1e-3
+# (width, heads, blocks) of burn-zero-gpt's presets.
+PRESETS = {"small": (192, 6, 4), "base": (384, 6, 6), "gpt2": (768, 12, 12)}
 
 
 class Block(nn.Module):
     """x + attn(norm(x)), then x + mlp(norm(x)): Burn's pre-norm encoder layer."""
 
-    def __init__(self):
+    def __init__(self, d_model, heads):
         super().__init__()
-        self.norm1 = nn.LayerNorm(D_MODEL)
-        self.attn = nn.MultiheadAttention(D_MODEL, HEADS, dropout=0.0, batch_first=True)
-        self.norm2 = nn.LayerNorm(D_MODEL)
-        self.fc1 = nn.Linear(D_MODEL, D_FF)
-        self.fc2 = nn.Linear(D_FF, D_MODEL)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.attn = nn.MultiheadAttention(d_model, heads, dropout=0.0, batch_first=True)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, 4 * d_model)
+        self.fc2 = nn.Linear(4 * d_model, d_model)
 
     def forward(self, x, causal):
         h = self.norm1(x)
@@ -57,14 +58,15 @@ class Block(nn.Module):
 class Gpt(nn.Module):
     """Token and position embeddings, the blocks, a final norm, a head tied to the tokens."""
 
-    def __init__(self):
+    def __init__(self, preset, seq_len):
         super().__init__()
-        self.tokens = nn.Embedding(VOCAB, D_MODEL)
-        self.positions = nn.Embedding(SEQ_LEN, D_MODEL)
+        d_model, heads, layers = PRESETS[preset]
+        self.tokens = nn.Embedding(VOCAB, d_model)
+        self.positions = nn.Embedding(seq_len, d_model)
         nn.init.normal_(self.tokens.weight, std=0.02)
         nn.init.normal_(self.positions.weight, std=0.02)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.norm = nn.LayerNorm(D_MODEL)
+        self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(d_model)
 
     def forward(self, tokens):
         seq = tokens.shape[1]
@@ -89,8 +91,13 @@ def main():
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    parser.add_argument("--batch", type=int, default=GLOBAL_BATCH)
+    parser.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     parser.add_argument("--out")
     args = parser.parse_args()
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("fsdp2.py: no CUDA device visible to PyTorch (try --device cpu)")
@@ -105,7 +112,7 @@ def main():
     try:
         mesh = init_device_mesh(device.type, (1,))
         torch.manual_seed(2024)
-        model = Gpt().to(device)
+        model = Gpt(args.preset, args.seq_len).to(device=device, dtype=dtype)
         parameters = sum(p.numel() for p in model.parameters())
         # FSDP2: each block is a unit (its parameters gathered together), then the root.
         for block in model.blocks:
@@ -119,9 +126,9 @@ def main():
                 torch.cuda.synchronize(device)
 
         def step():
-            batch = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ_LEN + 1), generator=generator)
+            batch = torch.randint(0, VOCAB, (args.batch, args.seq_len + 1), generator=generator)
             batch = batch.to(device)
-            logits = model(batch[:, :-1])
+            logits = model(batch[:, :-1]).float()
             loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
             loss.backward()
             optimizer.step()
@@ -144,9 +151,11 @@ def main():
             "side": "pytorch-fsdp2",
             "backend": f"PyTorch {torch.__version__} fully_shard, {device.type}",
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "preset": args.preset,
+            "precision": args.precision,
             "parameters": parameters,
-            "global_batch": GLOBAL_BATCH,
-            "seq_len": SEQ_LEN,
+            "global_batch": args.batch,
+            "seq_len": args.seq_len,
             "world_size": 1,
             "first_loss": first,
             "uniform_loss": math.log(VOCAB),

@@ -147,6 +147,56 @@ def steps(out):
     return {"configs": table, "goal": "stage 3 at most 1.10x plain Burn"}
 
 
+WORKLOAD_SIDES = ["plain-cube", "zero-cube-0", "zero-cube-3", "plain-cuda", "zero-cuda-0",
+                  "zero-cuda-3", "fsdp2"]
+
+
+def workloads(out):
+    """The workloads section: each workload's runs by side, step-time ratios and counts."""
+    table = {}
+    for path in sorted(glob.glob(os.path.join(out, "data", "workloads", "*.json"))):
+        name = os.path.basename(path)[: -len(".json")]
+        value = load(path) or {}
+        if name.startswith("launches-"):
+            rest = name[len("launches-"):]
+            workload = "-".join(rest.split("-")[:2])
+            side = rest[len(workload) + 1:]
+            launches = value.get("kernel_launches_per_step")
+            if launches is not None:
+                table.setdefault(workload, {}).setdefault(side, {})["kernel_launches_per_step"] = launches
+            continue
+        workload = "-".join(name.split("-")[:2])
+        side = name[len(workload) + 1:]
+        row = table.setdefault(workload, {}).setdefault(side, {})
+        driver = read(path[: -len(".json")] + ".driver-mib")
+        if driver and driver.strip().isdigit() and int(driver) > 0:
+            row["driver_peak_mib"] = int(driver)
+        for key in ("skipped", "error", "backend", "parameters", "seq_len", "global_batch",
+                    "median_step_s", "counts_per_step", "chunks", "max_memory_allocated_bytes"):
+            if key in value:
+                row[key] = value[key]
+    if not table:
+        return None
+    sides = [r for w in table.values() for r in w.values() if "median_step_s" in r or "skipped" in r]
+    if sides and all("skipped" in r for r in sides):
+        return {"skipped": sides[0]["skipped"]}
+    for workload, runs in table.items():
+        for backend in ("cube", "cuda"):
+            plain = (runs.get(f"plain-{backend}") or {}).get("median_step_s")
+            for stage in ("0", "3"):
+                zero = runs.get(f"zero-{backend}-{stage}") or {}
+                if plain and zero.get("median_step_s"):
+                    zero["ratio_to_plain"] = zero["median_step_s"] / plain
+        fsdp2 = (runs.get("fsdp2") or {}).get("median_step_s")
+        for backend in ("cube", "cuda"):
+            zero = runs.get(f"zero-{backend}-3") or {}
+            if fsdp2 and zero.get("median_step_s"):
+                zero["ratio_to_fsdp2"] = zero["median_step_s"] / fsdp2
+    return {"workloads": table,
+            "goal": "stage 3 within 1.05x plain Burn on the same backend for gpt2, 1.10x for small; "
+                    "at or under FSDP2's step"}
+
+
 def status_of(name, ran, data):
     if name not in ran:
         return "not run"
@@ -168,6 +218,7 @@ def build(out):
         "pack": load(os.path.join(out, "data", "pack.json")),
         "optimizer": load(os.path.join(out, "data", "optimizer.json")),
         "steps": steps(out),
+        "workloads": workloads(out),
         "largest": load(os.path.join(out, "data", "largest.json")),
         "fsdp2": load(os.path.join(out, "data", "fsdp2.json")),
     }
@@ -268,6 +319,52 @@ def markdown(report):
     else:
         o = s.get("optimizer") or {}
         lines.append(o.get("status", "not run") if not opt else opt.get("skipped", opt.get("error", "-")))
+
+    lines += ["", "## What users train (world size 1)", ""]
+    wl = (s.get("workloads") or {}).get("data")
+    if wl and "workloads" in wl:
+        def ms(run):
+            value = (run or {}).get("median_step_s")
+            return "-" if value is None else f"{value * 1e3:.1f}"
+
+        def ratio(run, key):
+            value = (run or {}).get(key)
+            return f" ({value:.3f}x)" if isinstance(value, float) else ""
+
+        lines += ["Median step (ms) of 10 timed steps, device synchronised after each; in brackets, "
+                  "Zero over plain Burn on the same backend. Zero: searched chunks. Goal: " + wl["goal"] + ".", "",
+                  "| workload | parameters | plain cube | Zero cube s0 | Zero cube s3 | plain Cuda | "
+                  "Zero Cuda s0 | Zero Cuda s3 | FSDP2 | cube s3 / FSDP2 |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for workload, runs in wl["workloads"].items():
+            params = next((r.get("parameters") for r in runs.values() if r.get("parameters")), None)
+            cells = []
+            for side in WORKLOAD_SIDES:
+                run = runs.get(side)
+                cell = ms(run) + ratio(run, "ratio_to_plain")
+                if run and "error" in run and "median_step_s" not in run:
+                    cell = "failed"
+                cells.append(cell)
+            versus = (runs.get("zero-cube-3") or {}).get("ratio_to_fsdp2")
+            lines.append(f"| {workload} | {'-' if params is None else f'{params:,}'} | " + " | ".join(cells)
+                         + f" | {'-' if not isinstance(versus, float) else f'{versus:.3f}'} |")
+        lines += ["", "What each stage-3 run paid per step (burn-zero's exact counts) and the kernel "
+                      "launches of one step (cubecl's log, runs of their own, gpt2-f32 only):", "",
+                  "| workload | run | collectives | syncs | engine waits | host reads | launches (plain) |",
+                  "|---|---|---|---|---|---|---|"]
+        for workload, runs in wl["workloads"].items():
+            for backend in ("cube", "cuda"):
+                run = runs.get(f"zero-{backend}-3") or {}
+                c = run.get("counts_per_step")
+                if not c:
+                    continue
+                launches = run.get("kernel_launches_per_step", "-")
+                plain = (runs.get(f"plain-{backend}") or {}).get("kernel_launches_per_step", "-")
+                lines.append(f"| {workload} | Zero {backend} s3 | {c['collectives']:g} | {c['syncs']:g} | "
+                             f"{c.get('engine_waits', '-')} | {c['host_reads']:g} | {launches} ({plain}) |")
+    else:
+        entry = s.get("workloads") or {}
+        lines.append(entry.get("status", "not run") if not wl else wl.get("skipped", "-"))
 
     lines += ["", "## GPT step time and memory (world size 1)", ""]
     st = s["steps"]["data"]

@@ -5,7 +5,9 @@
 #   run.sh [REPORT_DIR]        (default: ./gpu-check-report)
 #
 # Sections: environment, tests (CUDA kernels, NCCL engine, training on NCCL, train_gpt under
-# zero-run), nccl (collective bandwidth), pack (pack/unpack against a device copy), optimizer
+# zero-run, ranks sharing the GPU), workloads (what users train: GPT-2 small's shape and GPT
+# small, f32 and bf16, plain Burn against Zero at stages 0 and 3 over CubeBackend and fused
+# Cuda, and FSDP2, with counts and launches), nccl (collective bandwidth), pack (pack/unpack against a device copy), optimizer
 # (the fused Adam kernel against Burn's Adam, the copy bandwidth and the host pass), steps
 # (GPT step time, Zero at stages 0-3 with one parameter per chunk and at stage 3 with the
 # searched chunk size, against plain Burn, with memory and burn-zero's collectives and device
@@ -17,6 +19,7 @@
 #
 # Environment: NCCL_LIB_DIR (a folder holding libnccl.so or libnccl.so.2), GPU_CHECK_ROUNDS
 # (step-time rounds, default 3), GPU_CHECK_SECTIONS (space-separated subset to run),
+# GPU_CHECK_WORKLOADS (the workloads section's runs, e.g. "gpt2-f32 small-f32"),
 # GPU_CHECK_LARGEST_SIDES, GPU_CHECK_LARGEST_MIN_K, GPU_CHECK_LARGEST_MAX_K,
 # GPU_CHECK_LARGEST_BUDGET_MIB and GPU_CHECK_LARGEST_BATCH (the largest-model search's sides,
 # first and largest size, device budget, default the free memory, and sequences a step,
@@ -31,7 +34,7 @@ out=$(cd "$out" && pwd)
 python=${PYTHON:-python3}
 rounds=${GPU_CHECK_ROUNDS:-3}
 section_timeout=${GPU_CHECK_SECTION_TIMEOUT:-}
-sections=${GPU_CHECK_SECTIONS:-"environment tests nccl pack optimizer steps largest fsdp2"}
+sections=${GPU_CHECK_SECTIONS:-"environment tests workloads nccl pack optimizer steps largest fsdp2"}
 bin="$here/bin"
 status="$out/data/sections.tsv"
 : >"$status"
@@ -175,6 +178,49 @@ tests() {
         echo "--- $t"
         # One test at a time: GPU tests of different binaries share the device anyway.
         "$bin/$t" --test-threads 1 || rc=1
+    done
+    return $rc
+}
+
+workloads() {
+    # What users train, world size 1: GPT-2 small's shape (12 blocks of width 768, 12 heads;
+    # sequences of 512, 8 a step) and GPT small, each in f32 and in bf16; plain Burn against
+    # Zero at stages 0 and 3 (searched chunks) over CubeBackend and over Burn's fused Cuda, and
+    # PyTorch FSDP2 on the same shape. Short runs (3 warm-up steps, 10 timed), the most wanted
+    # first; GPU_CHECK_WORKLOADS narrows them ("gpt2-f32 small-f32 ..."). Then the kernel
+    # launches of one GPT-2 step, plain Burn and stage 3, in runs of their own.
+    local rc=0 workload preset precision backend stage shape
+    mkdir -p "$out/data/workloads"
+    for workload in ${GPU_CHECK_WORKLOADS:-gpt2-f32 small-f32 gpt2-bf16 small-bf16}; do
+        preset=${workload%-*}
+        precision=${workload#*-}
+        shape=(--preset "$preset" --precision "$precision" --warmup 3 --steps 10)
+        if [ "$preset" = gpt2 ]; then shape+=(--seq-len 512 --batch 8); fi
+        for backend in cube cuda; do
+            echo "--- $workload: plain Burn ($backend)"
+            with_driver_memory "$out/data/workloads/$workload-plain-$backend.driver-mib" \
+                "$bin/plain-gpu" --backend "$backend" "${shape[@]}" \
+                --out "$out/data/workloads/$workload-plain-$backend.json" || rc=1
+            for stage in 0 3; do
+                echo "--- $workload: burn-zero stage $stage ($backend, searched chunks)"
+                with_driver_memory "$out/data/workloads/$workload-zero-$backend-$stage.driver-mib" \
+                    "$bin/gpu-steps" --backend "$backend" --stage "$stage" --chunk-size search \
+                    "${shape[@]}" --out "$out/data/workloads/$workload-zero-$backend-$stage.json" || rc=1
+            done
+        done
+        echo "--- $workload: PyTorch FSDP2"
+        local seq=()
+        if [ "$preset" = gpt2 ]; then seq=(--seq-len 512 --batch 8); fi
+        "$python" "$here/fsdp2.py" --preset "$preset" --precision "$precision" "${seq[@]}" \
+            --warmup 3 --steps 10 --out "$out/data/workloads/$workload-fsdp2.json" || rc=1
+    done
+    for backend in cube cuda; do
+        echo "--- kernel launches of one gpt2-f32 step ($backend)"
+        local launches=(--preset gpt2 --seq-len 512 --batch 8 --warmup 2 --steps 1 --count-launches)
+        "$bin/plain-gpu" --backend "$backend" "${launches[@]}" \
+            --out "$out/data/workloads/launches-gpt2-f32-plain-$backend.json" || rc=1
+        "$bin/gpu-steps" --backend "$backend" --stage 3 --chunk-size search "${launches[@]}" \
+            --out "$out/data/workloads/launches-gpt2-f32-zero-$backend-3.json" || rc=1
     done
     return $rc
 }

@@ -2,7 +2,9 @@
 //! step with Burn's own Adam on CUDA device 0, no burn-zero, on Burn's `Cuda` backend
 //! (`--backend cuda`, Fusion-wrapped as Burn's default) or on `CubeBackend<CudaRuntime>`
 //! (`--backend cube`, the backend burn-zero's side wraps). Prints and writes (`--out`) the step
-//! times; `scripts/gpu-check.sh` runs it beside `benches/gpu_steps.rs`. With
+//! times; `scripts/gpu-check.sh` runs it beside `benches/gpu_steps.rs`, with the model,
+//! sequence length, batch and precision both sides take (`--preset`, `--seq-len`, `--batch`,
+//! `--precision`). With
 //! `--count-launches`, the kernel launches of one more step (cubecl's execution log), to set
 //! beside burn-zero's.
 //!
@@ -51,17 +53,27 @@ fn run<B: AutodiffBackend<Device = CudaDevice>>(
 ) -> Result<serde_json::Value, String> {
     let device = CudaDevice::new(0);
     let corpus = workload::corpus();
-    let model = workload::model::<B>(&corpus, &device);
+    let model = gpu_steps::model::<B>(&args.steps, &corpus, &device);
     let parameters = model.parameters();
     let mut optimizer = AdamConfig::new().init();
     let (model, seconds) =
         gpu_steps::time_steps(model, &mut optimizer, &corpus, &args.steps, &device)?;
-    let mut result = gpu_steps::result("plain-burn", name, parameters, &seconds);
+    let mut result = gpu_steps::result("plain-burn", name, parameters, &args.steps, &seconds);
     if args.count_launches {
         let index = args.steps.warmup + args.steps.steps;
+        let shape = args.steps.shape();
         let ((), launched) = LaunchLog::install()
             .launches::<CudaRuntime, _>(&device, || {
-                let _model = workload::step(model, &mut optimizer, &corpus, index, 0, 1, &device);
+                let _model = workload::step_shaped(
+                    &shape,
+                    model,
+                    &mut optimizer,
+                    &corpus,
+                    index,
+                    0,
+                    1,
+                    &device,
+                );
                 let _ = B::sync(&device);
             })
             .map_err(|e| e.to_string())?;

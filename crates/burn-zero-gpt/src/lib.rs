@@ -42,15 +42,22 @@ pub enum Preset {
     Small,
     /// About 10.7M parameters.
     Base,
+    /// GPT-2 small's shape: 12 blocks of width 768 with 12 heads. About 85M parameters with
+    /// the character vocabulary (GPT-2's 124M less most of its 50,257-token embedding).
+    Gpt2,
 }
 
 impl Preset {
+    /// Every preset, smallest first.
+    pub const ALL: [Preset; 4] = [Preset::Tiny, Preset::Small, Preset::Base, Preset::Gpt2];
+
     /// The preset's name on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
             Preset::Tiny => "tiny",
             Preset::Small => "small",
             Preset::Base => "base",
+            Preset::Gpt2 => "gpt2",
         }
     }
 
@@ -61,8 +68,24 @@ impl Preset {
             Preset::Tiny => (64, 4, 2),
             Preset::Small => (192, 6, 4),
             Preset::Base => (384, 6, 6),
+            Preset::Gpt2 => (768, 12, 12),
         };
         GptConfig::new(vocab, max_seq, d_model, n_heads, n_layers, 4 * d_model)
+    }
+}
+
+impl std::str::FromStr for Preset {
+    type Err = String;
+
+    /// A preset by its [`Preset::name`].
+    fn from_str(name: &str) -> Result<Self, String> {
+        Preset::ALL
+            .into_iter()
+            .find(|preset| preset.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown model preset {name:?}: {}", names.join(", "))
+            })
     }
 }
 
