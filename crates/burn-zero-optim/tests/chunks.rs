@@ -129,6 +129,54 @@ fn a_step_issues_one_collective_per_chunk_and_counts_them() {
     }
 }
 
+/// With an engine that orders its inputs on the device (NCCL's default), a step synchronises
+/// the device for no collective at any stage, with gradients reduced during backward and
+/// gathers issued ahead: every synchronisation left is one the host needs (none here: no
+/// clipping, no loss scaling).
+#[test]
+fn with_inputs_ordered_on_the_device_a_step_synchronises_for_no_collective() {
+    use std::sync::Arc;
+
+    use burn::optim::{AdamConfig, GradientsParams};
+    use burn_zero_comm::{RankContext, launch};
+    use burn_zero_core::{ZeroError, shard};
+    use burn_zero_optim::ZeroOptimizer;
+    use burn_zero_testing::recording::{CallLog, RecordingComm};
+    use burn_zero_testing::{Train, micro_batch};
+
+    let base = base_model_on::<Flex>(&Default::default());
+    for stage in 0..=3 {
+        let config = ZeroConfig::new()
+            .with_stage(stage)
+            .with_overlap_comm(true)
+            .with_prefetch(2)
+            .with_chunk_size(ChunkSize::Elements(256));
+        let ranks = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+            let engine = RecordingComm::new(ctx.engine().clone(), CallLog::default());
+            let ctx = RankContext::new(*ctx.device(), Arc::new(engine.ordering_on_device()));
+            let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
+            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new()).unwrap();
+            for index in 0..3 {
+                let (tokens, targets) = micro_batch::<Train>(2 * index + ctx.rank(), ctx.device());
+                let loss = burn_zero_testing::Block::loss(&model, tokens, targets);
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                model = optimizer.step(1e-2, model, grads);
+            }
+            drop(model);
+            Ok(zero.counts())
+        })
+        .unwrap();
+        for (rank, counts) in ranks.into_iter().enumerate() {
+            assert!(counts.collectives() > 0, "stage {stage}, rank {rank}");
+            assert_eq!(
+                (counts.syncs, counts.host_reads),
+                (0, 0),
+                "stage {stage}, rank {rank}: {counts:?}"
+            );
+        }
+    }
+}
+
 /// The default chunk size on a host backend is one parameter per chunk (the searched size is
 /// not yet as fast there in every measured run).
 #[test]

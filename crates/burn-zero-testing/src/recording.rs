@@ -19,6 +19,8 @@ pub struct RecordingComm<B: Backend> {
     log: CallLog,
     /// Slept before each reduction (reduce-scatter, all-reduce): a slow packer or link.
     reduction_delay: Option<Duration>,
+    /// Says it orders its inputs after their writers on the device, as NCCL does.
+    orders_on_device: bool,
 }
 
 impl<B: Backend> RecordingComm<B> {
@@ -28,7 +30,17 @@ impl<B: Backend> RecordingComm<B> {
             inner,
             log,
             reduction_delay: None,
+            orders_on_device: false,
         }
+    }
+
+    /// Says that the engine orders its reads of a collective's input after the input's writers
+    /// on the device ([`Communicator::orders_inputs_on_device`]), as `NcclGroup` does with
+    /// its default options: the layers above then hand it tensors without synchronising, and a
+    /// test counts what is left. On a CPU backend the engine's own reads need no ordering.
+    pub fn ordering_on_device(mut self) -> Self {
+        self.orders_on_device = true;
+        self
     }
 
     /// Makes every reduction wait `delay` before it reaches the engine.
@@ -80,6 +92,7 @@ impl<B: Backend> Communicator<B> for RecordingComm<B> {
             inner: self.inner.duplicate()?,
             log: self.log.clone(),
             reduction_delay: self.reduction_delay,
+            orders_on_device: self.orders_on_device,
         }))
     }
     fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
@@ -88,9 +101,13 @@ impl<B: Backend> Communicator<B> for RecordingComm<B> {
             inner: self.inner.split(color)?,
             log: self.log.clone(),
             reduction_delay: self.reduction_delay,
+            orders_on_device: self.orders_on_device,
         }))
     }
     fn abort(&self, reason: &str) {
         self.inner.abort(reason)
+    }
+    fn orders_inputs_on_device(&self) -> bool {
+        self.orders_on_device
     }
 }
