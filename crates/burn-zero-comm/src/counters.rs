@@ -65,7 +65,8 @@ impl RankCounters {
     }
 
     /// Counts one wait of the host for the device inside the communication engine (a stream
-    /// synchronisation, or a poll until a collective has completed).
+    /// synchronisation, or a poll until a collective completes that had not completed when
+    /// its result was asked for).
     pub fn engine_wait(&self) {
         self.engine_waits.fetch_add(1, Ordering::Relaxed);
     }
@@ -130,8 +131,10 @@ pub struct Counts {
     /// Bytes of those uploads: on a GPU, what crosses the bus to the device.
     pub host_write_bytes: u64,
     /// Waits of the host for the device inside the communication engine, which `syncs` does
-    /// not count: an NCCL group's stream synchronisations and its polls until a collective
-    /// has completed. Engines that never wait (on CPU) count none.
+    /// not count: an NCCL group's stream synchronisations, and its polls until a collective
+    /// completes, on whichever thread reads the result, when the collective had not completed
+    /// by then (a prefetched gather that finished in time costs none). Engines that never wait
+    /// (on CPU) count none.
     pub engine_waits: u64,
 }
 
