@@ -514,10 +514,12 @@ impl<B: Backend> Reservation<B> {
 
     /// [`Self::all_gather_later`] of the block `prepare` makes, on the issuing thread, just
     /// before the gather: a block uploaded there from host memory is copied in the issuing
-    /// thread's stream, beside the caller's work rather than in front of it, and the gather
-    /// is ordered after the copy in that stream. No synchronisation is needed first: nothing
-    /// the caller queued is read. On a group of one rank `prepare` runs here and the gather is
-    /// answered in place.
+    /// thread's stream, beside the caller's work rather than in front of it, and an engine
+    /// that orders its inputs on the device ([`Communicator::orders_inputs_on_device`]) runs
+    /// the gather after the copy in that stream. Nothing the caller queued is read, so the
+    /// caller's work is not finished first; for another engine the block is finished on the
+    /// issuing thread instead (the other ranks' threads read it). On a group of one rank
+    /// `prepare` runs here and the gather is answered in place.
     pub fn all_gather_later_from(
         self,
         prepare: impl FnOnce() -> Tensor<B, 1> + Send + 'static,
@@ -527,7 +529,24 @@ impl<B: Backend> Reservation<B> {
             return Ok(Pending(Answer::Ready(Issued::ready(gathered))));
         }
         self.count(CollectiveKind::AllGather);
-        let result = self.push(move |comm| comm.issue(DataOp::AllGather, prepare()))?;
+        let counters = self.open.issuer.counters.clone();
+        let result = self.push(move |comm| {
+            let block = prepare();
+            if !comm.orders_inputs_on_device() {
+                counters.sync();
+                if let Err(error) = B::sync(&block.device()) {
+                    // This position's collective will not run: end the group rather than let
+                    // the other ranks pair theirs with this rank's next one.
+                    let reason = format!("could not finish a block to gather: {error}");
+                    comm.abort(&reason);
+                    return Err(CommError::Device {
+                        rank: comm.rank(),
+                        reason,
+                    });
+                }
+            }
+            comm.issue(DataOp::AllGather, block)
+        })?;
         Ok(Pending(Answer::Queued(result)))
     }
 

@@ -562,7 +562,8 @@ fn the_thread_that_reads_a_collective_waits_for_it_and_the_issuing_thread_goes_o
 }
 
 /// A gather whose block is made by `all_gather_later_from` (an upload from host memory) has it
-/// made on the issuing thread, right before the gather; on a group of one rank, here.
+/// made on the issuing thread, right before the gather (and finished there for an engine that
+/// does not order its inputs on the device); on a group of one rank, here.
 #[test]
 fn a_block_to_gather_later_is_made_on_the_issuing_thread() {
     let made_on = launch_with::<B, _, _, _>(
@@ -579,6 +580,9 @@ fn a_block_to_gather_later_is_made_on_the_issuing_thread() {
             })?;
             let gathered = pending.wait()?.into_data().to_vec::<f32>().unwrap();
             assert_eq!(gathered, vec![0.0, 0.0, 1.0, 1.0]);
+            // LocalGroup's other ranks read the block from their threads: it was finished
+            // on the issuing thread first, and that is counted.
+            assert_eq!(ordered.counters().snapshot().syncs, 1);
             Ok::<_, CommError>(made_on.recv().unwrap())
         },
     )
