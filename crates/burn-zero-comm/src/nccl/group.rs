@@ -176,6 +176,15 @@ impl Completion for InFlight {
             started,
             held,
         } = *self;
+        // The reading thread may never have made the group's context current.
+        let bound = {
+            let mut link = group.lock();
+            group.bind(&mut link)
+        };
+        if let Err(error) = bound {
+            drop(held);
+            return Err(error);
+        }
         let waited = group.wait(&call, started, || {
             done.try_is_complete()
                 .map_err(|e| group.device_error(format!("CUDA: {e}")))
