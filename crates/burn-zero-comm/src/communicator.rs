@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use burn::tensor::{Tensor, backend::Backend};
 
-use crate::call::ReduceOp;
+use crate::call::{CollectiveOp, ReduceOp};
 use crate::counters::RankCounters;
 use crate::error::CommError;
 use crate::issued::Issued;
@@ -156,6 +156,18 @@ impl DataOp {
             DataOp::AllReduce(op) => comm.all_reduce(input, op),
             DataOp::AllToAll => comm.all_to_all(input),
             DataOp::Broadcast { root } => comm.broadcast(input, root),
+        }
+    }
+}
+
+impl From<DataOp> for CollectiveOp {
+    fn from(op: DataOp) -> Self {
+        match op {
+            DataOp::AllGather => CollectiveOp::AllGather,
+            DataOp::ReduceScatter(op) => CollectiveOp::ReduceScatter(op),
+            DataOp::AllReduce(op) => CollectiveOp::AllReduce(op),
+            DataOp::AllToAll => CollectiveOp::AllToAll,
+            DataOp::Broadcast { root } => CollectiveOp::Broadcast { root },
         }
     }
 }

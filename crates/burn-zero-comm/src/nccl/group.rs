@@ -72,6 +72,14 @@ impl std::ops::Deref for NcclGroup {
     }
 }
 
+impl From<Group> for NcclGroup {
+    fn from(group: Group) -> Self {
+        NcclGroup {
+            group: Arc::new(group),
+        }
+    }
+}
+
 /// The state behind an [`NcclGroup`] handle: the communicator, its stream, and what the
 /// collectives share.
 pub struct Group {
@@ -133,6 +141,18 @@ enum Kind {
     ReduceScatter(RedOp),
     AllReduce(RedOp),
     Broadcast(usize),
+}
+
+impl From<DataOp> for Kind {
+    fn from(op: DataOp) -> Self {
+        match op {
+            DataOp::AllGather => Kind::AllGather,
+            DataOp::AllToAll => Kind::AllToAll,
+            DataOp::Broadcast { root } => Kind::Broadcast(root),
+            DataOp::ReduceScatter(op) => Kind::ReduceScatter(NcclGroup::reduce_kind(op)),
+            DataOp::AllReduce(op) => Kind::AllReduce(NcclGroup::reduce_kind(op)),
+        }
+    }
 }
 
 /// The buffers of one collective on the device, and their sizes in elements.
@@ -199,29 +219,6 @@ impl Completion for InFlight {
 }
 
 impl NcclGroup {
-    /// Wraps a communicator that was created on `context`'s device and has finished
-    /// initialising.
-    /// `family` is shared by the ranks of one process; `control` is the job's control
-    /// connection when ranks live in several processes.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn from_parts(
-        rank: usize,
-        world_size: usize,
-        device: CudaDevice,
-        options: NcclOptions,
-        context: Arc<CudaContext>,
-        comm: RawComm,
-        family: Family,
-        control: Option<Arc<JobControl>>,
-    ) -> Result<Self, CommError> {
-        let group = Group::new(
-            rank, world_size, device, options, context, comm, family, control,
-        )?;
-        Ok(NcclGroup {
-            group: Arc::new(group),
-        })
-    }
-
     /// A family for the groups of one job in this process.
     pub(crate) fn new_family() -> Family {
         Family::default()
@@ -300,7 +297,7 @@ impl NcclGroup {
                 let mut link = self.lock();
                 self.fail(&mut link, error)
             })?;
-            return NcclGroup::from_parts(
+            return Group::new(
                 self.rank,
                 self.world_size,
                 self.device.clone(),
@@ -309,7 +306,8 @@ impl NcclGroup {
                 child,
                 self.family.clone(),
                 self.duplicate_control(),
-            );
+            )
+            .map(NcclGroup::from);
         }
         // Older NCCL: rank 0 makes an id and broadcasts it over this group.
         let mut id = [0u8; sys::UNIQUE_ID_BYTES];
@@ -352,7 +350,7 @@ impl NcclGroup {
             let mut link = self.lock();
             self.fail(&mut link, error)
         })?;
-        NcclGroup::from_parts(
+        Group::new(
             self.rank,
             self.world_size,
             self.device.clone(),
@@ -362,6 +360,7 @@ impl NcclGroup {
             self.family.clone(),
             self.duplicate_control(),
         )
+        .map(NcclGroup::from)
     }
 
     /// A new group of the ranks of this one that pass the same `color`, ranked in their order
@@ -451,9 +450,7 @@ impl NcclGroup {
             self.duplicate_control(),
         )?;
         group.job_rank = self.job_rank;
-        Ok(NcclGroup {
-            group: Arc::new(group),
-        })
+        Ok(NcclGroup::from(group))
     }
 
     /// [`Communicator::report_failure`] for both backends this engine serves: kept for the
@@ -1092,27 +1089,14 @@ where
         op: DataOp,
         input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
     ) -> Result<Issued<CubeBackend<CudaRuntime, F, I, BT>>, CommError> {
-        let (call, kind, mean) = match op {
-            DataOp::AllGather => (CollectiveOp::AllGather, Kind::AllGather, None),
-            DataOp::AllToAll => (CollectiveOp::AllToAll, Kind::AllToAll, None),
-            DataOp::Broadcast { root } => (
-                CollectiveOp::Broadcast { root },
-                Kind::Broadcast(root),
-                None,
-            ),
-            DataOp::ReduceScatter(op) => (
-                CollectiveOp::ReduceScatter(op),
-                Kind::ReduceScatter(NcclGroup::reduce_kind(op)),
-                Some(op),
-            ),
-            DataOp::AllReduce(op) => (
-                CollectiveOp::AllReduce(op),
-                Kind::AllReduce(NcclGroup::reduce_kind(op)),
-                Some(op),
-            ),
+        // A mean is NCCL's sum, divided after it completed.
+        let mean = match op {
+            DataOp::ReduceScatter(op) | DataOp::AllReduce(op) => Some(op),
+            _ => None,
         };
         let world_size = self.world_size;
-        let (output, in_flight) = self.start(call, input.into_primitive().tensor(), kind)?;
+        let (output, in_flight) =
+            self.start(op.into(), input.into_primitive().tensor(), op.into())?;
         let result = move || {
             let output = Tensor::from_primitive(TensorPrimitive::Float(output));
             match mean {

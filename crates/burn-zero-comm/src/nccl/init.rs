@@ -12,7 +12,7 @@ use cubecl_cuda::CudaDevice;
 use cudarc::driver::CudaContext;
 
 use super::NcclOptions;
-use super::group::NcclGroup;
+use super::group::{Group, NcclGroup};
 use super::setup::{ensure_nccl, finish_init, init_comm, setup_error};
 use super::sys::{self, Progress, RawComm};
 use crate::control::JobControl;
@@ -97,7 +97,7 @@ impl NcclGroup {
             .zip(devices.iter().cloned().zip(contexts))
             .enumerate()
             .map(|(rank, (comm, (device, context)))| {
-                NcclGroup::from_parts(
+                Group::new(
                     rank,
                     world_size,
                     device,
@@ -107,6 +107,7 @@ impl NcclGroup {
                     family.clone(),
                     None,
                 )
+                .map(NcclGroup::from)
             })
             .collect()
     }
@@ -188,7 +189,7 @@ impl NcclGroup {
                 return Err(error);
             }
         };
-        NcclGroup::from_parts(
+        Group::new(
             rank,
             env.world_size,
             device,
@@ -198,6 +199,7 @@ impl NcclGroup {
             NcclGroup::new_family(),
             Some(control),
         )
+        .map(NcclGroup::from)
     }
 }
 
