@@ -112,21 +112,9 @@ where
         })?;
     let counts = zero.counts() - before.unwrap_or_default();
     let launches = if args.count_launches {
-        let index = args.steps.warmup + args.steps.steps;
-        let shape = args.steps.shape();
         let ((), launched) = LaunchLog::install()
             .launches::<CudaRuntime, _>(&device, || {
-                let _model = workload::step_shaped(
-                    &shape,
-                    model,
-                    &mut optimizer,
-                    &corpus,
-                    index,
-                    0,
-                    1,
-                    &device,
-                );
-                let _ = Inner::sync(&device);
+                gpu_steps::one_more_step(model, &mut optimizer, &corpus, &args.steps, &device)
             })
             .map_err(|e| e.to_string())?;
         Some(launched.len())

@@ -125,6 +125,21 @@ pub fn time_steps_with<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
     Ok((model, seconds))
 }
 
+/// One more step after the warm-up and timed ones, the device synchronised after it: the step
+/// a launch count (`--count-launches`) counts.
+pub fn one_more_step<B: AutodiffBackend, O: Optimizer<Gpt<B>, B>>(
+    model: Gpt<B>,
+    optimizer: &mut O,
+    corpus: &Corpus,
+    args: &StepArgs,
+    device: &B::Device,
+) {
+    let index = args.warmup + args.steps;
+    let _model =
+        workload::step_shaped(&args.shape(), model, optimizer, corpus, index, 0, 1, device);
+    let _ = B::sync(device);
+}
+
 /// The fields every result has: the workload, the step times and their median.
 pub fn result(
     side: &str,

@@ -60,21 +60,9 @@ fn run<B: AutodiffBackend<Device = CudaDevice>>(
         gpu_steps::time_steps(model, &mut optimizer, &corpus, &args.steps, &device)?;
     let mut result = gpu_steps::result("plain-burn", name, parameters, &args.steps, &seconds);
     if args.count_launches {
-        let index = args.steps.warmup + args.steps.steps;
-        let shape = args.steps.shape();
         let ((), launched) = LaunchLog::install()
             .launches::<CudaRuntime, _>(&device, || {
-                let _model = workload::step_shaped(
-                    &shape,
-                    model,
-                    &mut optimizer,
-                    &corpus,
-                    index,
-                    0,
-                    1,
-                    &device,
-                );
-                let _ = B::sync(&device);
+                gpu_steps::one_more_step(model, &mut optimizer, &corpus, &args.steps, &device)
             })
             .map_err(|e| e.to_string())?;
         result["kernel_launches_per_step"] = launched.len().into();
