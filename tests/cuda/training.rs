@@ -35,6 +35,18 @@ fn short(world_size: usize, stage: u8) -> RunConfig {
     }
 }
 
+/// `config` trained by `LocalGroup` ranks (as many as its world size) sharing GPU 0, in this
+/// process: the reference the NCCL processes are held to.
+fn on_local_group(config: &RunConfig) -> Vec<RankOutcome> {
+    train_with::<Backend>(
+        config,
+        CudaDevice::new(0),
+        |_| {},
+        local_ranks::<Backend>(config.world_size, CudaDevice::new(0)),
+    )
+    .unwrap()
+}
+
 /// The largest absolute difference between two runs' losses and final parameters.
 fn difference(a: &[RankOutcome], b: &[RankOutcome]) -> (f32, f32) {
     assert_eq!(a.len(), b.len(), "ranks");
@@ -229,13 +241,7 @@ fn train_gpt_runs_one_process_per_gpu_under_zero_run() {
     let last = entry["last_loss"].as_f64().unwrap() as f32;
 
     // The reference: the same run on LocalGroup ranks sharing GPU 0, in this process.
-    let local = train_with::<Backend>(
-        &config,
-        CudaDevice::new(0),
-        |_| {},
-        local_ranks::<Backend>(count, CudaDevice::new(0)),
-    )
-    .unwrap();
+    let local = on_local_group(&config);
     let (local_first, local_last) = (local[0].losses[0], *local[0].losses.last().unwrap());
     println!(
         "zero-run × {count}: loss {first} -> {last}; LocalGroup: {local_first} -> {local_last}"
@@ -422,14 +428,7 @@ fn three_nccl_processes_on_one_gpu_in_rank_order_train_bitwise_like_one_rank() {
             accumulation: world,
             ..config.clone()
         };
-        let want = train_with::<Backend>(
-            &one,
-            CudaDevice::new(0),
-            |_| {},
-            local_ranks::<Backend>(1, CudaDevice::new(0)),
-        )
-        .unwrap();
-        let want = Ended::of(&want[0]);
+        let want = Ended::of(&on_local_group(&one)[0]);
         let dir = scratch(&format!("{test}-{stage}"));
         let got = processes_on_one_gpu(world, &config, &dir);
         println!("stage {stage}: three NCCL processes {got:?}; one rank {want:?}");
@@ -467,16 +466,7 @@ fn a_checkpoint_of_three_nccl_processes_resumes_on_two_bitwise_like_local_group(
         };
         (save, resume)
     };
-    let threads = |config: &RunConfig| {
-        let outcomes = train_with::<Backend>(
-            config,
-            CudaDevice::new(0),
-            |_| {},
-            local_ranks::<Backend>(config.world_size, CudaDevice::new(0)),
-        )
-        .unwrap();
-        Ended::of(&outcomes[0])
-    };
+    let threads = |config: &RunConfig| Ended::of(&on_local_group(config)[0]);
     let (save, resume) = runs(&local_dir);
     threads(&save);
     let want = threads(&resume);
@@ -502,16 +492,7 @@ fn nccl_processes_sharing_a_gpu_under_zero_run_train_bitwise_like_local_group() 
         return;
     }
     let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
-    let reference = |config: &RunConfig| {
-        let outcomes = train_with::<Backend>(
-            config,
-            CudaDevice::new(0),
-            |_| {},
-            local_ranks::<Backend>(config.world_size, CudaDevice::new(0)),
-        )
-        .unwrap();
-        Ended::of(&outcomes[0])
-    };
+    let reference = |config: &RunConfig| Ended::of(&on_local_group(config)[0]);
     for stage in 0..=3 {
         let offloaded: &[&str] = if stage == 3 {
             &["--offload-param-frac", "0.5"]
