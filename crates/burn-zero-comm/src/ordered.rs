@@ -413,26 +413,9 @@ impl<B: Backend> Reservation<B> {
     }
 
     /// Finishes this thread's pending work on `input`'s device before another thread reads
-    /// it: on backends with a queue per thread (cubecl's wgpu and CUDA streams) the issuing
-    /// thread must not read a buffer that is still being written. A no-op on CPU backends.
-    ///
-    /// Skipped for an engine that orders its reads after the writers on the device itself
-    /// ([`Communicator::orders_inputs_on_device`]).
+    /// it ([`settle`]).
     fn settle(&self, input: &Tensor<B, 1>) -> Result<(), CommError> {
-        if self.inner.orders_inputs_on_device() {
-            return Ok(());
-        }
-        self.open.issuer.counters.sync();
-        B::sync(&input.device()).map_err(|error| {
-            // This position will be skipped: end the group rather than let the other ranks
-            // pair their collective with this rank's next one.
-            let reason = format!("could not finish a collective's input: {error}");
-            self.inner.abort(&reason);
-            CommError::Device {
-                rank: self.rank,
-                reason,
-            }
-        })
+        settle(self.inner.as_ref(), &self.open.issuer.counters, input)
     }
 
     /// The engine this reservation's collectives run on (for [`Self::run`]'s work).
@@ -532,19 +515,7 @@ impl<B: Backend> Reservation<B> {
         let counters = self.open.issuer.counters.clone();
         let result = self.push(move |comm| {
             let block = prepare();
-            if !comm.orders_inputs_on_device() {
-                counters.sync();
-                if let Err(error) = B::sync(&block.device()) {
-                    // This position's collective will not run: end the group rather than let
-                    // the other ranks pair theirs with this rank's next one.
-                    let reason = format!("could not finish a block to gather: {error}");
-                    comm.abort(&reason);
-                    return Err(CommError::Device {
-                        rank: comm.rank(),
-                        reason,
-                    });
-                }
-            }
+            settle(comm, &counters, &block)?;
             comm.issue(DataOp::AllGather, block)
         })?;
         Ok(Pending(Answer::Queued(result)))
@@ -597,6 +568,33 @@ impl<B: Backend> Reservation<B> {
             .recv()
             .unwrap_or_else(|_| Err(stopped()))
     }
+}
+
+/// Finishes the calling thread's pending work on `input`'s device before another thread reads
+/// it: on backends with a queue per thread (cubecl's wgpu and CUDA streams) a thread must not
+/// read a buffer that is still being written. A no-op on CPU backends (counted all the same).
+///
+/// Skipped for an engine that orders its reads after the writers on the device itself
+/// ([`Communicator::orders_inputs_on_device`]). On failure `engine`'s group is ended: the
+/// position's collective will not run, and no other rank may pair its own with this rank's
+/// next one.
+fn settle<B: Backend>(
+    engine: &dyn Communicator<B>,
+    counters: &RankCounters,
+    input: &Tensor<B, 1>,
+) -> Result<(), CommError> {
+    if engine.orders_inputs_on_device() {
+        return Ok(());
+    }
+    counters.sync();
+    B::sync(&input.device()).map_err(|error| {
+        let reason = format!("could not finish a collective's input: {error}");
+        engine.abort(&reason);
+        CommError::Device {
+            rank: engine.rank(),
+            reason,
+        }
+    })
 }
 
 /// The result of a gather queued with [`Reservation::all_gather_later`].
