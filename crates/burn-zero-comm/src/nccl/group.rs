@@ -297,17 +297,7 @@ impl NcclGroup {
                 let mut link = self.lock();
                 self.fail(&mut link, error)
             })?;
-            return Group::new(
-                self.rank,
-                self.world_size,
-                self.device.clone(),
-                self.options.clone(),
-                self.context.clone(),
-                child,
-                self.family.clone(),
-                self.duplicate_control(),
-            )
-            .map(NcclGroup::from);
+            return self.duplicate_around(child);
         }
         // Older NCCL: rank 0 makes an id and broadcasts it over this group.
         let mut id = [0u8; sys::UNIQUE_ID_BYTES];
@@ -350,6 +340,12 @@ impl NcclGroup {
             let mut link = self.lock();
             self.fail(&mut link, error)
         })?;
+        self.duplicate_around(child)
+    }
+
+    /// A duplicate of this group around its new communicator `child`: the same ranks, device,
+    /// options and family, with its own stream and a control connection for aborts only.
+    fn duplicate_around(&self, child: RawComm) -> Result<NcclGroup, CommError> {
         Group::new(
             self.rank,
             self.world_size,
