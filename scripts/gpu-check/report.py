@@ -281,7 +281,8 @@ def markdown(report):
     lines += ["", "## Pack kernels against a device copy", ""]
     pack = s["pack"]["data"]
     if pack and "results" in pack:
-        lines += ["Buckets of 1, 25 and 100 MiB, 7 or 48 members, 1 or 8 rank rows; bytes read plus written "
+        lines += ["Buckets of 1, 25 and 100 MiB, 7 or 48 members of odd lengths (at 25 MiB also 48 members "
+                  "that divide by the widest vector), 1 or 8 rank rows; bytes read plus written "
                   "per second against the device copy of a tensor of the bucket's size. Device time: a "
                   "batch of calls between two synchronisations; host time: enqueueing one call. "
                   "Goal: 80% of the copy or more.", "",

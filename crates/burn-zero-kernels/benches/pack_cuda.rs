@@ -3,7 +3,10 @@
 //!
 //! Buckets of 1, 25 and 100 MiB (of the bucket's dtype), of 7 members (six equal ones and a
 //! quarter-size one, which gives it an odd length) and of 48 (equal, each of an odd length), as
-//! 1 rank row and as 8; f32 gradients into an f32 bucket, and into a bf16 one (the cast of
+//! 1 rank row and as 8; at 25 MiB also of 48 members whose lengths, offsets and rows all divide
+//! by the widest vector, as every member of the GPT models' chunks does at 2 ranks. An odd member
+//! moves one element per unit and every member after it in the bucket is misaligned, so the two
+//! shapes at 25 MiB tell the vector width's share of the gap to the copy from the rest of it; f32 gradients into an f32 bucket, and into a bf16 one (the cast of
 //! `reduce_dtype`), each with a predivide factor. Unpack reads every member of a row back with a
 //! divisor (the gradient buckets' call, `unpack_row`); the gathered cut takes every member out of
 //! an all-gathered chunk of 8 rank rows (`cut_gathered`, stage 3's gathers). The copy is Burn's
@@ -40,8 +43,54 @@ type B = CubeBackend<CudaRuntime, f32, i32, u8>;
 const MIB: usize = 1 << 20;
 /// Bucket sizes in MiB of the bucket's dtype.
 const BUCKETS_MIB: [usize; 3] = [1, 25, 100];
-/// Members per bucket.
+/// Members per bucket, of odd lengths.
 const MEMBERS: [usize; 2] = [7, 48];
+/// The bucket size (MiB) also measured with members that all divide by the widest vector.
+const ALIGNED_MIB: usize = 25;
+
+/// How a bucket is cut into members: `count` of them, odd (see [`member_numels`]) or aligned.
+#[derive(Clone, Copy)]
+struct Members {
+    count: usize,
+    aligned: bool,
+}
+
+impl Members {
+    /// The shapes measured at a bucket of `mib` MiB.
+    fn at(mib: usize) -> Vec<Members> {
+        let mut shapes: Vec<Members> = MEMBERS
+            .iter()
+            .map(|&count| Members {
+                count,
+                aligned: false,
+            })
+            .collect();
+        if mib == ALIGNED_MIB {
+            shapes.push(Members {
+                count: 48,
+                aligned: true,
+            });
+        }
+        shapes
+    }
+
+    /// Member sizes (elements) in a bucket of `numel` elements.
+    fn numels(self, numel: usize) -> Vec<usize> {
+        if self.aligned {
+            // A multiple of 8 rows of 8-element vectors.
+            vec![(numel / self.count) / 64 * 64; self.count]
+        } else {
+            member_numels(numel, self.count)
+        }
+    }
+
+    fn label(self) -> String {
+        match self.aligned {
+            true => format!("{} aligned members", self.count),
+            false => format!("{} members", self.count),
+        }
+    }
+}
 /// Rank rows.
 const ROWS: [usize; 2] = [1, 8];
 /// Device work per sample: enough that one synchronisation is a small part of it.
@@ -160,8 +209,9 @@ fn run(c: &mut Criterion, device: &CudaDevice) {
         );
         for dtype in [DType::F32, DType::BF16] {
             let numel = mib * MIB / dtype.size();
-            for count in MEMBERS {
-                let numels = member_numels(numel, count);
+            for members in Members::at(mib) {
+                let numels = members.numels(numel);
+                let shape = members.label();
                 let grads: Vec<_> = numels
                     .iter()
                     .enumerate()
@@ -172,7 +222,7 @@ fn run(c: &mut Criterion, device: &CudaDevice) {
                 let moved = elements * (4 + dtype.size());
                 for rows in ROWS {
                     let (spec, members) = layout(&numels, rows, dtype, 2.0);
-                    let name = format!("{mib} MiB f32->{dtype:?}, {count} members, {rows} row(s)");
+                    let name = format!("{mib} MiB f32->{dtype:?}, {shape}, {rows} row(s)");
                     bench(c, &format!("pack {name}"), moved, device, || {
                         let mut packer = Packer::<B>::new(spec, device, PackPath::Kernel).unwrap();
                         for (member, grad) in members.iter().zip(&grads) {
@@ -194,7 +244,7 @@ fn run(c: &mut Criterion, device: &CudaDevice) {
                         dtype: DType::F32,
                     })
                     .collect();
-                let label = format!("unpack {mib} MiB {dtype:?}->f32, {count} members, /2");
+                let label = format!("unpack {mib} MiB {dtype:?}->f32, {shape}, /2");
                 bench(c, &label, moved, device, || {
                     let unpacked =
                         unpack_row::<B>(row.clone(), &parts, 2.0, PackPath::Kernel, None);
@@ -203,9 +253,10 @@ fn run(c: &mut Criterion, device: &CudaDevice) {
             }
         }
         // The gathered cut: a chunk of 8 rank rows of f32, every member taken out.
-        for count in MEMBERS {
+        for members in Members::at(mib) {
             let ranks = 8;
-            let numels = member_numels(mib * MIB / 4, count);
+            let numels = members.numels(mib * MIB / 4);
+            let shape = members.label();
             let (spec, members) = layout(&numels, ranks, DType::F32, 1.0);
             let gathered = tensor(spec.row_len * ranks, 5, DType::F32, device)
                 .into_primitive()
@@ -219,7 +270,7 @@ fn run(c: &mut Criterion, device: &CudaDevice) {
                 })
                 .collect();
             let moved = 2 * 4 * numels.iter().sum::<usize>();
-            let label = format!("gathered cut {mib} MiB f32, {count} members, 8 ranks");
+            let label = format!("gathered cut {mib} MiB f32, {shape}, 8 ranks");
             bench(c, &label, moved, device, || {
                 let members = cut_gathered::<B>(&gathered, ranks, &cut, PackPath::Kernel);
                 black_box(members.unwrap());
@@ -287,6 +338,7 @@ fn report() -> serde_json::Value {
     serde_json::json!({
         "buckets_mib": BUCKETS_MIB,
         "members": MEMBERS,
+        "aligned_members_at_mib": ALIGNED_MIB,
         "rows": ROWS,
         "results": rows,
         "goal_fraction_of_copy": 0.8,
