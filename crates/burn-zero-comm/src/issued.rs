@@ -28,6 +28,13 @@ pub trait Completion: Send {
     /// Returns once the collective has completed on the device (so any stream may read its
     /// output and its buffers may be reused), or with the error that ended it.
     fn wait(self: Box<Self>) -> Result<(), CommError>;
+
+    /// Asks, without waiting, whether the collective has completed: `Some(true)` when it has
+    /// (or has failed: [`Self::wait`] then returns at once with the error), `Some(false)` while
+    /// it runs, `None` where the engine cannot tell without waiting (the default).
+    fn is_done(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// A collective queued on the device; [`Issued::wait`] gives its result once it completed.
@@ -63,6 +70,16 @@ impl<B: Backend> Issued<B> {
     /// Whether the result may be taken without asking the device.
     pub fn is_ready(&self) -> bool {
         self.completion.is_none()
+    }
+
+    /// Asks, without waiting, whether [`Self::wait`] would return at once: `Some(true)` for a
+    /// collective that is ready or whose completion says it is done, `Some(false)` while it
+    /// runs, `None` where its engine cannot tell without waiting ([`Completion::is_done`]).
+    pub fn is_done(&self) -> Option<bool> {
+        match &self.completion {
+            None => Some(true),
+            Some(completion) => completion.is_done(),
+        }
     }
 
     /// The same collective with `then` applied to its result after completion: Burn ops on

@@ -216,6 +216,17 @@ impl Completion for InFlight {
         drop(held);
         waited.map(|_| ())
     }
+
+    /// Queries the event once. A failed query, or a group that has failed, reads as done, so
+    /// that the caller's `wait` comes and reports the error.
+    fn is_done(&self) -> Option<bool> {
+        let mut link = self.group.lock();
+        if link.failure.is_some() || self.group.bind(&mut link).is_err() {
+            return Some(true);
+        }
+        drop(link);
+        Some(self.done.try_is_complete().unwrap_or(true))
+    }
 }
 
 impl NcclGroup {
