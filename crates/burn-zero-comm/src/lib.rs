@@ -56,6 +56,7 @@ pub mod mpi;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 pub mod ordered;
+mod parked;
 mod plane;
 pub mod rank_order;
 
@@ -75,5 +76,5 @@ pub use local::{GroupOptions, LocalGroup};
 pub use mpi::{MpiGroup, MpiOptions};
 #[cfg(feature = "cuda")]
 pub use nccl::{FusedCudaBackend, NcclGroup, NcclOptions, launch_nccl};
-pub use ordered::{OrderedComm, Pending, Reservation};
+pub use ordered::{Deferred, OrderedComm, Pending, Reservation};
 pub use rank_order::RankOrderReduction;

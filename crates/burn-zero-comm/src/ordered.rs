@@ -43,8 +43,10 @@
 //! next ticket; the thread that asked for the result waits for the device to finish it
 //! ([`Issued::wait`]), on engines that can defer that wait (NCCL). A gather issued ahead of use
 //! is then usually complete when the training thread reads it. Work run with
-//! [`Reservation::run`] (a bucket's pack, reduction and unpack) reads its results on the
-//! issuing thread, which waits there.
+//! [`Reservation::run`] reads its results on the issuing thread, which waits there; work run
+//! with [`Reservation::run_deferred`] (a bucket's pack and reduction, then its unpack) is kept
+//! aside on the issuing thread while its collective runs and finished there once the device
+//! says it is done, asked between positions ([`crate::parked`]).
 //!
 //! # One rank
 //!
@@ -62,7 +64,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use burn_zero_launch::sync::lock;
@@ -77,9 +79,11 @@ use crate::communicator::DataOp;
 use crate::counters::{CollectiveKind, RankCounters};
 use crate::error::CommError;
 use crate::issued::Issued;
+use crate::parked::{Parked, Unfinished};
 
-/// A collective waiting for the issuing thread, with the group it runs on.
-type Call = Box<dyn FnOnce() + Send>;
+/// A collective waiting for the issuing thread, with the group it runs on. It may leave work
+/// behind that finishes once its collective has ([`Parked`]).
+type Call = Box<dyn FnOnce() -> Option<Box<dyn Unfinished>> + Send>;
 
 /// The calls of one ticket. A ticket may carry several calls (they run back to back, in the
 /// order they were submitted); it is done once its reservation is dropped.
@@ -302,42 +306,78 @@ impl<B: Backend> OrderedComm<B> {
     }
 }
 
-/// The issuing thread's loop: the calls of ticket 0, then of ticket 1, …
+/// The issuing thread's loop: the calls of ticket 0, then of ticket 1, …, finishing the work
+/// kept aside ([`Parked`]) between them as its collectives complete.
 fn issue(shared: &Shared) {
     let mut serving = 0u64;
+    let mut parked = Parked::default();
     loop {
-        let call = {
-            let mut queue = shared.lock();
-            loop {
-                let stopped = queue.stopping && queue.slots.is_empty();
-                if serving < queue.next_ticket && !queue.slots.contains_key(&serving) {
-                    // Done before the thread came to it, as is every ticket before the first
-                    // one still open.
-                    let first_open = queue.slots.keys().next().copied();
-                    serving = first_open.unwrap_or(queue.next_ticket).max(serving + 1);
+        parked.finish_done();
+        match next_call(shared, &mut serving, parked.is_empty()) {
+            Next::Call(call) => {
+                if let Some(work) = call() {
+                    parked.park(work);
+                }
+            }
+            Next::Idle => parked.idle(),
+            Next::Stop => {
+                parked.finish_all();
+                return;
+            }
+        }
+    }
+}
+
+/// What the issuing thread does next.
+enum Next {
+    Call(Call),
+    /// Nothing to issue for [`Parked::POLL`], with work kept aside.
+    Idle,
+    Stop,
+}
+
+/// The next call in ticket order, waiting for one; with work kept aside (`!nothing_parked`),
+/// waits at most [`Parked::POLL`].
+fn next_call(shared: &Shared, serving: &mut u64, nothing_parked: bool) -> Next {
+    let mut queue = shared.lock();
+    loop {
+        let stopped = queue.stopping && queue.slots.is_empty();
+        if *serving < queue.next_ticket && !queue.slots.contains_key(serving) {
+            // Done before the thread came to it, as is every ticket before the first one
+            // still open.
+            let first_open = queue.slots.keys().next().copied();
+            *serving = first_open.unwrap_or(queue.next_ticket).max(*serving + 1);
+            continue;
+        }
+        match queue.slots.get_mut(serving) {
+            Some(slot) => {
+                if let Some(call) = slot.calls.pop_front() {
+                    return Next::Call(call);
+                }
+                if slot.closed {
+                    queue.slots.remove(serving);
+                    *serving += 1;
                     continue;
                 }
-                match queue.slots.get_mut(&serving) {
-                    Some(slot) => {
-                        if let Some(call) = slot.calls.pop_front() {
-                            break call;
-                        }
-                        if slot.closed {
-                            queue.slots.remove(&serving);
-                            serving += 1;
-                            continue;
-                        }
-                    }
-                    None if stopped => return,
-                    None => {}
-                }
-                queue = shared
-                    .changed
-                    .wait(queue)
-                    .unwrap_or_else(|p| p.into_inner());
             }
-        };
-        call();
+            None if stopped => return Next::Stop,
+            None => {}
+        }
+        if nothing_parked {
+            queue = shared
+                .changed
+                .wait(queue)
+                .unwrap_or_else(|p| p.into_inner());
+        } else {
+            let (woken, timeout) = shared
+                .changed
+                .wait_timeout(queue, Parked::POLL)
+                .unwrap_or_else(|p| p.into_inner());
+            if timeout.timed_out() {
+                return Next::Idle;
+            }
+            queue = woken;
+        }
     }
 }
 
@@ -479,6 +519,60 @@ impl<B: Backend> Reservation<B> {
         self.submit(work)
     }
 
+    /// [`Self::run`] for work whose collective the issuing thread need not wait for before
+    /// it goes on: `start` prepares the input and issues the collective on the engine it is
+    /// given, returning it with whatever `then` needs; `then` takes the collective's result
+    /// apart on the issuing thread once the device has finished it, asked between later
+    /// positions ([`crate::parked`]). Returns at once; the result arrives in the [`Deferred`].
+    /// `kinds` are counted as in [`Self::run`].
+    ///
+    /// On a group of one rank whose position carries no other group's collectives, both run
+    /// here, on the calling thread, given this reservation.
+    ///
+    /// When `start` fails on the issuing thread, the group is ended: the position's collective
+    /// may not have been issued, and no rank may pair its next collective with a wrong one.
+    pub fn run_deferred<U, T, E>(
+        self,
+        kinds: &[CollectiveKind],
+        start: impl FnOnce(&dyn Communicator<B>) -> Result<(Issued<B>, U), E> + Send + 'static,
+        then: impl FnOnce(Tensor<B, 1>, U) -> Result<T, E> + Send + 'static,
+    ) -> Result<Deferred<T, E>, CommError>
+    where
+        U: Send + 'static,
+        T: Send + 'static,
+        E: From<CommError> + std::fmt::Display + Send + 'static,
+    {
+        let (answer, result) = sync_channel(1);
+        if self.is_alone() && !self.open.spans_groups.load(Ordering::Relaxed) {
+            let outcome = start(&self).and_then(|(issued, state)| then(issued.wait()?, state));
+            let _ = answer.send(outcome);
+            return Ok(Deferred(result));
+        }
+        for &kind in kinds {
+            self.count(kind);
+        }
+        let comm = self.inner.clone();
+        self.queue(Box::new(move || {
+            match guarded::<B, _, E>(comm.as_ref(), || start(comm.as_ref())) {
+                Ok((issued, state)) => Some(Box::new(AfterCollective {
+                    issued,
+                    state,
+                    then,
+                    answer,
+                    comm,
+                }) as Box<dyn Unfinished>),
+                Err(error) => {
+                    // The position's collective may not have been issued: no other rank may
+                    // pair its own with this rank's next one.
+                    comm.abort(&format!("work before a collective failed: {error}"));
+                    let _ = answer.send(Err(error));
+                    None
+                }
+            }
+        }))?;
+        Ok(Deferred(result))
+    }
+
     /// All-gathers `block` in this reservation's position without waiting for it: the
     /// caller goes on and takes the result later ([`Pending::wait`]). A prefetch: the
     /// position is taken now, in program order, so every rank issues it at the same point of
@@ -531,22 +625,19 @@ impl<B: Backend> Reservation<B> {
         &self,
         collective: impl FnOnce(&dyn Communicator<B>) -> Result<T, CommError> + Send + 'static,
     ) -> Result<Receiver<Result<T, CommError>>, CommError> {
-        self.open.issuer.ensure_started()?;
         let (answer, result) = sync_channel(1);
         let comm = self.inner.clone();
-        let call: Call = Box::new(move || {
+        self.queue(Box::new(move || {
             let comm = comm.as_ref();
-            let outcome =
-                catch_unwind(AssertUnwindSafe(|| collective(comm))).unwrap_or_else(|_| {
-                    let reason = "a collective panicked on the issuing thread".to_string();
-                    comm.abort(&reason);
-                    Err(CommError::PeerFailed {
-                        rank: comm.rank(),
-                        reason,
-                    })
-                });
-            let _ = answer.send(outcome);
-        });
+            let _ = answer.send(guarded(comm, || collective(comm)));
+            None
+        }))?;
+        Ok(result)
+    }
+
+    /// Queues `call` on the issuing thread, in this reservation's position.
+    fn queue(&self, call: Call) -> Result<(), CommError> {
+        self.open.issuer.ensure_started()?;
         {
             let mut queue = self.shared.lock();
             match queue.slots.get_mut(&self.ticket) {
@@ -555,7 +646,7 @@ impl<B: Backend> Reservation<B> {
             }
         }
         self.shared.changed.notify_all();
-        Ok(result)
+        Ok(())
     }
 
     /// Runs `collective` on the issuing thread, in this reservation's position, and returns
@@ -567,6 +658,77 @@ impl<B: Backend> Reservation<B> {
         self.push(collective)?
             .recv()
             .unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
+/// Runs `work` on the issuing thread; a panic in it ends `comm`'s group (the position's
+/// collective may not have run) and is returned as the rank's failure.
+fn guarded<B: Backend, T, E: From<CommError>>(
+    comm: &dyn Communicator<B>,
+    work: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
+    catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|_| {
+        let reason = "a collective panicked on the issuing thread".to_string();
+        comm.abort(&reason);
+        Err(E::from(CommError::PeerFailed {
+            rank: comm.rank(),
+            reason,
+        }))
+    })
+}
+
+/// Work of [`Reservation::run_deferred`] kept aside while its collective runs.
+struct AfterCollective<B: Backend, U, F, T, E> {
+    issued: Issued<B>,
+    state: U,
+    then: F,
+    answer: SyncSender<Result<T, E>>,
+    comm: Arc<dyn Communicator<B>>,
+}
+
+impl<B, U, F, T, E> Unfinished for AfterCollective<B, U, F, T, E>
+where
+    B: Backend,
+    U: Send,
+    F: FnOnce(Tensor<B, 1>, U) -> Result<T, E> + Send,
+    T: Send,
+    E: From<CommError> + Send,
+{
+    /// An engine that cannot tell without waiting is treated as done: its work finishes at
+    /// once, waiting, as [`Reservation::run`]'s would.
+    fn is_done(&self) -> bool {
+        self.issued.is_done().unwrap_or(true)
+    }
+
+    fn finish(self: Box<Self>) {
+        let AfterCollective {
+            issued,
+            state,
+            then,
+            answer,
+            comm,
+        } = *self;
+        let outcome = guarded(comm.as_ref(), || then(issued.wait()?, state));
+        let _ = answer.send(outcome);
+    }
+}
+
+/// The result of work run with [`Reservation::run_deferred`].
+pub struct Deferred<T, E = CommError>(Receiver<Result<T, E>>);
+
+impl<T, E: From<CommError>> Deferred<T, E> {
+    /// Waits for the result.
+    pub fn wait(self) -> Result<T, E> {
+        self.0.recv().unwrap_or_else(|_| Err(E::from(stopped())))
+    }
+
+    /// The result once it has arrived; `None` while the work is still to finish.
+    pub fn try_take(&self) -> Option<Result<T, E>> {
+        match self.0.try_recv() {
+            Ok(result) => Some(result),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(Err(E::from(stopped()))),
+        }
     }
 }
 

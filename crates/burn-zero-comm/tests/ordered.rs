@@ -16,8 +16,8 @@ use std::time::Duration;
 use burn::backend::NdArray;
 use burn::tensor::Tensor;
 use burn_zero_comm::{
-    CommError, Communicator, Completion, DataOp, Issued, LaunchOptions, OrderedComm, ReduceOp,
-    launch_with,
+    CollectiveKind, CommError, Communicator, Completion, DataOp, Issued, LaunchOptions,
+    OrderedComm, ReduceOp, launch_with,
 };
 use burn_zero_testing::recording::{CallLog, RecordingComm};
 
@@ -447,6 +447,13 @@ struct Gate {
     waiter: Mutex<Option<ThreadId>>,
 }
 
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
 /// A gather's completion behind a [`Gate`], as an NCCL collective's event.
 struct Gated(Arc<Gate>);
 
@@ -458,6 +465,10 @@ impl Completion for Gated {
             open = self.0.opened.wait(open).unwrap();
         }
         Ok(())
+    }
+
+    fn is_done(&self) -> Option<bool> {
+        Some(*self.0.open.lock().unwrap())
     }
 }
 
@@ -543,8 +554,7 @@ fn the_thread_that_reads_a_collective_waits_for_it_and_the_issuing_thread_goes_o
             assert_eq!(total.into_data().to_vec::<f32>().unwrap(), vec![2.0; 3]);
             assert_eq!(*gate.waiter.lock().unwrap(), None, "nobody waited yet");
 
-            *gate.open.lock().unwrap() = true;
-            gate.opened.notify_all();
+            gate.open();
             let gathered = prefetched.wait()?;
             assert_eq!(
                 gathered.into_data().to_vec::<f32>().unwrap(),
@@ -605,4 +615,64 @@ fn a_block_to_gather_later_is_made_on_the_issuing_thread() {
         })
         .unwrap();
     assert_eq!(alone, vec![vec![1.0; 3]]);
+}
+
+/// Work run with `run_deferred` is kept aside while its collective runs: the issuing thread
+/// goes on to the next position meanwhile, and finishes the work itself once the device says
+/// the collective is done.
+#[test]
+fn deferred_work_finishes_on_the_issuing_thread_once_its_collective_is_done() {
+    launch_with::<B, _, _, _>(
+        2,
+        &[Default::default(); 2],
+        &LaunchOptions::default(),
+        |ctx| {
+            let gate: Arc<Gate> = Arc::default();
+            let engine = Arc::new(Deferring {
+                inner: ctx.engine().clone(),
+                gate: gate.clone(),
+            });
+            let ordered = OrderedComm::new(engine);
+            let mine = Tensor::<B, 1>::from_floats([ctx.rank() as f32; 2], &Default::default());
+            let deferred = ordered.reserve().run_deferred(
+                &[CollectiveKind::AllGather],
+                move |comm| Ok::<_, CommError>((comm.issue(DataOp::AllGather, mine)?, 10.0)),
+                |gathered, add| {
+                    let values = gathered
+                        .add_scalar(add)
+                        .into_data()
+                        .to_vec::<f32>()
+                        .unwrap();
+                    Ok((values, thread::current().name().map(str::to_string)))
+                },
+            )?;
+            // Position 1, from another thread: issued while position 0's collective runs.
+            let (sent, answer) = channel();
+            let other = ordered.clone();
+            thread::spawn(move || {
+                let ones = Tensor::<B, 1>::ones([3], &Default::default());
+                let _ = sent.send(other.all_reduce(ones, ReduceOp::Sum));
+            });
+            let total = answer.recv_timeout(Duration::from_secs(30));
+            assert!(
+                deferred.try_take().is_none(),
+                "finished before its collective"
+            );
+            gate.open();
+            let total = total.expect("the issuing thread waited for the kept collective")?;
+            assert_eq!(total.into_data().to_vec::<f32>().unwrap(), vec![2.0; 3]);
+            let (values, finished_on) = deferred.wait()?;
+            assert_eq!(values, vec![10.0, 10.0, 11.0, 11.0]);
+            let issuing = format!("burn-zero-issue-{}", ctx.rank());
+            assert_eq!(finished_on.as_deref(), Some(issuing.as_str()));
+            let counts = ordered.counters().snapshot();
+            assert_eq!(
+                (counts.all_gathers, counts.all_reduces),
+                (1, 1),
+                "{counts:?}"
+            );
+            Ok::<_, CommError>(())
+        },
+    )
+    .unwrap();
 }
