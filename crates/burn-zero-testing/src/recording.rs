@@ -3,11 +3,11 @@
 
 use std::sync::{Arc, Mutex};
 use std::thread::{self, ThreadId};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn_zero_comm::{CommError, Communicator, ReduceOp};
+use burn_zero_comm::{CommError, Communicator, Completion, DataOp, Issued, RankCounters, ReduceOp};
 
 /// Every call that reached the engine, in order: `"<op> <elements>"` and the calling thread.
 pub type CallLog = Arc<Mutex<Vec<(String, ThreadId)>>>;
@@ -21,6 +21,10 @@ pub struct RecordingComm<B: Backend> {
     reduction_delay: Option<Duration>,
     /// Says it orders its inputs after their writers on the device, as NCCL does.
     orders_on_device: bool,
+    /// How long after its issue a reduction completes, as one running on a device would.
+    completes_after: Option<Duration>,
+    /// The rank's counts, where a wait for a reduction that has not completed is counted.
+    counters: Arc<Mutex<Option<Arc<RankCounters>>>>,
 }
 
 impl<B: Backend> RecordingComm<B> {
@@ -31,7 +35,18 @@ impl<B: Backend> RecordingComm<B> {
             log,
             reduction_delay: None,
             orders_on_device: false,
+            completes_after: None,
+            counters: Arc::default(),
         }
+    }
+
+    /// Makes every reduction (reduce-scatter, all-reduce) issued with
+    /// [`Communicator::issue`] complete `after` its issue, as a collective on a device does
+    /// while the host goes on: asking before then says it is not done, and waiting before then
+    /// sleeps the rest and counts one wait of the engine (`Counts::engine_waits`).
+    pub fn completing_after(mut self, after: Duration) -> Self {
+        self.completes_after = Some(after);
+        self
     }
 
     /// Says that the engine orders its reads of a collective's input after the input's writers
@@ -93,6 +108,8 @@ impl<B: Backend> Communicator<B> for RecordingComm<B> {
             log: self.log.clone(),
             reduction_delay: self.reduction_delay,
             orders_on_device: self.orders_on_device,
+            completes_after: self.completes_after,
+            counters: self.counters.clone(),
         }))
     }
     fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
@@ -102,6 +119,8 @@ impl<B: Backend> Communicator<B> for RecordingComm<B> {
             log: self.log.clone(),
             reduction_delay: self.reduction_delay,
             orders_on_device: self.orders_on_device,
+            completes_after: self.completes_after,
+            counters: self.counters.clone(),
         }))
     }
     fn abort(&self, reason: &str) {
@@ -109,5 +128,45 @@ impl<B: Backend> Communicator<B> for RecordingComm<B> {
     }
     fn orders_inputs_on_device(&self) -> bool {
         self.orders_on_device
+    }
+    fn issue(&self, op: DataOp, input: Tensor<B, 1>) -> Result<Issued<B>, CommError> {
+        let result = op.run(self, input)?;
+        match (op, self.completes_after) {
+            (DataOp::ReduceScatter(_) | DataOp::AllReduce(_), Some(after)) => {
+                let completion = Later {
+                    at: Instant::now() + after,
+                    counters: self.counters.lock().unwrap().clone(),
+                };
+                Ok(Issued::pending(Box::new(completion), move || result))
+            }
+            _ => Ok(Issued::ready(result)),
+        }
+    }
+    fn count_into(&self, counters: &Arc<RankCounters>) {
+        *self.counters.lock().unwrap() = Some(counters.clone());
+        self.inner.count_into(counters);
+    }
+}
+
+/// A reduction of [`RecordingComm::completing_after`], complete from `at` on.
+struct Later {
+    at: Instant,
+    counters: Option<Arc<RankCounters>>,
+}
+
+impl Completion for Later {
+    fn wait(self: Box<Self>) -> Result<(), CommError> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if !left.is_zero() {
+            if let Some(counters) = &self.counters {
+                counters.engine_wait();
+            }
+            thread::sleep(left);
+        }
+        Ok(())
+    }
+
+    fn is_done(&self) -> Option<bool> {
+        Some(Instant::now() >= self.at)
     }
 }
