@@ -177,6 +177,82 @@ fn with_inputs_ordered_on_the_device_a_step_synchronises_for_no_collective() {
     }
 }
 
+/// Reductions that complete a while after they are issued, as NCCL's do on a device: the issuing
+/// thread keeps each bucket's unpack aside until its collective has completed and goes on to
+/// the next positions meanwhile. Training stays bitwise what the same engine gives when every
+/// collective completes as it is issued, at every stage with overlap and prefetch, and where
+/// reduction overlaps backward (stages 0, 2 and 3) the buckets are not each waited for: a wait
+/// is counted only where the device is asked for a result it has not finished. Stage 1 reduces
+/// when backward ends, on the training thread, whose next work is the step that reads them.
+#[test]
+fn buckets_whose_collectives_complete_later_train_the_same_bits_without_a_wait_each() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use burn::optim::{AdamConfig, GradientsParams};
+    use burn_zero_comm::{Counts, RankContext, launch};
+    use burn_zero_core::{ZeroError, shard};
+    use burn_zero_optim::ZeroOptimizer;
+    use burn_zero_testing::recording::{CallLog, RecordingComm};
+    use burn_zero_testing::{Train, micro_batch, param_values};
+
+    let base = base_model_on::<Flex>(&Default::default());
+    let train = |config: &ZeroConfig, later: Option<Duration>| {
+        launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+            let mut engine = RecordingComm::new(ctx.engine().clone(), CallLog::default());
+            if let Some(after) = later {
+                engine = engine.completing_after(after);
+            }
+            let ctx = RankContext::new(*ctx.device(), Arc::new(engine.ordering_on_device()));
+            let (mut model, zero) = shard(base.clone(), &ctx, config)?;
+            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new()).unwrap();
+            for index in 0..3 {
+                let (tokens, targets) = micro_batch::<Train>(2 * index + ctx.rank(), ctx.device());
+                let loss = burn_zero_testing::Block::loss(&model, tokens, targets);
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                model = optimizer.step(1e-2, model, grads);
+            }
+            let values = param_values(&model);
+            drop(model);
+            Ok((values, zero.counts()))
+        })
+        .unwrap()
+    };
+    for stage in 0..=3 {
+        let config = ZeroConfig::new()
+            .with_stage(stage)
+            .with_overlap_comm(true)
+            .with_prefetch(2)
+            .with_chunk_size(ChunkSize::Elements(256));
+        let want = train(&config, None);
+        let got = train(&config, Some(Duration::from_millis(2)));
+        let mut total = Counts::default();
+        for (rank, ((values, counts), (wanted, _))) in got.into_iter().zip(&want).enumerate() {
+            assert!(
+                values
+                    .iter()
+                    .flatten()
+                    .map(|v| v.to_bits())
+                    .eq(wanted.iter().flatten().map(|v| v.to_bits())),
+                "stage {stage}, rank {rank}: parameters differ"
+            );
+            total = total + counts;
+        }
+        let reductions = total.reduce_scatters + total.all_reduces;
+        assert!(reductions > 0, "stage {stage}");
+        eprintln!(
+            "stage {stage}: {reductions} reductions, {} waits",
+            total.engine_waits
+        );
+        if stage != 1 {
+            assert!(
+                total.engine_waits < reductions,
+                "stage {stage}: every reduction was waited for: {total:?}"
+            );
+        }
+    }
+}
+
 /// The default chunk size on a host backend is one parameter per chunk (the searched size is
 /// not yet as fast there in every measured run).
 #[test]

@@ -12,7 +12,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
-use burn_zero_comm::{CommError, Communicator, RankCounters, ReduceOp};
+use burn_zero_comm::{CommError, Communicator, DataOp, Issued, RankCounters, ReduceOp};
 use burn_zero_kernels::{
     BucketSpec, BufferPool, KernelError, MemberSpec, PackPath, Packer, RowPart, peaks_watched,
     unpack_row,
@@ -81,28 +81,69 @@ pub(crate) fn reduce<B: Backend>(
     bucket: &Bucket,
     grads: Vec<Option<B::FloatTensorPrimitive>>,
 ) -> Result<Values<B>, ReduceError> {
-    let world_size = ctx.comm.world_size();
+    let collective = issue(ctx, bucket, grads)?;
+    let reduced = collective.issued.wait()?;
+    complete(ctx, bucket, reduced, collective.held)
+}
+
+/// A bucket's collective, issued on the shard group and perhaps still running on the device,
+/// with the gradients the bucket was packed from.
+pub(crate) struct Collective<B: Backend> {
+    pub issued: Issued<B>,
+    /// Held until the collective has finished, so that it has read the packed bucket.
+    pub held: Held<B>,
+}
+
+/// The gradients a bucket was packed from, held while its collective may still read the
+/// packed bucket ([`issue`] says why).
+pub(crate) struct Held<B: Backend> {
+    _grads: Vec<B::FloatTensorPrimitive>,
+}
+
+/// Packs `grads` into `bucket` (see [`reduce`]) and issues its collective on the shard group
+/// without waiting for it: [`complete`] takes the result once it has finished.
+pub(crate) fn issue<B: Backend>(
+    ctx: &Reduction<'_, B>,
+    bucket: &Bucket,
+    grads: Vec<Option<B::FloatTensorPrimitive>>,
+) -> Result<Collective<B>, ReduceError> {
     // The gradients stay held until the collective has read the packed bucket. With overlap
     // they were written on the training thread and are packed here, on the issuing thread:
     // on cubecl backends that is another stream, and a buffer of the training thread's stream
     // dropped here while the pack kernels still wait in this stream's queue goes back to its
     // pool at once, where the training thread's next tensor can take it and be written before
     // the pack has read it (measured: wrong gradients in about one run in six at 4 ranks on
-    // wgpu). The collective waits for the pack kernels to finish before it reads their
-    // output, so once it returns the gradients have been read. A handle clone, no copy.
-    let held: Vec<B::FloatTensorPrimitive> = grads.iter().flatten().cloned().collect();
+    // wgpu). The collective runs after the pack kernels have finished, so once it has finished
+    // the gradients have been read. A handle clone, no copy.
+    let held = Held {
+        _grads: grads.iter().flatten().cloned().collect(),
+    };
     let packed = pack(ctx, bucket, grads)?;
-    if world_size == 1 && ctx.replicas.is_none() && peaks_watched() {
+    if ctx.comm.world_size() == 1 && ctx.replicas.is_none() && peaks_watched() {
         finish_alone(ctx)?;
     }
-    let reduced = match bucket.mode {
-        Mode::ReduceScatter => ctx.comm.reduce_scatter(packed, ReduceOp::Sum),
-        Mode::AllReduce => ctx.comm.all_reduce(packed, ReduceOp::Sum),
-    }?;
+    let op = match bucket.mode {
+        Mode::ReduceScatter => DataOp::ReduceScatter(ReduceOp::Sum),
+        Mode::AllReduce => DataOp::AllReduce(ReduceOp::Sum),
+    };
+    let issued = ctx.comm.issue(op, packed)?;
+    Ok(Collective { issued, held })
+}
+
+/// The rest of a bucket's reduction once its collective has finished with `reduced`: with
+/// hybrid sharding the sum across the replica groups, then the unpack (or the read-back to
+/// host memory).
+pub(crate) fn complete<B: Backend>(
+    ctx: &Reduction<'_, B>,
+    bucket: &Bucket,
+    reduced: Tensor<B, 1>,
+    held: Held<B>,
+) -> Result<Values<B>, ReduceError> {
     if let Some(at_peak) = ctx.at_peak {
         at_peak();
     }
     drop(held);
+    let world_size = ctx.comm.world_size();
     // Hybrid sharding: each shard group has summed its own ranks; the groups' sums of this
     // rank's block are added across the groups, in group order.
     let (reduced, ranks) = match ctx.replicas {

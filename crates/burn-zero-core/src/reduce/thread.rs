@@ -13,7 +13,7 @@
 //! slots itself. Buckets are reduced strictly in layout order, with the same arithmetic as on
 //! the training thread, so results are bitwise the same as without overlap.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
 use burn_zero_comm::sync::lock;
-use burn_zero_comm::{CommError, Communicator, RankCounters, Reservation};
+use burn_zero_comm::{CommError, Communicator, Deferred, RankCounters, Reservation};
 
 use crate::memory::MemoryTracker;
 use crate::reduce::bucket::Bucket;
 use crate::reduce::queue::{BucketQueue, Reduced};
-use crate::reduce::reduction::{self, ReduceError, Reduction};
+use crate::reduce::reduction::{self, ReduceError, Reduction, Values};
 use crate::store::groups::OrderedGroups;
 use crate::store::host_gradients::HostGradients;
 
@@ -294,6 +294,7 @@ fn index(buckets: &[Bucket]) -> (Vec<Vec<usize>>, Vec<usize>) {
 }
 
 /// What the thread reduces with, besides the communicator.
+#[derive(Clone)]
 struct Work<B: Backend> {
     device: B::Device,
     predivide: f64,
@@ -303,6 +304,29 @@ struct Work<B: Backend> {
     to_host: Arc<HostGradients>,
 }
 
+impl<B: Backend> Work<B> {
+    /// Runs `reduce` with a [`Reduction`] on `shard` (and with hybrid sharding, `replicas`).
+    fn reduction<T>(
+        &self,
+        shard: &dyn Communicator<B>,
+        replicas: Option<&dyn Communicator<B>>,
+        reduce: impl FnOnce(&Reduction<'_, B>) -> T,
+    ) -> T {
+        reduce(&Reduction {
+            comm: shard,
+            replicas,
+            device: &self.device,
+            predivide: self.predivide,
+            memory: &self.memory,
+            to_host: &self.to_host,
+            counters: &self.counters,
+            // Left to the samplers: here the bucket and its gradients are held together for a
+            // whole collective across ranks, not for an instant.
+            at_peak: None,
+        })
+    }
+}
+
 /// The thread's loop: queue gradients, have the issuing thread reduce the next bucket in each
 /// position it is given, answer `Finish`.
 fn serve<B: Backend>(
@@ -310,7 +334,7 @@ fn serve<B: Backend>(
     mut queue: BucketQueue<B>,
     inbox: &Receiver<Job<B>>,
     outbox: &Sender<Finished<B>>,
-    backlog: &Backlog,
+    backlog: &Arc<Backlog>,
 ) {
     let mut pass = Pass::default();
     for job in inbox {
@@ -321,13 +345,17 @@ fn serve<B: Backend>(
                 replicas,
                 bytes,
             } => {
+                pass.collect(&mut queue, backlog, false);
                 if pass.failure.is_none() && !queue.is_done() {
-                    pass.reduce_next(work, &mut queue, reservation, replicas);
+                    let jobs = (reservation, replicas);
+                    pass.reduce_next(work, &mut queue, jobs, bytes, backlog);
+                } else {
+                    // Skipped after a failure: its full gradients are freed.
+                    backlog.sub(bytes);
                 }
-                // Reduced (its full gradients freed), or skipped after a failure.
-                backlog.sub(bytes);
             }
             Job::Finish { backward_ended } => {
+                pass.collect(&mut queue, backlog, true);
                 let early = pass
                     .done_at
                     .iter()
@@ -360,6 +388,8 @@ struct Pass<B: Backend> {
     done_at: Vec<Instant>,
     failure: Option<ReduceError>,
     busy_seconds: f64,
+    /// Buckets whose reductions finish on the issuing thread, in reduction order.
+    in_flight: VecDeque<InFlight<B>>,
 }
 
 impl<B: Backend> Default for Pass<B> {
@@ -369,8 +399,24 @@ impl<B: Backend> Default for Pass<B> {
             done_at: Vec::new(),
             failure: None,
             busy_seconds: 0.0,
+            in_flight: VecDeque::new(),
         }
     }
+}
+
+/// A reduced bucket, back from the issuing thread: the bucket (to reuse), its values, when its
+/// reduction finished and the seconds the issuing thread spent on it.
+type Outcome<B> = (Bucket, Result<Values<B>, ReduceError>, Instant, f64);
+
+/// A bucket whose reduction finishes on the issuing thread.
+struct InFlight<B: Backend> {
+    index: usize,
+    result: Deferred<Outcome<B>, ReduceError>,
+    /// The bucket's full gradients, in bytes, for the backlog if the reduction never reached
+    /// its end (which takes them off itself).
+    bytes: usize,
+    /// The groups to end if it failed.
+    engine: Arc<dyn Communicator<B>>,
 }
 
 impl<B: Backend> Pass<B> {
@@ -379,68 +425,151 @@ impl<B: Backend> Pass<B> {
     /// all run on the issuing thread: the packed bucket is made on the thread that reads it,
     /// so the only device synchronisation a bucket costs is the one its last hook made for
     /// its gradients.
+    ///
+    /// The issuing thread does not wait for the bucket's collective: it unpacks once the
+    /// device has finished it ([`Reservation::run_deferred`]), and this thread collects the
+    /// result later ([`Self::collect`]). With hybrid sharding the bucket finishes in its
+    /// position instead: the all-reduce across the groups runs on another communicator, and
+    /// the collectives of communicators that share a device must keep one order on every rank.
     fn reduce_next(
         &mut self,
         work: &Work<B>,
         queue: &mut BucketQueue<B>,
-        reservation: Reservation<B>,
-        replicas: Option<Reservation<B>>,
+        jobs: (Reservation<B>, Option<Reservation<B>>),
+        bytes: usize,
+        backlog: &Arc<Backlog>,
     ) {
-        let started = Instant::now();
+        let (reservation, replicas) = jobs;
         let Some((index, bucket, grads)) = queue.take_next(&work.memory) else {
+            backlog.sub(bytes);
             return;
         };
-        let rank = reservation.rank();
         let engine = reservation.engine().clone();
         let across = replicas.as_ref().map(|r| r.engine().clone());
         let kinds = bucket.collectives(across.is_some());
-        let (device, predivide, memory) =
-            (work.device.clone(), work.predivide, work.memory.clone());
-        let (counters, to_host) = (work.counters.clone(), work.to_host.clone());
-        let outcome = reservation.run(&kinds, move |shard| {
-            let ctx = Reduction {
-                comm: shard,
-                replicas: across.as_deref(),
-                device: &device,
-                predivide,
-                memory: &memory,
-                to_host: &to_host,
-                counters: &counters,
-                // Left to the samplers: here the bucket and its gradients are held together
-                // for a whole collective across ranks, not for an instant.
-                at_peak: None,
-            };
-            let values = reduction::reduce(&ctx, &bucket, grads);
-            Ok((bucket, values))
-        });
-        let result = match outcome {
-            Ok((bucket, values)) => {
-                queue.restore(index, bucket);
-                values
+        let work = work.clone();
+        let result = match across {
+            None => {
+                let (shard, finished) = (engine.clone(), backlog.clone());
+                reservation.run_deferred(
+                    &kinds,
+                    move |shard_here| {
+                        let started = Instant::now();
+                        let collective = work.reduction(shard_here, None, |ctx| {
+                            reduction::issue(ctx, &bucket, grads)
+                        })?;
+                        let busy = started.elapsed().as_secs_f64();
+                        Ok((collective.issued, (bucket, collective.held, work, busy)))
+                    },
+                    move |reduced, (bucket, held, work, busy)| {
+                        let started = Instant::now();
+                        let values = work.reduction(shard.as_ref(), None, |ctx| {
+                            reduction::complete(ctx, &bucket, reduced, held)
+                        });
+                        finished.sub(bytes);
+                        let busy = busy + started.elapsed().as_secs_f64();
+                        Ok((bucket, values, Instant::now(), busy))
+                    },
+                )
             }
-            Err(error) => Err(ReduceError::Comm(error)),
+            Some(across) => {
+                let replica_group = across.clone();
+                let outcome = reservation.run(&kinds, move |shard| {
+                    let started = Instant::now();
+                    let values = work.reduction(shard, Some(across.as_ref()), |ctx| {
+                        reduction::reduce(ctx, &bucket, grads)
+                    });
+                    Ok((
+                        bucket,
+                        values,
+                        Instant::now(),
+                        started.elapsed().as_secs_f64(),
+                    ))
+                });
+                backlog.sub(bytes);
+                let engines = [engine, replica_group];
+                self.record(queue, index, outcome.map_err(ReduceError::from), &engines);
+                drop(replicas);
+                return;
+            }
         };
         match result {
-            Ok(values) => {
+            Ok(result) => self.in_flight.push_back(InFlight {
+                index,
+                result,
+                bytes,
+                engine,
+            }),
+            Err(error) => {
+                backlog.sub(bytes);
+                self.record(queue, index, Err(ReduceError::from(error)), &[engine]);
+            }
+        }
+    }
+
+    /// Takes the results of the buckets in flight, in order: those that have arrived, or with
+    /// `all`, every one, waiting for each.
+    fn collect(&mut self, queue: &mut BucketQueue<B>, backlog: &Backlog, all: bool) {
+        while let Some(next) = self.in_flight.front() {
+            let result = match all {
+                true => None,
+                false => match next.result.try_take() {
+                    Some(result) => Some(result),
+                    None => return,
+                },
+            };
+            let Some(InFlight {
+                index,
+                result: deferred,
+                bytes,
+                engine,
+            }) = self.in_flight.pop_front()
+            else {
+                return;
+            };
+            let result = result.unwrap_or_else(|| deferred.wait());
+            if result.is_err() {
+                // It never reached its end, which takes its gradients off the backlog.
+                backlog.sub(bytes);
+            }
+            self.record(queue, index, result, &[engine]);
+        }
+    }
+
+    /// Records bucket `index`'s reduction: its values, or the failure, which ends the groups
+    /// of `engines` (the shard group's first) so that no rank pairs its next collective with a
+    /// wrong one.
+    fn record(
+        &mut self,
+        queue: &mut BucketQueue<B>,
+        index: usize,
+        outcome: Result<Outcome<B>, ReduceError>,
+        engines: &[Arc<dyn Communicator<B>>],
+    ) {
+        let result = outcome.and_then(|(bucket, values, done_at, busy)| {
+            queue.restore(index, bucket);
+            self.busy_seconds += busy;
+            values.map(|values| (values, done_at))
+        });
+        match result {
+            Ok((values, done_at)) => {
                 self.reduced.push(Reduced {
                     bucket: index,
                     values,
                 });
-                self.done_at.push(Instant::now());
+                self.done_at.push(done_at);
             }
             Err(error) => {
-                // The positions after this one are skipped on this rank: end the group so
-                // that no rank pairs its next collective with a wrong one.
+                let rank = engines.first().map_or(0, |engine| engine.rank());
                 let reason = format!("rank {rank} could not reduce a gradient bucket: {error}");
-                engine.abort(&reason);
-                if let Some(replicas) = &replicas {
-                    replicas.abort(&reason);
+                for engine in engines {
+                    engine.abort(&reason);
                 }
-                self.failure = Some(error);
+                if self.failure.is_none() {
+                    self.failure = Some(error);
+                }
             }
         }
-        drop(replicas);
-        self.busy_seconds += started.elapsed().as_secs_f64();
     }
 }
 
