@@ -135,38 +135,10 @@ fn a_step_issues_one_collective_per_chunk_and_counts_them() {
 /// clipping, no loss scaling).
 #[test]
 fn with_inputs_ordered_on_the_device_a_step_synchronises_for_no_collective() {
-    use std::sync::Arc;
-
-    use burn::optim::{AdamConfig, GradientsParams};
-    use burn_zero_comm::{RankContext, launch};
-    use burn_zero_core::{ZeroError, shard};
-    use burn_zero_optim::ZeroOptimizer;
-    use burn_zero_testing::recording::{CallLog, RecordingComm};
-    use burn_zero_testing::{Train, micro_batch};
-
     let base = base_model_on::<Flex>(&Default::default());
     for stage in 0..=3 {
-        let config = ZeroConfig::new()
-            .with_stage(stage)
-            .with_overlap_comm(true)
-            .with_prefetch(2)
-            .with_chunk_size(ChunkSize::Elements(256));
-        let ranks = launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
-            let engine = RecordingComm::new(ctx.engine().clone(), CallLog::default());
-            let ctx = RankContext::new(*ctx.device(), Arc::new(engine.ordering_on_device()));
-            let (mut model, zero) = shard(base.clone(), &ctx, &config)?;
-            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new()).unwrap();
-            for index in 0..3 {
-                let (tokens, targets) = micro_batch::<Train>(2 * index + ctx.rank(), ctx.device());
-                let loss = burn_zero_testing::Block::loss(&model, tokens, targets);
-                let grads = GradientsParams::from_grads(loss.backward(), &model);
-                model = optimizer.step(1e-2, model, grads);
-            }
-            drop(model);
-            Ok(zero.counts())
-        })
-        .unwrap();
-        for (rank, counts) in ranks.into_iter().enumerate() {
+        let ranks = ordered_on_device::train(&base, &ordered_on_device::overlapped(stage), None);
+        for (rank, (_, counts)) in ranks.into_iter().enumerate() {
             assert!(counts.collectives() > 0, "stage {stage}, rank {rank}");
             assert_eq!(
                 (counts.syncs, counts.host_reads),
@@ -186,54 +158,20 @@ fn with_inputs_ordered_on_the_device_a_step_synchronises_for_no_collective() {
 /// when backward ends, on the training thread, whose next work is the step that reads them.
 #[test]
 fn buckets_whose_collectives_complete_later_train_the_same_bits_without_a_wait_each() {
-    use std::sync::Arc;
     use std::time::Duration;
 
-    use burn::optim::{AdamConfig, GradientsParams};
-    use burn_zero_comm::{Counts, RankContext, launch};
-    use burn_zero_core::{ZeroError, shard};
-    use burn_zero_optim::ZeroOptimizer;
-    use burn_zero_testing::recording::{CallLog, RecordingComm};
-    use burn_zero_testing::{Train, micro_batch, param_values};
+    use burn_zero_comm::Counts;
+    use burn_zero_testing::params_bits_equal;
 
     let base = base_model_on::<Flex>(&Default::default());
-    let train = |config: &ZeroConfig, later: Option<Duration>| {
-        launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
-            let mut engine = RecordingComm::new(ctx.engine().clone(), CallLog::default());
-            if let Some(after) = later {
-                engine = engine.completing_after(after);
-            }
-            let ctx = RankContext::new(*ctx.device(), Arc::new(engine.ordering_on_device()));
-            let (mut model, zero) = shard(base.clone(), &ctx, config)?;
-            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new()).unwrap();
-            for index in 0..3 {
-                let (tokens, targets) = micro_batch::<Train>(2 * index + ctx.rank(), ctx.device());
-                let loss = burn_zero_testing::Block::loss(&model, tokens, targets);
-                let grads = GradientsParams::from_grads(loss.backward(), &model);
-                model = optimizer.step(1e-2, model, grads);
-            }
-            let values = param_values(&model);
-            drop(model);
-            Ok((values, zero.counts()))
-        })
-        .unwrap()
-    };
     for stage in 0..=3 {
-        let config = ZeroConfig::new()
-            .with_stage(stage)
-            .with_overlap_comm(true)
-            .with_prefetch(2)
-            .with_chunk_size(ChunkSize::Elements(256));
-        let want = train(&config, None);
-        let got = train(&config, Some(Duration::from_millis(2)));
+        let config = ordered_on_device::overlapped(stage);
+        let want = ordered_on_device::train(&base, &config, None);
+        let got = ordered_on_device::train(&base, &config, Some(Duration::from_millis(2)));
         let mut total = Counts::default();
         for (rank, ((values, counts), (wanted, _))) in got.into_iter().zip(&want).enumerate() {
             assert!(
-                values
-                    .iter()
-                    .flatten()
-                    .map(|v| v.to_bits())
-                    .eq(wanted.iter().flatten().map(|v| v.to_bits())),
+                params_bits_equal(&values, wanted),
                 "stage {stage}, rank {rank}: parameters differ"
             );
             total = total + counts;
@@ -250,6 +188,59 @@ fn buckets_whose_collectives_complete_later_train_the_same_bits_without_a_wait_e
                 "stage {stage}: every reduction was waited for: {total:?}"
             );
         }
+    }
+}
+
+/// Training at 2 ranks on an engine that orders its inputs on the device, as NCCL does.
+mod ordered_on_device {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use burn::backend::Flex;
+    use burn::optim::{AdamConfig, GradientsParams};
+    use burn_zero_comm::{Counts, RankContext, launch};
+    use burn_zero_core::{ChunkSize, ZeroConfig, ZeroError, shard};
+    use burn_zero_optim::ZeroOptimizer;
+    use burn_zero_testing::recording::{CallLog, RecordingComm};
+    use burn_zero_testing::{Block, Train, micro_batch, param_values};
+
+    /// Stage `stage` with reduction overlapping backward, gathers two ahead and chunks of 256
+    /// elements.
+    pub fn overlapped(stage: u8) -> ZeroConfig {
+        ZeroConfig::new()
+            .with_stage(stage)
+            .with_overlap_comm(true)
+            .with_prefetch(2)
+            .with_chunk_size(ChunkSize::Elements(256))
+    }
+
+    /// Three Adam steps of `base` at 2 ranks under `config`; with `completes_after`, the
+    /// engine's reductions complete that long after their issue. Each rank's parameters and
+    /// counts.
+    pub fn train(
+        base: &Block<Train>,
+        config: &ZeroConfig,
+        completes_after: Option<Duration>,
+    ) -> Vec<(Vec<Vec<f32>>, Counts)> {
+        launch::<Flex, _, _, ZeroError>(2, &[Default::default()], |ctx| {
+            let mut engine = RecordingComm::new(ctx.engine().clone(), CallLog::default());
+            if let Some(after) = completes_after {
+                engine = engine.completing_after(after);
+            }
+            let ctx = RankContext::new(*ctx.device(), Arc::new(engine.ordering_on_device()));
+            let (mut model, zero) = shard(base.clone(), &ctx, config)?;
+            let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new()).unwrap();
+            for index in 0..3 {
+                let (tokens, targets) = micro_batch::<Train>(2 * index + ctx.rank(), ctx.device());
+                let loss = model.loss(tokens, targets);
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                model = optimizer.step(1e-2, model, grads);
+            }
+            let values = param_values(&model);
+            drop(model);
+            Ok((values, zero.counts()))
+        })
+        .unwrap()
     }
 }
 
