@@ -81,17 +81,8 @@ pub(crate) fn reduce<B: Backend>(
     bucket: &Bucket,
     grads: Vec<Option<B::FloatTensorPrimitive>>,
 ) -> Result<Values<B>, ReduceError> {
-    let collective = issue(ctx, bucket, grads)?;
-    let reduced = collective.issued.wait()?;
-    complete(ctx, bucket, reduced, collective.held)
-}
-
-/// A bucket's collective, issued on the shard group and perhaps still running on the device,
-/// with the gradients the bucket was packed from.
-pub(crate) struct Collective<B: Backend> {
-    pub issued: Issued<B>,
-    /// Held until the collective has finished, so that it has read the packed bucket.
-    pub held: Held<B>,
+    let (issued, held) = issue(ctx, bucket, grads)?;
+    complete(ctx, bucket, issued.wait()?, held)
 }
 
 /// The gradients a bucket was packed from, held while its collective may still read the
@@ -101,12 +92,13 @@ pub(crate) struct Held<B: Backend> {
 }
 
 /// Packs `grads` into `bucket` (see [`reduce`]) and issues its collective on the shard group
-/// without waiting for it: [`complete`] takes the result once it has finished.
+/// without waiting for it: the collective, perhaps still running on the device, with the
+/// gradients to hold until it has finished. [`complete`] takes the result once it has.
 pub(crate) fn issue<B: Backend>(
     ctx: &Reduction<'_, B>,
     bucket: &Bucket,
     grads: Vec<Option<B::FloatTensorPrimitive>>,
-) -> Result<Collective<B>, ReduceError> {
+) -> Result<(Issued<B>, Held<B>), ReduceError> {
     // The gradients stay held until the collective has read the packed bucket. With overlap
     // they were written on the training thread and are packed here, on the issuing thread:
     // on cubecl backends that is another stream, and a buffer of the training thread's stream
@@ -126,8 +118,7 @@ pub(crate) fn issue<B: Backend>(
         Mode::ReduceScatter => DataOp::ReduceScatter(ReduceOp::Sum),
         Mode::AllReduce => DataOp::AllReduce(ReduceOp::Sum),
     };
-    let issued = ctx.comm.issue(op, packed)?;
-    Ok(Collective { issued, held })
+    Ok((ctx.comm.issue(op, packed)?, held))
 }
 
 /// The rest of a bucket's reduction once its collective has finished with `reduced`: with

@@ -455,11 +455,11 @@ impl<B: Backend> Pass<B> {
                     &kinds,
                     move |shard_here| {
                         let started = Instant::now();
-                        let collective = work.reduction(shard_here, None, |ctx| {
+                        let (issued, held) = work.reduction(shard_here, None, |ctx| {
                             reduction::issue(ctx, &bucket, grads)
                         })?;
                         let busy = started.elapsed().as_secs_f64();
-                        Ok((collective.issued, (bucket, collective.held, work, busy)))
+                        Ok((issued, (bucket, held, work, busy)))
                     },
                     move |reduced, (bucket, held, work, busy)| {
                         let started = Instant::now();
@@ -511,23 +511,20 @@ impl<B: Backend> Pass<B> {
     /// `all`, every one, waiting for each.
     fn collect(&mut self, queue: &mut BucketQueue<B>, backlog: &Backlog, all: bool) {
         while let Some(next) = self.in_flight.front() {
-            let result = match all {
-                true => None,
-                false => match next.result.try_take() {
-                    Some(result) => Some(result),
-                    None => return,
-                },
-            };
+            let arrived = next.result.try_take();
+            if arrived.is_none() && !all {
+                return;
+            }
             let Some(InFlight {
                 index,
-                result: deferred,
+                result,
                 bytes,
                 engine,
             }) = self.in_flight.pop_front()
             else {
                 return;
             };
-            let result = result.unwrap_or_else(|| deferred.wait());
+            let result = arrived.unwrap_or_else(|| result.wait());
             if result.is_err() {
                 // It never reached its end, which takes its gradients off the backlog.
                 backlog.sub(bytes);
