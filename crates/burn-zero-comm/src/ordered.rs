@@ -69,6 +69,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use burn_zero_launch::sync::lock;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
@@ -339,6 +340,7 @@ enum Next {
 /// The next call in ticket order, waiting for one; with work kept aside (`!nothing_parked`),
 /// waits at most [`Parked::POLL`].
 fn next_call(shared: &Shared, serving: &mut u64, nothing_parked: bool) -> Next {
+    let idle_from = Instant::now() + Parked::POLL;
     let mut queue = shared.lock();
     loop {
         let stopped = queue.stopping && queue.slots.is_empty();
@@ -369,14 +371,16 @@ fn next_call(shared: &Shared, serving: &mut u64, nothing_parked: bool) -> Next {
                 .wait(queue)
                 .unwrap_or_else(|p| p.into_inner());
         } else {
-            let (woken, timeout) = shared
-                .changed
-                .wait_timeout(queue, Parked::POLL)
-                .unwrap_or_else(|p| p.into_inner());
-            if timeout.timed_out() {
+            // Woken for another ticket's change, it still turns idle at `idle_from`.
+            let left = idle_from.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Next::Idle;
             }
-            queue = woken;
+            queue = shared
+                .changed
+                .wait_timeout(queue, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 }
