@@ -24,7 +24,9 @@
 //! makes, by as many as it reports kept uses), it sends fewer bytes to the device over those
 //! steps than the run with every shard on the host, with no more read-backs' bytes and no more
 //! synchronisations (the rank's counts: on a GPU, what crosses the bus), and it trains the
-//! same bits; a capacity
+//! same bits. With gathers prefetched two ahead, where the upload of a shard to keep is made by
+//! the gather that prefetches it, it still keeps shards, each kept use still saves an upload,
+//! and the bits are the same. A capacity
 //! below what the run needs with every shard on the host stops it with a named error, and so
 //! does asking to read the capacity from a wgpu device (only CUDA's driver reports one).
 //!
@@ -86,11 +88,17 @@ fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
     // Gradients reduced when backward ends, on the training thread: without a communication
     // thread racing backward, each run's memory over time is the same from run to run.
     // The optimizer's state on the host in every run.
+    // No gather cache, unless the run prefetches (which gathers into it).
     let placement = config.placement.with_offload_optim_frac(1.0);
+    let gathered = if config.prefetch > 0 {
+        config.max_live_gathered_bytes
+    } else {
+        0
+    };
     let config = config
         .with_stage(3)
         .with_chunk_size(ChunkSize::PerParameter)
-        .with_max_live_gathered_bytes(0)
+        .with_max_live_gathered_bytes(gathered)
         .with_overlap_comm(false)
         .with_placement(placement);
     let mut ranks = launch::<Plain, _, _, ZeroError>(1, std::slice::from_ref(&device), |ctx| {
@@ -98,6 +106,7 @@ fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
         let mut optimizer = ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build()))?;
         let mut placed_from = Counts::default();
         let mut placed_counts = Counts::default();
+        let mut kept = None;
         let (model, peak) = peak_device_memory::<Plain, _>(ctx.device(), EVERY, || {
             for step in 0..STEPS {
                 if step == STEPS - PLACED {
@@ -109,6 +118,8 @@ fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
                 Plain::sync(ctx.device()).unwrap();
             }
             placed_counts = zero.counts() - placed_from;
+            // Before the parameters are read back, which gathers them once more.
+            kept = zero.memory_report().kept_shards;
             model
         });
         Ok(Run {
@@ -116,7 +127,7 @@ fn train(base: &Stack<Train>, config: ZeroConfig) -> Result<Run, String> {
             peak: peak.expect("a cubecl backend"),
             params: param_values(&model),
             placed: zero.memory_report().auto_placement,
-            kept: zero.memory_report().kept_shards,
+            kept,
             placed_counts,
         })
     })
@@ -165,6 +176,7 @@ fn parameters_on_the_host_leave_the_device_and_the_auto_placement_keeps_under_it
 
     let auto = check_auto_placement(&base, &on_device, &on_host, layer);
     check_uploads(&auto, &on_host, layer);
+    check_prefetched(&base, &on_device, layer);
     check_refused_capacities(&base, &on_host);
 }
 
@@ -309,6 +321,52 @@ fn check_uploads(auto: &Run, on_host: &Run, layer: u64) {
     );
     assert!(auto_counts.host_read_bytes <= host_counts.host_read_bytes);
     assert!(auto_counts.syncs <= host_counts.syncs);
+}
+
+/// The auto placement with gathers issued ahead of use: a kept shard is then uploaded by the
+/// gather that prefetches it (on a GPU, by the rank's issuing thread, on its stream; here one
+/// rank makes it in place) and kept from there. The run keeps shards, each kept use saves an
+/// upload, and it trains the same bits.
+fn check_prefetched(base: &Stack<Train>, on_device: &Run, layer: u64) {
+    // Two gathers ahead, with room in the cache for both.
+    let prefetching = |placement| {
+        placed(placement)
+            .with_prefetch(2)
+            .with_max_live_gathered_bytes(2 * layer as usize)
+    };
+    let on_host = train(base, prefetching(Placement::fractions(1.0, 1.0))).unwrap();
+    // As in `check_auto_placement`: room for one layer's shard beside the step's, over what
+    // the run needs with every shard on the host (prefetched layers included).
+    let capacity = (on_host.peak.in_use + 2 * layer + layer / 5) as f64 / 0.9;
+    let auto = train(
+        base,
+        prefetching(Placement::auto(Capacity::MiB(capacity / 1048576.0))),
+    )
+    .unwrap();
+    let placed = auto
+        .placed
+        .expect("the warm-up ended and the shards were placed");
+    let kept = auto.kept.expect("the placement decided");
+    println!(
+        "prefetching, capacity {capacity:.0} B: {placed:?}; {kept:?}; {:?}",
+        auto.placed_counts
+    );
+    assert!(params_bits_equal(&auto.params, &on_device.params));
+    assert!(
+        placed.host_chunks >= 1,
+        "every layer went to the device, nothing to keep: {placed:?}"
+    );
+    assert!(
+        kept.kept_uses >= 1,
+        "no host shard was kept: {kept:?} {placed:?}"
+    );
+    let (host, device) = (placed.host_chunks, placed.device_chunks);
+    let unkept = (PLACED * (2 * host + device) + device) as u64;
+    assert_eq!(
+        auto.placed_counts.host_writes,
+        unkept - kept.kept_uses,
+        "each kept use saves one upload: {kept:?}"
+    );
 }
 
 /// A capacity below what the run needs with every shard on the host, and a device capacity

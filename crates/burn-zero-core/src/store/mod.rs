@@ -17,16 +17,20 @@
 //!   parameter shards move to the device.
 //! - `residency`: after that decision, the host shards kept on the device between uses,
 //!   period by period, evicting the one used furthest ahead.
+//! - `kept_shard`: one kept shard's device copy, a slot the upload that makes it fills.
+//! - `upload`: a shard's host bytes uploaded by the thread that gathers it.
 //!
-//! Dependencies run one way: `param` → `param_store` → `shard_placement`, `block`, `cache`,
-//! `groups`, `prefetch`, `table`; `shard_placement` → `auto_placement`, `residency`. Where each
-//! rank's padded block of a tensor lies is [`crate::chunk::BlockLayout`]'s.
+//! Dependencies run one way: `param` → `param_store` → `shard_placement`, `upload`, `block`,
+//! `cache`, `groups`, `prefetch`, `table`; `shard_placement` → `auto_placement`, `residency`,
+//! `kept_shard`; `upload` → `block`, `kept_shard`. Where each rank's padded block of a tensor
+//! lies is [`crate::chunk::BlockLayout`]'s.
 
 pub(crate) mod auto_placement;
 pub mod block;
 mod cache;
 pub mod groups;
 pub mod host_gradients;
+mod kept_shard;
 pub mod param;
 pub mod param_store;
 pub(crate) mod prefetch;

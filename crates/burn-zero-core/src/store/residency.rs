@@ -50,7 +50,7 @@ pub(crate) struct Residency<T> {
     stats: KeptShardStats,
 }
 
-impl<T: Clone> Residency<T> {
+impl<T> Residency<T> {
     /// The schedule of a pass that gathered the chunks `order` and whose periods (one per
     /// gather, then the one between passes) needed `needs` bytes apart from the shards, for a
     /// device that may hold `planned` bytes of which `fixed` are shards placed for good.
@@ -125,11 +125,25 @@ impl<T: Clone> Residency<T> {
     }
 
     /// The kept shard of `chunk` when it holds the values of `versions` (its members' current
-    /// shard versions).
-    pub(crate) fn get(&mut self, chunk: usize, versions: &[u64]) -> Option<T> {
-        let kept = self.kept.get(&chunk).filter(|k| k.versions == versions)?;
-        self.stats.kept_uses += 1;
-        Some(kept.shard.clone())
+    /// shard versions), as `usable` takes it. One that `usable` refuses (a copy whose upload
+    /// never ran) is dropped, not counted as a use or an eviction: the caller uploads again and
+    /// offers that. Returns the shard taken and the bytes freed.
+    pub(crate) fn get<U>(
+        &mut self,
+        chunk: usize,
+        versions: &[u64],
+        usable: impl FnOnce(&T) -> Option<U>,
+    ) -> (Option<U>, u64) {
+        let Some(kept) = self.kept.get(&chunk).filter(|k| k.versions == versions) else {
+            return (None, 0);
+        };
+        match usable(&kept.shard) {
+            Some(shard) => {
+                self.stats.kept_uses += 1;
+                (Some(shard), 0)
+            }
+            None => (None, self.kept.remove(&chunk).map_or(0, |kept| kept.bytes)),
+        }
     }
 
     /// Offers `shard`, just uploaded for a gather of `chunk` (its members at `versions`), to
@@ -247,12 +261,17 @@ mod tests {
         residency
     }
 
+    /// Every kept copy of these tests has its values.
+    fn ready(shard: &&'static str) -> Option<&'static str> {
+        Some(*shard)
+    }
+
     /// Runs one pass, offering each chunk's shard when it is not kept; returns the uploads.
     fn pass(residency: &mut Residency<&'static str>, versions: u64) -> usize {
         let mut uploads = 0;
         for chunk in residency.order.clone() {
             residency.gathering(chunk);
-            if residency.get(chunk, &[versions]).is_none() {
+            if residency.get(chunk, &[versions], ready).0.is_none() {
                 uploads += 1;
                 residency.offer(chunk, vec![versions], "shard", 10);
             }
@@ -298,8 +317,10 @@ mod tests {
         assert_eq!(residency.bytes(), 30);
         // Period 3 gathers 2 again: 1 (next use 4) and 0 (next use 5) are further ahead.
         assert_eq!(residency.gathering(2), 20);
-        assert!(residency.get(2, &[1]).is_some());
-        assert!(residency.get(1, &[1]).is_none() && residency.get(0, &[1]).is_none());
+        assert!(residency.get(2, &[1], ready).0.is_some());
+        assert!(
+            residency.get(1, &[1], ready).0.is_none() && residency.get(0, &[1], ready).0.is_none()
+        );
     }
 
     #[test]
@@ -307,9 +328,25 @@ mod tests {
         let mut residency = schedule(&[30; 7]);
         residency.gathering(0);
         residency.offer(0, vec![1], "old", 10);
-        assert_eq!(residency.get(0, &[2]), None);
+        assert_eq!(residency.get(0, &[2], ready), (None, 0));
         assert_eq!(residency.forget(0), 10);
         assert_eq!(residency.bytes(), 0);
+    }
+
+    #[test]
+    fn a_copy_whose_upload_never_ran_is_dropped_uncounted_and_offered_again() {
+        let mut residency = schedule(&[30; 7]);
+        residency.gathering(0);
+        assert_eq!(residency.offer(0, vec![1], "never uploaded", 10), (true, 0));
+        let before = residency.stats();
+        assert_eq!(residency.get(0, &[1], |_| None::<&str>), (None, 10));
+        assert_eq!(residency.bytes(), 0);
+        assert_eq!(
+            (residency.stats().kept_uses, residency.stats().evicted),
+            (before.kept_uses, before.evicted)
+        );
+        assert_eq!(residency.offer(0, vec![1], "uploaded", 10), (true, 0));
+        assert_eq!(residency.get(0, &[1], ready), (Some("uploaded"), 0));
     }
 
     #[test]
@@ -337,7 +374,7 @@ mod tests {
         residency.offer(1, vec![1], "1", 10);
         assert_eq!(residency.take(5), 10, "one of the two no longer fits");
         assert!(
-            residency.get(1, &[1]).is_some(),
+            residency.get(1, &[1], ready).0.is_some(),
             "1 is used next (period 4)"
         );
     }

@@ -24,6 +24,7 @@ use crate::chunk::{Chunk, ChunkKind, ChunkLayout};
 use crate::memory::{AutoPlacementReport, KeptShardStats, MemoryKind, MemoryTracker};
 use crate::placement::{Capacity, Placement};
 use crate::store::auto_placement::{AutoPlacement, CapacityExceeded, SAMPLE_EVERY};
+use crate::store::kept_shard::KeptShard;
 use crate::store::residency::Residency;
 
 /// Where one rank's parameter shards live: on the device or in host memory, by parameter key.
@@ -35,7 +36,7 @@ pub(crate) struct ShardPlacement<B: Backend> {
     /// The auto placement (`Placement::auto`), when configured.
     auto: Option<Mutex<AutoPlacement>>,
     /// The host shards the auto placement keeps on the device between uses, once it decided.
-    residency: Mutex<Option<Residency<B::FloatTensorPrimitive>>>,
+    residency: Mutex<Option<Residency<KeptShard<B>>>>,
     /// The device whose memory the auto placement reads.
     device: B::Device,
     /// The rank, for messages.
@@ -235,36 +236,33 @@ impl<B: Backend> ShardPlacement<B> {
         tracing::info!(rank = self.rank, ?report, "parameter shards placed");
     }
 
-    /// Whether shards may be kept on the device between uses (the auto placement has
-    /// decided): an upload must then be made where the shard is asked for, to be offered.
-    pub(crate) fn keeps_shards(&self) -> bool {
-        lock(&self.residency).is_some()
+    /// The device copy kept of host-resident `chunk`'s shard, when it holds the values of
+    /// `versions` and its upload has run. A copy whose upload never ran is forgotten here (see
+    /// [`KeptShard`]).
+    pub(crate) fn kept(&self, chunk: &Chunk, versions: &[u64]) -> Option<Tensor<B, 1>> {
+        let mut residency = lock(&self.residency);
+        let (kept, freed) = residency
+            .as_mut()?
+            .get(chunk.id, versions, KeptShard::values);
+        self.memory.sub(MemoryKind::ParameterShards, freed as usize);
+        kept.map(|values| Tensor::from_primitive(TensorPrimitive::Float(values)))
     }
 
-    /// The shard of host-resident `chunk` for a gather of its members at `versions`: the copy
-    /// kept on the device when it holds these versions, or else what `upload` brings, offered
-    /// to be kept. `None` when `upload` has nothing (a block is on the device).
-    pub(crate) fn kept_or_uploaded(
-        &self,
-        chunk: &Chunk,
-        versions: Vec<u64>,
-        upload: impl FnOnce() -> Option<Tensor<B, 1>>,
-    ) -> Option<Tensor<B, 1>> {
+    /// Offers the upload about to be made of host-resident `chunk`'s shard (its members at
+    /// `versions`) to be kept on the device: the slot the upload fills, when the placement keeps
+    /// it. Decided now, on the thread that asks for the gather, so that what is kept follows
+    /// that thread's order whichever thread uploads.
+    pub(crate) fn offer(&self, chunk: &Chunk, versions: Vec<u64>) -> Option<KeptShard<B>> {
         let mut residency = lock(&self.residency);
-        if let Some(kept) = residency.as_mut().and_then(|r| r.get(chunk.id, &versions)) {
-            return Some(Tensor::from_primitive(TensorPrimitive::Float(kept)));
+        let residency = residency.as_mut()?;
+        let bytes = shard_bytes(chunk) as u64;
+        let slot = KeptShard::pending();
+        let (kept, freed) = residency.offer(chunk.id, versions, slot.clone(), bytes);
+        self.memory.sub(MemoryKind::ParameterShards, freed as usize);
+        if kept {
+            self.memory.add(MemoryKind::ParameterShards, bytes as usize);
         }
-        let shard = upload()?;
-        if let Some(residency) = residency.as_mut() {
-            let bytes = shard_bytes(chunk) as u64;
-            let primitive = shard.clone().into_primitive().tensor();
-            let (kept, freed) = residency.offer(chunk.id, versions, primitive, bytes);
-            self.memory.sub(MemoryKind::ParameterShards, freed as usize);
-            if kept {
-                self.memory.add(MemoryKind::ParameterShards, bytes as usize);
-            }
-        }
-        Some(shard)
+        kept.then_some(slot)
     }
 
     /// Drops the device copy kept of `chunk`'s shard: a member's values changed.
@@ -273,5 +271,89 @@ impl<B: Backend> ShardPlacement<B> {
             let freed = residency.forget(chunk);
             self.memory.sub(MemoryKind::ParameterShards, freed as usize);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::thread;
+
+    use burn::backend::Flex;
+    use burn::tensor::{DType, TensorData};
+    use burn_zero_comm::RankCounters;
+
+    use super::*;
+    use crate::store::upload::Upload;
+
+    /// A placement that keeps shards, in the first period of a pass gathering chunk 0, then 1,
+    /// then 0, with room for one shard of four f32s (16 bytes) in every period.
+    fn keeping() -> (ShardPlacement<Flex>, Arc<MemoryTracker>) {
+        let memory = Arc::new(MemoryTracker::default());
+        let placement =
+            ShardPlacement::new(&Placement::device(), Default::default(), 0, memory.clone());
+        let mut residency = Residency::new(vec![0, 1, 0], &[0; 4], 16, 0);
+        residency.gathering(0);
+        *lock(&placement.residency) = Some(residency);
+        (placement, memory)
+    }
+
+    fn chunk(id: usize) -> Chunk {
+        Chunk {
+            id,
+            kind: ChunkKind::Sharded,
+            dtype: DType::F32,
+            trainable: true,
+            members: Vec::new(),
+            shard_len: 4,
+        }
+    }
+
+    fn shard_bytes_held(memory: &MemoryTracker) -> u64 {
+        memory.usage(MemoryKind::ParameterShards).current
+    }
+
+    #[test]
+    fn a_kept_shard_is_what_its_upload_made_on_another_thread_and_one_never_made_is_forgotten() {
+        let (placement, memory) = keeping();
+        let counters = Arc::new(RankCounters::default());
+        let chunk = chunk(0);
+        let values = vec![1.0f32, -2.5, 3.0, 0.125];
+
+        // Kept when offered: its bytes count at once. Its upload never runs (the gather was
+        // dropped): the next gather finds nothing to use, and the bytes are freed.
+        let never = placement
+            .offer(&chunk, vec![7])
+            .expect("room for the shard");
+        assert_eq!(shard_bytes_held(&memory), 16);
+        assert!(placement.kept(&chunk, &[7]).is_none());
+        assert_eq!(shard_bytes_held(&memory), 0);
+        drop(never);
+
+        // Offered again, and uploaded by another thread (as a prefetch's is, by the issuing
+        // thread): the next gather of these versions uses that upload, without another.
+        let slot = placement
+            .offer(&chunk, vec![7])
+            .expect("room for the shard");
+        let upload = Upload::<Flex>::new(
+            TensorData::new(values.clone(), [4]),
+            Default::default(),
+            counters.clone(),
+            Some(slot),
+        );
+        let gathered = thread::spawn(move || upload.run().into_data())
+            .join()
+            .unwrap();
+        assert_eq!(gathered.to_vec::<f32>().unwrap(), values);
+        let kept = placement
+            .kept(&chunk, &[7])
+            .expect("the uploaded shard is kept");
+        assert_eq!(kept.into_data().to_vec::<f32>().unwrap(), values);
+        assert_eq!(counters.snapshot().host_writes, 1);
+        assert_eq!(shard_bytes_held(&memory), 16);
+        // Newer values than the kept ones: not used.
+        assert!(placement.kept(&chunk, &[8]).is_none());
+        let stats = placement.kept_shards().expect("the placement keeps shards");
+        assert_eq!((stats.kept, stats.kept_uses), (2, 1), "{stats:?}");
     }
 }

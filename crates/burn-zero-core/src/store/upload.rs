@@ -12,8 +12,9 @@
 //! upload through page-locked memory and queues the copy without waiting for the device, so
 //! neither thread waits for the copy.
 //!
-//! A shard the auto placement may keep on the device between uses is uploaded where it is
-//! asked for: keeping it needs the device tensor at once.
+//! A shard the auto placement keeps on the device between uses is uploaded the same way: the
+//! placement decides to keep it when the gather is issued and hands the upload a slot
+//! ([`KeptShard`]), which the upload fills with the device copy wherever it runs.
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_zero_comm::RankCounters;
 
 use crate::store::block::Block;
+use crate::store::kept_shard::KeptShard;
 
 /// A shard's values for a gather: on the device, or in host memory still.
 pub(crate) enum ShardValues<B: Backend> {
@@ -41,25 +43,36 @@ impl<B: Backend> ShardValues<B> {
     }
 }
 
-/// Host bytes bound for `device`: one transfer, counted in `counters` when it is made.
+/// Host bytes bound for `device`: one transfer, counted in `counters` when it is made, and
+/// kept in the placement's slot `keep` when it keeps the copy.
 pub(crate) struct Upload<B: Backend> {
     data: TensorData,
     device: B::Device,
     counters: Arc<RankCounters>,
+    keep: Option<KeptShard<B>>,
 }
 
 impl<B: Backend> Upload<B> {
-    pub fn new(data: TensorData, device: B::Device, counters: Arc<RankCounters>) -> Self {
+    pub fn new(
+        data: TensorData,
+        device: B::Device,
+        counters: Arc<RankCounters>,
+        keep: Option<KeptShard<B>>,
+    ) -> Self {
         Self {
             data,
             device,
             counters,
+            keep,
         }
     }
 
     /// Uploads the values, on this thread's stream.
     pub fn run(self) -> Tensor<B, 1> {
         let values = Block::<B>::upload(self.data, &self.device, &self.counters);
+        if let Some(slot) = &self.keep {
+            slot.fill(values.clone());
+        }
         Tensor::from_primitive(TensorPrimitive::Float(values))
     }
 }

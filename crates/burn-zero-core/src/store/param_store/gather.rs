@@ -206,10 +206,9 @@ impl<B: Backend> ParamStore<B> {
     }
 
     /// The shard of `chunk` whose `blocks` (of `members` at their versions) are all in host
-    /// memory: the one kept on the device when it holds these versions, or else uploaded
-    /// (and offered to be kept). With `defer_upload`, and no shard kept between uses, the
-    /// joined host bytes are returned for the thread that gathers them to upload
-    /// ([`crate::store::upload`]). `None` when a block is on the device.
+    /// memory: the one kept on the device when it holds these versions, or else the joined
+    /// host bytes to upload, offered to be kept. With `defer_upload` the upload is left to the
+    /// thread that gathers them ([`crate::store::upload`]). `None` when a block is on the device.
     fn host_shard(
         &self,
         chunk: &Chunk,
@@ -220,20 +219,19 @@ impl<B: Backend> ParamStore<B> {
         if !blocks.iter().all(|block| block.is_on_host()) {
             return None;
         }
-        if defer_upload && !self.placement.keeps_shards() {
-            let data = host_bytes(blocks)?;
-            let upload = Upload::new(data, self.device.clone(), self.counters.clone());
-            return Some(ShardValues::Host(upload));
-        }
         let versions: Vec<u64> = members.iter().map(|&(_, version)| version).collect();
-        let upload = || {
-            let data = host_bytes(blocks)?;
-            let values = Block::<B>::upload(data, &self.device, &self.counters);
-            Some(Tensor::from_primitive(TensorPrimitive::Float(values)))
-        };
-        self.placement
-            .kept_or_uploaded(chunk, versions, upload)
-            .map(ShardValues::Device)
+        if let Some(kept) = self.placement.kept(chunk, &versions) {
+            return Some(ShardValues::Device(kept));
+        }
+
+        let data = host_bytes(blocks)?;
+        let keep = self.placement.offer(chunk, versions);
+        let upload = Upload::new(data, self.device.clone(), self.counters.clone(), keep);
+        Some(if defer_upload {
+            ShardValues::Host(upload)
+        } else {
+            ShardValues::Device(upload.run())
+        })
     }
 
     /// Cuts every member out of an all-gather's result `raw` (one member, or a chunk of
@@ -384,24 +382,27 @@ impl<B: Backend> ParamStore<B> {
             let Some(block) = block.upgrade().filter(|block| !block.is_released()) else {
                 break;
             };
-            let (values, members, bytes) = match self.gathered_chunk(key, true) {
-                Some(chunk) => match self.chunk_shard(chunk, key, version, &block, true) {
-                    Ok((shard, members)) => {
-                        let bytes = chunk.gathered_len(self.world_size()) * info.dtype.size();
-                        (shard, members, bytes)
-                    }
-                    Err(_) => break,
-                },
-                None => {
-                    let values = self.own_shard(key, version, &block, true, true);
-                    let bytes = info.shape.num_elements() * info.dtype.size();
-                    (values, vec![(key, version)], bytes)
-                }
+            // Whether it fits is known before its shard is looked up: a lookup uses a kept
+            // shard or offers an upload to be kept, which a gather not issued must not do.
+            let chunk = self.gathered_chunk(key, true);
+            let bytes = match chunk {
+                Some(chunk) => chunk.gathered_len(self.world_size()) * info.dtype.size(),
+                None => info.shape.num_elements() * info.dtype.size(),
             };
             let inflight = prefetch.inflight_bytes();
             if inflight + bytes > limit {
                 break;
             }
+            let (values, members) = match chunk {
+                Some(chunk) => match self.chunk_shard(chunk, key, version, &block, true) {
+                    Ok(shard) => shard,
+                    Err(_) => break,
+                },
+                None => {
+                    let values = self.own_shard(key, version, &block, true, true);
+                    (values, vec![(key, version)])
+                }
+            };
             let evicted = lock(&self.cache).shrink_to(limit - inflight - bytes);
             self.memory.sub(MemoryKind::Gathered, evicted);
             // A shard in host memory is uploaded by the issuing thread, on its stream, just
