@@ -473,6 +473,12 @@ impl<B: Backend> Reservation<B> {
         self.world_size == 1
     }
 
+    /// Whether work given to [`Self::run`] or [`Self::run_deferred`] runs here, on the calling
+    /// thread: a group of one rank whose position carries no other group's collectives.
+    fn runs_here(&self) -> bool {
+        self.is_alone() && !self.open.spans_groups.load(Ordering::Relaxed)
+    }
+
     /// Answers a data collective of a group of one rank in place: counted, and `result` (the
     /// input) returned as it is.
     fn in_place<T>(&self, kind: CollectiveKind, result: T) -> Result<T, CommError> {
@@ -514,7 +520,7 @@ impl<B: Backend> Reservation<B> {
         kinds: &[CollectiveKind],
         work: impl FnOnce(&dyn Communicator<B>) -> Result<T, CommError> + Send + 'static,
     ) -> Result<T, CommError> {
-        if self.is_alone() && !self.open.spans_groups.load(Ordering::Relaxed) {
+        if self.runs_here() {
             return work(&self);
         }
         for &kind in kinds {
@@ -547,7 +553,7 @@ impl<B: Backend> Reservation<B> {
         E: From<CommError> + std::fmt::Display + Send + 'static,
     {
         let (answer, result) = sync_channel(1);
-        if self.is_alone() && !self.open.spans_groups.load(Ordering::Relaxed) {
+        if self.runs_here() {
             let outcome = start(&self).and_then(|(issued, state)| then(issued.wait()?, state));
             let _ = answer.send(outcome);
             return Ok(Deferred(result));

@@ -40,6 +40,19 @@ impl<B: Backend> RecordingComm<B> {
         }
     }
 
+    /// The same recording, into the same log and with the same settings, around `inner` (a
+    /// communicator duplicated or split from this one's).
+    fn around(&self, inner: Arc<dyn Communicator<B>>) -> Arc<dyn Communicator<B>> {
+        Arc::new(Self {
+            inner,
+            log: self.log.clone(),
+            reduction_delay: self.reduction_delay,
+            orders_on_device: self.orders_on_device,
+            completes_after: self.completes_after,
+            counters: self.counters.clone(),
+        })
+    }
+
     /// Makes every reduction (reduce-scatter, all-reduce) issued with
     /// [`Communicator::issue`] complete `after` its issue, as a collective on a device does
     /// while the host goes on: asking before then says it is not done, and waiting before then
@@ -103,25 +116,11 @@ impl<B: Backend> Communicator<B> for RecordingComm<B> {
         self.inner.barrier()
     }
     fn duplicate(&self) -> Result<Arc<dyn Communicator<B>>, CommError> {
-        Ok(Arc::new(Self {
-            inner: self.inner.duplicate()?,
-            log: self.log.clone(),
-            reduction_delay: self.reduction_delay,
-            orders_on_device: self.orders_on_device,
-            completes_after: self.completes_after,
-            counters: self.counters.clone(),
-        }))
+        Ok(self.around(self.inner.duplicate()?))
     }
     fn split(&self, color: usize) -> Result<Arc<dyn Communicator<B>>, CommError> {
         self.note("split".into(), false);
-        Ok(Arc::new(Self {
-            inner: self.inner.split(color)?,
-            log: self.log.clone(),
-            reduction_delay: self.reduction_delay,
-            orders_on_device: self.orders_on_device,
-            completes_after: self.completes_after,
-            counters: self.counters.clone(),
-        }))
+        Ok(self.around(self.inner.split(color)?))
     }
     fn abort(&self, reason: &str) {
         self.inner.abort(reason)

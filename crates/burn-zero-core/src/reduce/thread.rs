@@ -515,15 +515,15 @@ impl<B: Backend> Pass<B> {
             if arrived.is_none() && !all {
                 return;
             }
-            let Some(InFlight {
+            let InFlight {
                 index,
                 result,
                 bytes,
                 engine,
-            }) = self.in_flight.pop_front()
-            else {
-                return;
-            };
+            } = self
+                .in_flight
+                .pop_front()
+                .expect("the front bucket was just read");
             let result = arrived.unwrap_or_else(|| result.wait());
             if result.is_err() {
                 // It never reached its end, which takes its gradients off the backlog.

@@ -223,7 +223,6 @@ impl<B: Backend> ParamStore<B> {
         if let Some(kept) = self.placement.kept(chunk, &versions) {
             return Some(ShardValues::Device(kept));
         }
-
         let data = host_bytes(blocks)?;
         let keep = self.placement.offer(chunk, versions);
         let upload = Upload::new(data, self.device.clone(), self.counters.clone(), keep);
