@@ -5,9 +5,10 @@
 //! quarter-size one, which gives it an odd length) and of 48 (equal, each of an odd length), as
 //! 1 rank row and as 8; at 25 MiB also of 48 members whose lengths, offsets and rows all divide
 //! by the widest vector, as every member of the GPT models' chunks does at 2 ranks. An odd member
-//! moves one element per unit and every member after it in the bucket is misaligned, so the two
-//! shapes at 25 MiB tell the vector width's share of the gap to the copy from the rest of it; f32 gradients into an f32 bucket, and into a bf16 one (the cast of
-//! `reduce_dtype`), each with a predivide factor. Unpack reads every member of a row back with a
+//! shifts every member after it against the vector grid; those take the shifted kernels, which
+//! read the shifted side element by element and write whole vectors, so the two shapes at 25 MiB
+//! tell what the shift still costs. f32 gradients into an f32 bucket, and into a bf16 one (the
+//! cast of `reduce_dtype`), each with a predivide factor. Unpack reads every member of a row back with a
 //! divisor (the gradient buckets' call, `unpack_row`); the gathered cut takes every member out of
 //! an all-gathered chunk of 8 rank rows (`cut_gathered`, stage 3's gathers). The copy is Burn's
 //! own device copy kernel (`CubeTensor::copy`, vectorised) of a tensor as large as the bucket.

@@ -168,6 +168,84 @@ fn contiguous_gradients_are_packed_in_batches() {
 }
 
 #[test]
+fn shifted_gradients_are_packed_in_batches() {
+    let Some(_turn) = runs("shifted_gradients_are_packed_in_batches") else {
+        return;
+    };
+    let device = WgpuDevice::default();
+    let batch = batch(&device);
+    if widest(&device, 4) == 1 {
+        println!(
+            "SKIPPED: shifted_gradients_are_packed_in_batches: the device moves no f32 vectors"
+        );
+        return;
+    }
+    for rows in [1, 4] {
+        for members in [7usize, 20] {
+            // Odd lengths, so odd offsets after the first; the last member's padding keeps a
+            // row of several a whole number of 8-element vectors.
+            let mut offset = 0;
+            let mut specs: Vec<MemberSpec> = (0..members)
+                .map(|i| {
+                    let len = 1001 + 2 * i;
+                    let member = MemberSpec {
+                        numel: rows * len - i % 2,
+                        len,
+                        offset,
+                    };
+                    offset += len;
+                    member
+                })
+                .collect();
+            if rows > 1 {
+                let last = specs.last_mut().unwrap();
+                last.len += offset.next_multiple_of(8) - offset;
+                offset = offset.next_multiple_of(8);
+            }
+            let spec = BucketSpec {
+                rows,
+                row_len: offset,
+                dtype: DType::F32,
+                predivide: 2.0,
+            };
+            let grads: Vec<_> = specs
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (*m, Some(flat(m.numel, i, &device))))
+                .collect();
+            let (kernel, launched) = pack(spec, &grads, PackPath::Kernel, &device);
+            let what = format!("{members} odd members over {rows} rows, batch {batch}");
+            // Widths are powers of two: a member moves one element at a time on both sides
+            // exactly when one of its sizes is odd (the row's counts from two rows on).
+            let row = if rows > 1 { offset } else { 0 };
+            let shifted = specs
+                .iter()
+                .filter(|m| [m.numel, m.len, m.offset, row].iter().any(|n| n % 2 == 1))
+                .count();
+            assert!(shifted + 1 >= members, "{what}: {shifted} shifted");
+            let expected = shifted.div_ceil(batch);
+            let aligned = (members - shifted).div_ceil(batch);
+            assert_eq!(
+                count(&launched, "PackShifted"),
+                expected,
+                "{what}: {launched:#?}"
+            );
+            assert_eq!(
+                count(&launched, "PackMembers"),
+                aligned,
+                "{what}: {launched:#?}"
+            );
+            assert_eq!(launched.len(), expected + aligned, "{what}: {launched:#?}");
+            let (fallback, _) = pack(spec, &grads, PackPath::Fallback, &device);
+            assert!(
+                kernel == fallback,
+                "{what}: the bucket differs from the fallback's"
+            );
+        }
+    }
+}
+
+#[test]
 fn strided_and_missing_gradients_take_a_launch_each() {
     let Some(_turn) = runs("strided_and_missing_gradients_take_a_launch_each") else {
         return;
@@ -217,16 +295,15 @@ fn row_parts(lens: &[usize], dtype: DType) -> Vec<RowPart> {
         .collect()
 }
 
-/// Unpacks `parts` of `row` on the kernel path and returns them with the unpack launches,
-/// after checking each part bit for bit against its own unpack on the fallback and kernel
-/// paths.
+/// Unpacks `parts` of `row` on the kernel path and returns the launches, after checking each
+/// part bit for bit against its own unpack on the fallback and kernel paths.
 fn unpack_counted(
     row: &Primitive,
     parts: &[RowPart],
     postdivide: f64,
     device: &WgpuDevice,
     what: &str,
-) -> usize {
+) -> Vec<String> {
     let (unpacked, launched) = LaunchLog::install()
         .launches::<WgpuRuntime, _>(device, || {
             let parts = unpack_row::<Plain>(row.clone(), parts, postdivide, PackPath::Kernel, None)
@@ -250,7 +327,15 @@ fn unpack_counted(
             "{what}: part {i} differs from its own launch's"
         );
     }
-    count(&launched, "UnpackMembers")
+    launched
+}
+
+/// The widest vector of `bytes`-byte elements the device moves.
+fn widest(device: &WgpuDevice, bytes: usize) -> usize {
+    WgpuRuntime::client(device)
+        .io_optimized_vector_sizes(bytes)
+        .next()
+        .unwrap_or(1)
 }
 
 #[test]
@@ -273,26 +358,39 @@ fn a_rows_parts_are_unpacked_in_batches() {
             } else {
                 count_parts.div_ceil(batch)
             };
-            assert_eq!(
-                unpack_counted(&row, &parts, postdivide, &device, &what),
-                expected,
-                "{what}"
-            );
+            let launched = unpack_counted(&row, &parts, postdivide, &device, &what);
+            assert_eq!(count(&launched, "UnpackMembers"), expected, "{what}");
+            assert_eq!(launched.len(), expected, "{what}: {launched:#?}");
 
-            // Odd lengths: parts of up to three widths (1, 2, 4 elements), a batch of each.
+            // Odd lengths: parts of up to three widths (1, 2, 4 elements). A part at an odd
+            // offset or of an odd length is shifted against the grid: the shifted kernel
+            // moves it in vectors too, a batch of them a launch.
             let lens: Vec<usize> = (0..count_parts).map(|i| 1024 + 7 * i).collect();
             let parts = row_parts(&lens, DType::F32);
-            let row = flat(lens.iter().sum(), 11, &device);
+            let row_len: usize = lens.iter().sum();
+            let row = flat(row_len, 11, &device);
             let what = format!("odd {what}");
-            let launches = unpack_counted(&row, &parts, postdivide, &device, &what);
+            let launched = unpack_counted(&row, &parts, postdivide, &device, &what);
+            let shifted = parts
+                .iter()
+                .filter(|p| [p.offset, p.len, row_len].iter().any(|n| n % 2 == 1))
+                .count();
+            assert!(shifted > 0 && shifted < count_parts, "{what}: {shifted}");
+            let expected = match (postdivide == 1.0, widest(&device, 4) > 1) {
+                (true, _) => 0,
+                (false, true) => shifted.div_ceil(batch),
+                (false, false) => 0,
+            };
+            assert_eq!(count(&launched, "UnpackShifted"), expected, "{what}");
             let most = if postdivide == 1.0 {
                 0
             } else {
                 3 * count_parts.div_ceil(batch)
             };
+            let unpacks = count(&launched, "UnpackMembers") + count(&launched, "UnpackShifted");
             assert!(
-                launches <= most,
-                "{what}: {launches} launches, at most {most}"
+                unpacks <= most,
+                "{what}: {unpacks} unpack launches, at most {most}"
             );
         }
     }
@@ -343,8 +441,9 @@ fn a_gathered_chunks_members_are_cut_in_batches() {
     let batch = batch(&device);
     for ranks in [1, 2, 3, 4] {
         for count_members in [5usize, 20] {
-            // Odd lengths: every member is read and written one element a unit, one batch
-            // width; at one rank, odd offsets are never at the alignment.
+            // Odd lengths: every member is shifted against the vector grid, one batch kind
+            // (the shifted kernel, where the device has vectors); at one rank, odd offsets are
+            // never at the alignment.
             let odd: Vec<usize> = (0..count_members).map(|i| 1001 + 2 * i).collect();
             // Blocks of whole vectors (several ranks: no member is a view).
             let even: Vec<usize> = (0..count_members).map(|i| 4 * ranks * (64 + i)).collect();
@@ -382,7 +481,13 @@ fn a_gathered_chunks_members_are_cut_in_batches() {
                     assert!(got == want, "{what}: member {m} is not the values gathered");
                 }
                 let expected = count_members.div_ceil(batch);
-                assert_eq!(count(&launched, "CutMembers"), expected, "{what}");
+                let shifted = if numels[0] % 2 == 1 && widest(&device, 4) > 1 {
+                    expected
+                } else {
+                    0
+                };
+                assert_eq!(count(&launched, "CutShifted"), shifted, "{what}");
+                assert_eq!(count(&launched, "CutMembers"), expected - shifted, "{what}");
                 assert_eq!(launched.len(), expected, "{what}: nothing else launched");
             }
         }

@@ -78,4 +78,26 @@ impl<R: CubeRuntime> UnitRanges<R> {
         }
         ranges
     }
+
+    /// The ranges of shifted members (see `shifted.rs`) given as (offset in the shared buffer,
+    /// elements in the grid): each takes whole vectors of `vector` elements, its last one
+    /// partly; its offset stays in elements.
+    pub(super) fn shifted(
+        members: impl IntoIterator<Item = (usize, usize)>,
+        vector: usize,
+    ) -> Self {
+        let mut ranges = Self {
+            starts: SequenceArg::new(),
+            ends: SequenceArg::new(),
+            offsets: SequenceArg::new(),
+            units: 0,
+        };
+        for (offset, elements) in members {
+            ranges.starts.push(ranges.units);
+            ranges.units += elements.div_ceil(vector);
+            ranges.ends.push(ranges.units);
+            ranges.offsets.push(offset);
+        }
+        ranges
+    }
 }

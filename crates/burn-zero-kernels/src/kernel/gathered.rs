@@ -1,10 +1,9 @@
-//! Cut kernel: one launch copies a batch of members out of an all-gathered chunk, each into a
-//! tensor of its own ([`Batches`] says why batches).
+//! Cut kernels: one launch copies a batch of members out of an all-gathered chunk, each into a
+//! tensor of its own ([`Batches`] says why batches); a member shifted against the vector grid
+//! takes the shifted kernel (`shifted.rs`).
 
-use burn::tensor::Shape;
 use burn::tensor::backend::Backend;
 use burn_cubecl::CubeRuntime;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::std::tensor::layout::linear::LinearView;
@@ -14,6 +13,7 @@ use crate::KernelError;
 use crate::spec::GatheredMember;
 
 use super::batch::{Batches, UnitRanges};
+use super::shifted::{Grid, moves_shifted, rounded_up, trimmed, widest};
 use super::{address_type, from_cube, into_cube_reading, storage_type, vector_size};
 
 /// `output[k] = gathered[(k / block) * row + offset + k % block]` for a batch of members, each
@@ -48,6 +48,56 @@ fn cut_members<E: Numeric, N: Size>(
     }
 }
 
+/// [`cut_members`] for members at any offset and of any block length: unit `pos` copies the
+/// `N` elements `(pos - starts[i]) * N + k` of member `i` (those below `numels[i]`) one by one
+/// from its blocks (`offsets` and `blocks` in elements, rows of `row` elements) and writes them
+/// as one vector of its output, which holds whole vectors (`shifted.rs`).
+#[cube(launch_unchecked, address_type = "dynamic")]
+fn cut_shifted<E: Numeric, N: Size>(
+    gathered: &LinearView<E>,
+    outputs: &mut Sequence<LinearView<Vector<E, N>, ReadWrite>>,
+    starts: Sequence<usize>,
+    ends: Sequence<usize>,
+    offsets: Sequence<usize>,
+    blocks: Sequence<usize>,
+    numels: Sequence<usize>,
+    row: usize,
+    units: usize,
+    #[define(E)] _dtype: StorageType,
+) {
+    if ABSOLUTE_POS >= units {
+        terminate!();
+    }
+    let count = comptime![outputs.len()];
+    let width = N::value();
+    #[unroll]
+    for i in 0..count {
+        let start = starts[i];
+        if ABSOLUTE_POS >= start && ABSOLUTE_POS < ends[i] {
+            let local = ABSOLUTE_POS - start;
+            let first = local * width;
+            let block = blocks[i];
+            let offset = offsets[i];
+            let numel = numels[i];
+            let mut value = Vector::<E, N>::empty();
+            #[unroll]
+            for k in 0..width {
+                let element = first + k;
+                let mut lane = E::from_int(0);
+                if element < numel {
+                    lane = gathered[(element / block) * row + offset + element % block];
+                }
+                value[k] = lane;
+            }
+            let output = outputs.index_mut(i);
+            output[local] = value;
+        }
+    }
+}
+
+/// What the members of one cut launch share: the vector width and how they meet the grid.
+type Key = (usize, Grid);
+
 /// A member waiting for its launch: its index, where it lies, and its output.
 type Waiting<R> = (usize, GatheredMember, CubeTensor<R>);
 
@@ -68,7 +118,8 @@ pub(super) fn cut<B: Backend, R: CubeRuntime>(
     let alignment = client.properties().memory.alignment as usize;
     let contiguous = tensor.is_contiguous();
     // The gathered row and the scalars take a binding each.
-    let mut batches: Batches<usize, Waiting<R>> = Batches::new(&client, 2);
+    let mut batches: Batches<Key, Waiting<R>> = Batches::new(&client, 2);
+    let widest = widest(&client, size);
     let mut cut: Vec<Option<B::FloatTensorPrimitive>> = members.iter().map(|_| None).collect();
     let mut copies: Vec<Option<CubeTensor<R>>> = members.iter().map(|_| None).collect();
     for (index, member) in members.iter().enumerate() {
@@ -90,19 +141,19 @@ pub(super) fn cut<B: Backend, R: CubeRuntime>(
         } else {
             &[1]
         };
-        let vector = vector_size(&client, size, widths);
-        let output = empty_device_dtype(
-            client.clone(),
-            tensor.device.clone(),
-            Shape::new([member.numel]),
-            tensor.dtype,
-        );
-        if let Some((vector, full)) = batches.push(vector, (index, *member, output)) {
-            launch(&tensor, dtype, row, vector, full, &mut copies);
+        let aligned = vector_size(&client, size, widths);
+        let key = if contiguous && moves_shifted(aligned, widest, member.numel) {
+            (widest, Grid::Shifted)
+        } else {
+            (aligned, Grid::Aligned)
+        };
+        let output = rounded_up(&client, &tensor.device, member.numel, key.0, tensor.dtype);
+        if let Some((key, full)) = batches.push(key, (index, *member, output)) {
+            launch(&tensor, dtype, row, key, full, &mut copies);
         }
     }
-    for (vector, waiting) in batches.take() {
-        launch(&tensor, dtype, row, vector, waiting, &mut copies);
+    for (key, waiting) in batches.take() {
+        launch(&tensor, dtype, row, key, waiting, &mut copies);
     }
     Ok(cut
         .into_iter()
@@ -114,13 +165,14 @@ pub(super) fn cut<B: Backend, R: CubeRuntime>(
         .collect())
 }
 
-/// Copies `members` out of `gathered` (rows of `row` elements) in one [`cut_members`] launch,
-/// `vector` elements a unit, and puts each output in its member's place of `copies`.
+/// Copies `members` out of `gathered` (rows of `row` elements) in one [`cut_members`] or
+/// [`cut_shifted`] launch, `vector` elements a unit, and puts each output in its member's place
+/// of `copies`.
 fn launch<R: CubeRuntime>(
     gathered: &CubeTensor<R>,
     dtype: StorageType,
     row: usize,
-    vector: usize,
+    (vector, grid): Key,
     members: Vec<Waiting<R>>,
     copies: &mut [Option<CubeTensor<R>>],
 ) {
@@ -128,41 +180,82 @@ fn launch<R: CubeRuntime>(
     let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(.., output)| output).collect();
     tensors.push(gathered);
     let address = address_type(&tensors);
+    let places = members.iter().map(|(_, m, _)| (m.offset, m.numel));
     let UnitRanges {
         starts,
         ends,
         offsets,
         units,
-    } = UnitRanges::<R>::new(members.iter().map(|(_, m, _)| (m.offset, m.numel)), vector);
-    let mut outputs = SequenceArg::new();
+    } = match grid {
+        Grid::Aligned => UnitRanges::<R>::new(places, vector),
+        Grid::Shifted => UnitRanges::<R>::shifted(places, vector),
+    };
+    // A sequence of the outputs' views, typed by the kernel it goes to.
+    macro_rules! outputs {
+        () => {{
+            let mut outputs = SequenceArg::new();
+            for (.., output) in &members {
+                outputs.push(output.clone().into_linear_view());
+            }
+            outputs
+        }};
+    }
     let mut blocks = SequenceArg::<R, usize>::new();
-    for (_, member, output) in &members {
-        blocks.push(member.block_len / vector);
-        outputs.push(output.clone().into_linear_view());
+    let mut numels = SequenceArg::<R, usize>::new();
+    for (_, member, _) in &members {
+        match grid {
+            Grid::Aligned => blocks.push(member.block_len / vector),
+            Grid::Shifted => blocks.push(member.block_len),
+        }
+        numels.push(member.numel);
     }
     let cube_dim = CubeDim::new(client, units);
-    // SAFETY: every unit below `units` falls in one member's range; it reads inside that member's
-    // blocks of the gathered rows and writes below the member's length, both checked before the
-    // launch.
-    unsafe {
-        cut_members::launch_unchecked::<R>(
-            client,
-            calculate_cube_count_elemwise(client, units, cube_dim),
-            cube_dim,
-            address,
-            vector,
-            gathered.clone().into_linear_view(),
-            outputs,
-            starts,
-            ends,
-            offsets,
-            blocks,
-            row / vector,
-            units,
-            dtype,
-        )
+    let cube_count = calculate_cube_count_elemwise(client, units, cube_dim);
+    match grid {
+        // SAFETY: every unit below `units` falls in one member's range; it reads inside that
+        // member's blocks of the gathered rows and writes below the member's length, both
+        // checked before the launch.
+        Grid::Aligned => unsafe {
+            cut_members::launch_unchecked::<R>(
+                client,
+                cube_count,
+                cube_dim,
+                address,
+                vector,
+                gathered.clone().into_linear_view(),
+                outputs!(),
+                starts,
+                ends,
+                offsets,
+                blocks,
+                row / vector,
+                units,
+                dtype,
+            )
+        },
+        // SAFETY: as above; a unit reads only the member's elements below its length, and
+        // writes one vector of its output, which was rounded up to whole vectors.
+        Grid::Shifted => unsafe {
+            cut_shifted::launch_unchecked::<R>(
+                client,
+                cube_count,
+                cube_dim,
+                address,
+                vector,
+                gathered.clone().into_linear_view(),
+                outputs!(),
+                starts,
+                ends,
+                offsets,
+                blocks,
+                numels,
+                row,
+                units,
+                dtype,
+            )
+        },
     };
-    for (index, _, output) in members {
-        copies[index] = Some(output);
+    for (index, member, output) in members {
+        copies[index] = Some(trimmed(output, member.numel));
     }
 }

@@ -18,6 +18,7 @@ mod memory;
 mod pack;
 mod pieces;
 mod sgd;
+mod shifted;
 mod unpack;
 
 use std::any::{Any, TypeId};

@@ -1,7 +1,7 @@
 //! Pack kernels: one launch writes every bucket element of a batch of members (their
 //! `rows * len` elements each), up to 16 contiguous gradients of one dtype and vector width
-//! ([`Batches`] says why). A strided gradient and a member without a gradient take a launch
-//! each.
+//! ([`Batches`] says why); a member shifted against the vector grid takes the shifted kernel
+//! (`shifted.rs`). A strided gradient and a member without a gradient take a launch each.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, TensorMetadata};
@@ -13,6 +13,7 @@ use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use super::batch::{Batches, UnitRanges};
+use super::shifted::{Grid, moves_shifted, trimmed, widest};
 use super::{
     KernelPacker, address_type, from_cube, into_cube_reading, same_type_ref, storage_type,
     vector_size,
@@ -74,6 +75,120 @@ fn pack_members<I: Float, O: Float, N: Size>(
     }
 }
 
+/// [`pack_members`] for members at any offset and of any length: every unit writes one whole
+/// vector of the bucket, reading its gradients element by element.
+///
+/// Member `i` touches `counts[i]` vectors of each row, from vector `firsts[i]` of the row on;
+/// unit `pos` is its vector `(pos - starts[i]) % counts[i]` of row `/ counts[i]` (rows of
+/// `row_len` elements, a whole number of vectors). A vector inside the member's columns is
+/// filled from its gradient alone. A vector at one of its ends also holds elements of the
+/// member before or after it: that vector is read, the elements of every member of this
+/// launch are replaced, the rest (members of other launches, the bucket's rounding) kept, and
+/// it is written back by one unit only, the unit of the first member of the launch found in
+/// it, so two units of a launch never write one vector. Launches on one stream run one after
+/// another, so what a launch keeps is what an earlier one wrote, or what a later one will
+/// write. Each element is cast and divided as [`pack_members`] does.
+#[cube(launch_unchecked, address_type = "dynamic")]
+fn pack_shifted<I: Float, O: Float, N: Size>(
+    grads: &Sequence<LinearView<I>>,
+    bucket: &mut LinearView<Vector<O, N>, ReadWrite>,
+    divisor: InputScalar,
+    starts: Sequence<usize>,
+    ends: Sequence<usize>,
+    firsts: Sequence<usize>,
+    counts: Sequence<usize>,
+    numels: Sequence<usize>,
+    lens: Sequence<usize>,
+    offsets: Sequence<usize>,
+    row_len: usize,
+    units: usize,
+    #[comptime] divide: bool,
+    #[comptime] one_row: bool,
+    #[define(I, O)] _dtypes: [StorageType; 2],
+) {
+    if ABSOLUTE_POS >= units {
+        terminate!();
+    }
+    let count = comptime![grads.len()];
+    let width = N::value();
+    // A vector at a member's end, left for the loop over every member below.
+    let mut end = false;
+    // The member of that vector's unit, by its first unit (a runtime value).
+    let mut owner = 0usize;
+    let mut end_row = 0usize;
+    let mut end_column = 0usize;
+    #[unroll]
+    for i in 0..count {
+        let start = starts[i];
+        if ABSOLUTE_POS >= start && ABSOLUTE_POS < ends[i] {
+            let local = ABSOLUTE_POS - start;
+            let mut row = 0;
+            let mut step = local;
+            if !one_row {
+                row = local / counts[i];
+                step = local % counts[i];
+            }
+            // The column of the vector's first element.
+            let column = (firsts[i] + step) * width;
+            let offset = offsets[i];
+            let len = lens[i];
+            if column >= offset && column + width <= offset + len {
+                let from = row * len + column - offset;
+                let mut value = Vector::<O, N>::empty();
+                #[unroll]
+                for k in 0..width {
+                    let mut lane = O::from_int(0);
+                    if from + k < numels[i] {
+                        lane = O::cast_from(grads[i][from + k]);
+                        if divide {
+                            lane /= divisor.get::<O>();
+                        }
+                    }
+                    value[k] = lane;
+                }
+                bucket[(row * row_len + column) / width] = value;
+            } else {
+                end = true;
+                owner = start;
+                end_row = row;
+                end_column = column;
+            }
+        }
+    }
+    if end {
+        let at = (end_row * row_len + end_column) / width;
+        let mut value = bucket[at];
+        let mut found = false;
+        let mut first = 0usize;
+        #[unroll]
+        for k in 0..width {
+            let column = end_column + k;
+            #[unroll]
+            for j in 0..count {
+                let offset = offsets[j];
+                if column >= offset && column < offset + lens[j] {
+                    if !found {
+                        found = true;
+                        first = starts[j];
+                    }
+                    let from = end_row * lens[j] + column - offset;
+                    let mut lane = O::from_int(0);
+                    if from < numels[j] {
+                        lane = O::cast_from(grads[j][from]);
+                        if divide {
+                            lane /= divisor.get::<O>();
+                        }
+                    }
+                    value[k] = lane;
+                }
+            }
+        }
+        if first == owner {
+            bucket[at] = value;
+        }
+    }
+}
+
 /// Zero-fills a member's columns of every row (a member without a gradient).
 #[cube(launch_unchecked, address_type = "dynamic")]
 fn zero_member<O: Float, N: Size>(
@@ -92,8 +207,9 @@ fn zero_member<O: Float, N: Size>(
     bucket[row * row_len + offset + column] = Vector::from_int(0);
 }
 
-/// What the members of one pack launch share: the gradients' dtype and the vector width.
-type Key = (StorageType, usize);
+/// What the members of one pack launch share: the gradients' dtype, the vector width and how
+/// they meet the vector grid.
+type Key = (StorageType, usize, Grid);
 
 /// A bucket allocated once on a cubecl device, filled by batches of members.
 pub(crate) struct CubePacker<R: CubeRuntime> {
@@ -105,8 +221,9 @@ pub(crate) struct CubePacker<R: CubeRuntime> {
 }
 
 impl<R: CubeRuntime> CubePacker<R> {
-    /// Allocates the bucket (uninitialised: the members will cover it). Fails when the
-    /// device cannot compute in `spec.dtype`.
+    /// Allocates the bucket (uninitialised: the members will cover it), rounded up to whole
+    /// vectors of the widest width for the shifted kernel's last vector. Fails when the device
+    /// cannot compute in `spec.dtype`.
     pub(crate) fn new<B: Backend>(
         spec: &BucketSpec,
         device: &B::Device,
@@ -117,12 +234,10 @@ impl<R: CubeRuntime> CubePacker<R> {
         let out = storage_type(&client, spec.dtype)?;
         // The bucket and the scalars take a binding each.
         let batches = Batches::new(&client, 2);
-        let bucket = empty_device_dtype(
-            client,
-            device.clone(),
-            Shape::new([spec.numel()]),
-            spec.dtype,
-        );
+        let rounded = spec
+            .numel()
+            .next_multiple_of(widest(&client, spec.dtype.size()));
+        let bucket = empty_device_dtype(client, device.clone(), Shape::new([rounded]), spec.dtype);
         Ok(Self {
             spec: *spec,
             out,
@@ -135,7 +250,8 @@ impl<R: CubeRuntime> CubePacker<R> {
         let client = &self.bucket.client;
         let spec = &self.spec;
         let elem = spec.dtype.size();
-        let vector = vector_size(client, elem, &[member.len, member.offset, spec.row_len]);
+        let widths = [member.len, member.offset, self.row_len_width()];
+        let vector = vector_size(client, elem, &widths);
         let units = spec.rows * member.len / vector;
         let cube_dim = CubeDim::new(client, units);
         // SAFETY: every unit below `units` writes one vector of the member's columns of a row,
@@ -157,14 +273,23 @@ impl<R: CubeRuntime> CubePacker<R> {
         };
     }
 
-    /// Packs `grad` into `member`'s columns: a contiguous gradient joins the batch of its dtype
-    /// and vector width (launched once full, or at the finish), any other layout is launched
-    /// at once, read element by element through the view's strided indexing.
+    /// What the row length asks of a vector width: nothing in a bucket of one row (every
+    /// element's column is its place), to divide it otherwise.
+    fn row_len_width(&self) -> usize {
+        match self.spec.rows {
+            1 => 0,
+            _ => self.spec.row_len,
+        }
+    }
+
+    /// Packs `grad` into `member`'s columns: a contiguous gradient joins the batch of its dtype,
+    /// vector width and grid (launched once full, or at the finish), any other layout is
+    /// launched at once, read element by element through the view's strided indexing.
     fn pack(&mut self, member: &MemberSpec, grad: CubeTensor<R>) -> Result<(), KernelError> {
         let client = self.bucket.client.clone();
         let input = storage_type(&client, grad.dtype)?;
         if !grad.is_contiguous() {
-            self.launch((input, 1), vec![(*member, grad)]);
+            self.launch((input, 1, Grid::Aligned), vec![(*member, grad)]);
             return Ok(());
         }
         let flat = CubeTensor::new_contiguous(
@@ -175,16 +300,40 @@ impl<R: CubeRuntime> CubePacker<R> {
             grad.dtype,
         );
         let elem = grad.dtype.size().max(self.spec.dtype.size());
-        let widths = [member.numel, member.len, member.offset, self.spec.row_len];
-        let vector = vector_size(&client, elem, &widths);
-        if let Some((key, full)) = self.batches.push((input, vector), (*member, flat)) {
+        let row = self.row_len_width();
+        let aligned = vector_size(
+            &client,
+            elem,
+            &[member.numel, member.len, member.offset, row],
+        );
+        // The shifted kernel's vectors need only tile the rows.
+        let shifted = vector_size(&client, elem, &[row]);
+        let key = if moves_shifted(aligned, shifted, member.len) {
+            (input, shifted, Grid::Shifted)
+        } else {
+            (input, aligned, Grid::Aligned)
+        };
+        if let Some((key, full)) = self.batches.push(key, (*member, flat)) {
             self.launch(key, full);
         }
         Ok(())
     }
 
-    /// Packs `members` in one [`pack_members`] launch, `vector` elements a unit.
-    fn launch(&self, (input, vector): Key, members: Vec<(MemberSpec, CubeTensor<R>)>) {
+    /// Packs `members` in one [`pack_members`] or [`pack_shifted`] launch, `vector` elements
+    /// a unit.
+    fn launch(&self, (input, vector, grid): Key, members: Vec<(MemberSpec, CubeTensor<R>)>) {
+        match grid {
+            Grid::Aligned => self.launch_aligned(input, vector, members),
+            Grid::Shifted => self.launch_shifted(input, vector, members),
+        }
+    }
+
+    fn launch_aligned(
+        &self,
+        input: StorageType,
+        vector: usize,
+        members: Vec<(MemberSpec, CubeTensor<R>)>,
+    ) {
         let client = &self.bucket.client;
         let spec = &self.spec;
         let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(_, grad)| grad).collect();
@@ -234,6 +383,74 @@ impl<R: CubeRuntime> CubePacker<R> {
             )
         };
     }
+
+    fn launch_shifted(
+        &self,
+        input: StorageType,
+        vector: usize,
+        members: Vec<(MemberSpec, CubeTensor<R>)>,
+    ) {
+        let client = &self.bucket.client;
+        let spec = &self.spec;
+        let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(_, grad)| grad).collect();
+        tensors.push(&self.bucket);
+        let address = address_type(&tensors);
+        let mut grads = SequenceArg::new();
+        let [
+            mut starts,
+            mut ends,
+            mut firsts,
+            mut counts,
+            mut numels,
+            mut lens,
+            mut offsets,
+        ] = std::array::from_fn(|_| SequenceArg::<R, usize>::new());
+        let mut units = 0;
+        for (member, grad) in members {
+            // The vectors of a row the member's columns touch, its ends included.
+            let first = member.offset / vector;
+            let count = (member.offset + member.len).div_ceil(vector) - first;
+            starts.push(units);
+            units += spec.rows * count;
+            ends.push(units);
+            firsts.push(first);
+            counts.push(count);
+            numels.push(member.numel);
+            lens.push(member.len);
+            offsets.push(member.offset);
+            grads.push(grad.into_linear_view());
+        }
+        let cube_dim = CubeDim::new(client, units);
+        // SAFETY: every unit below `units` falls in one member's range and writes one vector of
+        // the bucket touching that member's columns of its row: rows are whole vectors (one
+        // row, or a row length the width divides) and the bucket was rounded up to whole
+        // vectors. It reads gradients only below their lengths. Two units of the launch never
+        // write one vector (see the kernel).
+        unsafe {
+            pack_shifted::launch_unchecked::<R>(
+                client,
+                calculate_cube_count_elemwise(client, units, cube_dim),
+                cube_dim,
+                address,
+                vector,
+                grads,
+                self.bucket.clone().into_linear_view(),
+                InputScalar::new(spec.predivide, spec.dtype),
+                starts,
+                ends,
+                firsts,
+                counts,
+                numels,
+                lens,
+                offsets,
+                spec.row_len,
+                units,
+                spec.predivide != 1.0,
+                spec.rows == 1,
+                [input, self.out],
+            )
+        };
+    }
 }
 
 impl<B: Backend, R: CubeRuntime> KernelPacker<B> for CubePacker<R> {
@@ -267,6 +484,7 @@ impl<B: Backend, R: CubeRuntime> KernelPacker<B> for CubePacker<R> {
         for (key, members) in self.batches.take() {
             self.launch(key, members);
         }
-        from_cube::<B, R>(self.bucket)
+        let numel = self.spec.numel();
+        from_cube::<B, R>(trimmed(self.bucket, numel))
     }
 }

@@ -1,10 +1,10 @@
-//! Unpack kernel: one launch reads the columns of a batch of members out of a reduced row, each
-//! into a tensor of its own ([`Batches`] says why batches).
+//! Unpack kernels: one launch reads the columns of a batch of members out of a reduced row, each
+//! into a tensor of its own ([`Batches`] says why batches); a member shifted against the vector
+//! grid takes the shifted kernel (`shifted.rs`).
 
+use burn::tensor::DType;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeRuntime;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::std::tensor::layout::linear::LinearView;
@@ -14,6 +14,7 @@ use crate::KernelError;
 use crate::spec::{RowPart, is_slice};
 
 use super::batch::{Batches, UnitRanges};
+use super::shifted::{Grid, moves_shifted, rounded_up, trimmed, widest};
 use super::{address_type, from_cube, into_cube, storage_type, vector_size};
 
 /// `output[k] = cast(reduced[offset + k] / divisor)` for a batch of members, each into an output
@@ -51,6 +52,54 @@ fn unpack_members<I: Float, O: Float, N: Size>(
     }
 }
 
+/// [`unpack_members`] for members at any offset and of any length: unit `pos` reads the `N`
+/// elements `(pos - starts[i]) * N + k` of member `i` (those below `lens[i]`) one by one from
+/// `offsets[i]` (in elements) on, and writes them as one vector of its output, which holds
+/// whole vectors (`shifted.rs`). Each element is divided and cast as [`unpack_members`] does.
+#[cube(launch_unchecked, address_type = "dynamic")]
+fn unpack_shifted<I: Float, O: Float, N: Size>(
+    reduced: &LinearView<I>,
+    outputs: &mut Sequence<LinearView<Vector<O, N>, ReadWrite>>,
+    divisor: InputScalar,
+    starts: Sequence<usize>,
+    ends: Sequence<usize>,
+    offsets: Sequence<usize>,
+    lens: Sequence<usize>,
+    units: usize,
+    #[comptime] divide: bool,
+    #[define(I, O)] _dtypes: [StorageType; 2],
+) {
+    if ABSOLUTE_POS >= units {
+        terminate!();
+    }
+    let count = comptime![outputs.len()];
+    let width = N::value();
+    #[unroll]
+    for i in 0..count {
+        let start = starts[i];
+        if ABSOLUTE_POS >= start && ABSOLUTE_POS < ends[i] {
+            let local = ABSOLUTE_POS - start;
+            let first = local * width;
+            let offset = offsets[i];
+            let len = lens[i];
+            let mut value = Vector::<O, N>::empty();
+            #[unroll]
+            for k in 0..width {
+                let mut lane = I::from_int(0);
+                if first + k < len {
+                    lane = reduced[offset + first + k];
+                    if divide {
+                        lane /= divisor.get::<I>();
+                    }
+                }
+                value[k] = O::cast_from(lane);
+            }
+            let output = outputs.index_mut(i);
+            output[local] = value;
+        }
+    }
+}
+
 /// Unpacks on runtime `R`; fails when it cannot handle one of the dtypes.
 pub(super) fn unpack<B: Backend, R: CubeRuntime>(
     reduced: &B::FloatTensorPrimitive,
@@ -72,8 +121,9 @@ pub(super) fn unpack<B: Backend, R: CubeRuntime>(
     }
 }
 
-/// What the parts of one unpack launch share: the outputs' dtype and the vector width.
-type Key = (StorageType, usize);
+/// What the parts of one unpack launch share: the outputs' dtype, the vector width and how
+/// they meet the vector grid.
+type Key = (StorageType, usize, Grid);
 
 /// A part waiting for its launch: its index in the row's parts, where it lies, and its output.
 type Waiting<R> = (usize, RowPart, CubeTensor<R>);
@@ -103,14 +153,16 @@ pub(super) fn unpack_parts<B: Backend, R: CubeRuntime>(
         } else {
             &[1]
         };
-        let vector = vector_size(client, reduced.dtype.size().max(part.dtype.size()), widths);
-        let output = empty_device_dtype(
-            client.clone(),
-            reduced.device.clone(),
-            Shape::new([part.len]),
-            part.dtype,
-        );
-        if let Some((key, full)) = batches.push((out, vector), (index, *part, output)) {
+        let elem = reduced.dtype.size().max(part.dtype.size());
+        let aligned = vector_size(client, elem, widths);
+        let widest = widest(client, elem);
+        let key = if reduced.is_contiguous() && moves_shifted(aligned, widest, part.len) {
+            (out, widest, Grid::Shifted)
+        } else {
+            (out, aligned, Grid::Aligned)
+        };
+        let output = rounded_up(client, &reduced.device, part.len, key.1, part.dtype);
+        if let Some((key, full)) = batches.push(key, (index, *part, output)) {
             launch(&reduced, input, postdivide, key, full, &mut unpacked);
         }
     }
@@ -123,13 +175,13 @@ pub(super) fn unpack_parts<B: Backend, R: CubeRuntime>(
         .collect())
 }
 
-/// Unpacks `parts` in one [`unpack_members`] launch, `vector` elements a unit, and puts each
-/// output in its part's place of `unpacked`.
+/// Unpacks `parts` in one [`unpack_members`] or [`unpack_shifted`] launch, `vector` elements a
+/// unit, and puts each output in its part's place of `unpacked`.
 fn launch<R: CubeRuntime>(
     reduced: &CubeTensor<R>,
     input: StorageType,
     postdivide: f64,
-    (out, vector): Key,
+    (out, vector, grid): Key,
     parts: Vec<Waiting<R>>,
     unpacked: &mut [Option<CubeTensor<R>>],
 ) {
@@ -138,39 +190,78 @@ fn launch<R: CubeRuntime>(
     tensors.push(reduced);
     let address = address_type(&tensors);
     let divisor = InputScalar::new(postdivide, reduced.dtype);
+    let places = parts.iter().map(|(_, p, _)| (p.offset, p.len));
     let UnitRanges {
         starts,
         ends,
         offsets,
         units,
-    } = UnitRanges::<R>::new(parts.iter().map(|(_, p, _)| (p.offset, p.len)), vector);
-    let mut outputs = SequenceArg::new();
-    for (.., output) in &parts {
-        outputs.push(output.clone().into_linear_view());
+    } = match grid {
+        Grid::Aligned => UnitRanges::<R>::new(places, vector),
+        Grid::Shifted => UnitRanges::<R>::shifted(places, vector),
+    };
+    // A sequence of the outputs' views, typed by the kernel it goes to.
+    macro_rules! outputs {
+        () => {{
+            let mut outputs = SequenceArg::new();
+            for (.., output) in &parts {
+                outputs.push(output.clone().into_linear_view());
+            }
+            outputs
+        }};
+    }
+    let mut lens = SequenceArg::<R, usize>::new();
+    for (_, part, _) in &parts {
+        lens.push(part.len);
     }
     let cube_dim = CubeDim::new(client, units);
-    // SAFETY: every unit below `units` falls in one part's range; it reads inside the part's
-    // columns of the reduced row and writes below the part's length, both checked before the
-    // launch.
-    unsafe {
-        unpack_members::launch_unchecked::<R>(
-            client,
-            calculate_cube_count_elemwise(client, units, cube_dim),
-            cube_dim,
-            address,
-            vector,
-            reduced.clone().into_linear_view(),
-            outputs,
-            divisor,
-            starts,
-            ends,
-            offsets,
-            units,
-            postdivide != 1.0,
-            [input, out],
-        )
+    let cube_count = calculate_cube_count_elemwise(client, units, cube_dim);
+    let divide = postdivide != 1.0;
+    match grid {
+        // SAFETY: every unit below `units` falls in one part's range; it reads inside the part's
+        // columns of the reduced row and writes below the part's length, both checked before
+        // the launch.
+        Grid::Aligned => unsafe {
+            unpack_members::launch_unchecked::<R>(
+                client,
+                cube_count,
+                cube_dim,
+                address,
+                vector,
+                reduced.clone().into_linear_view(),
+                outputs!(),
+                divisor,
+                starts,
+                ends,
+                offsets,
+                units,
+                divide,
+                [input, out],
+            )
+        },
+        // SAFETY: as above; a unit reads only the part's elements below its length, and writes
+        // one vector of its output, which was rounded up to whole vectors.
+        Grid::Shifted => unsafe {
+            unpack_shifted::launch_unchecked::<R>(
+                client,
+                cube_count,
+                cube_dim,
+                address,
+                vector,
+                reduced.clone().into_linear_view(),
+                outputs!(),
+                divisor,
+                starts,
+                ends,
+                offsets,
+                lens,
+                units,
+                divide,
+                [input, out],
+            )
+        },
     };
-    for (index, _, output) in parts {
-        unpacked[index] = Some(output);
+    for (index, part, output) in parts {
+        unpacked[index] = Some(trimmed(output, part.len));
     }
 }

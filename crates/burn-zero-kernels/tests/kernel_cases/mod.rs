@@ -214,6 +214,39 @@ pub fn f32_large_member<B: Backend>(device: &B::Device) {
     }
 }
 
+/// Long members at odd offsets and of odd lengths, moved by the shifted kernels: neighbours
+/// share vectors of the bucket within one launch (f32 gradients), across launches (an f16
+/// gradient and a member without one between them) and at the bucket's end, over rows whose
+/// length the vectors divide; and more shifted members than one launch takes.
+pub fn f32_shifted_members<B: Backend>(device: &B::Device) {
+    let f32 = Some(DType::F32);
+    let f16 = Some(DType::F16);
+    for rows in [1, 2, 4] {
+        let numels = [
+            37 * rows,
+            1029 * rows,
+            19 * rows,
+            2050 * rows,
+            515 * rows,
+            66 * rows,
+        ];
+        let grads = [f32, f32, None, f16, f32, f32];
+        // The last member's padding makes the row 8-aligned, except at one row.
+        let mut extra = [0, 0, 1, 0, 0, 0];
+        let row_len: usize = numels.iter().map(|n| n / rows).sum::<usize>() + 1;
+        if rows > 1 {
+            extra[5] = row_len.next_multiple_of(8) - row_len;
+        }
+        for predivide in [1.0, 3.0] {
+            let case = Case::new(rows, DType::F32, predivide, &numels, &extra, &grads, 3);
+            check::<B>(&case, false, device);
+        }
+    }
+    let numels: Vec<usize> = (0..21).map(|i| 1001 + 2 * i).collect();
+    let case = Case::new(1, DType::F32, 2.0, &numels, &[0; 21], &[f32; 21], 8);
+    check::<B>(&case, false, device);
+}
+
 /// A half-precision `dtype` (f16 or bf16) as the bucket dtype, the gradient dtype, or both; where
 /// the device lacks it, the kernel path must refuse it rather than pack wrongly.
 /// Where the device lacks it, the test (`test`) is reported as skipped: only the refusal ran.
@@ -380,6 +413,7 @@ macro_rules! kernel_tests {
             f32_vectorised_members,
             f32_strided_gradients,
             f32_large_member,
+            f32_shifted_members,
             f16,
             bf16,
             pieces_reduce_as_burns_fold,
