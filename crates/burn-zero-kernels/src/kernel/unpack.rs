@@ -175,6 +175,15 @@ pub(super) fn unpack_parts<B: Backend, R: CubeRuntime>(
         .collect())
 }
 
+/// The parts' lengths, for [`unpack_shifted`].
+fn lens<R: CubeRuntime>(parts: &[Waiting<R>]) -> SequenceArg<R, usize> {
+    let mut lens = SequenceArg::new();
+    for (_, part, _) in parts {
+        lens.push(part.len);
+    }
+    lens
+}
+
 /// Unpacks `parts` in one [`unpack_members`] or [`unpack_shifted`] launch, `vector` elements a
 /// unit, and puts each output in its part's place of `unpacked`.
 fn launch<R: CubeRuntime>(
@@ -209,10 +218,6 @@ fn launch<R: CubeRuntime>(
             }
             outputs
         }};
-    }
-    let mut lens = SequenceArg::<R, usize>::new();
-    for (_, part, _) in &parts {
-        lens.push(part.len);
     }
     let cube_dim = CubeDim::new(client, units);
     let cube_count = calculate_cube_count_elemwise(client, units, cube_dim);
@@ -254,7 +259,7 @@ fn launch<R: CubeRuntime>(
                 starts,
                 ends,
                 offsets,
-                lens,
+                lens(&parts),
                 units,
                 divide,
                 [input, out],
