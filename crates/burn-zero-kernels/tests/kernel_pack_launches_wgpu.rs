@@ -75,6 +75,15 @@ fn flat(numel: usize, seed: usize, device: &WgpuDevice) -> Primitive {
         .tensor()
 }
 
+/// Every member of `specs` with a contiguous gradient of its own values.
+fn gradients(specs: &[MemberSpec], device: &WgpuDevice) -> Vec<(MemberSpec, Option<Primitive>)> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (*m, Some(flat(m.numel, i, device))))
+        .collect()
+}
+
 /// A `[a, b]` gradient stored transposed: the same logical values, swapped strides.
 fn strided(a: usize, b: usize, seed: usize, device: &WgpuDevice) -> Primitive {
     let stored =
@@ -142,11 +151,7 @@ fn contiguous_gradients_are_packed_in_batches() {
                 .map(|i| if i + 1 == members { 1024 } else { 4096 })
                 .collect();
             let (spec, specs) = layout(rows, &numels);
-            let grads: Vec<_> = specs
-                .iter()
-                .enumerate()
-                .map(|(i, m)| (*m, Some(flat(m.numel, i, &device))))
-                .collect();
+            let grads = gradients(&specs, &device);
             let (kernel, launched) = pack(spec, &grads, PackPath::Kernel, &device);
             let what = format!("{members} members over {rows} rows, batch {batch}");
             let expected = members.div_ceil(batch);
@@ -208,11 +213,7 @@ fn shifted_gradients_are_packed_in_batches() {
                 dtype: DType::F32,
                 predivide: 2.0,
             };
-            let grads: Vec<_> = specs
-                .iter()
-                .enumerate()
-                .map(|(i, m)| (*m, Some(flat(m.numel, i, &device))))
-                .collect();
+            let grads = gradients(&specs, &device);
             let (kernel, launched) = pack(spec, &grads, PackPath::Kernel, &device);
             let what = format!("{members} odd members over {rows} rows, batch {batch}");
             // Widths are powers of two: a member moves one element at a time on both sides

@@ -9,6 +9,8 @@
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::{ComputeClient, SequenceArg};
 
+use super::shifted::Grid;
+
 /// The most members one launch takes (each kernel unrolls a range test per member).
 const MAX_BATCH: usize = 16;
 
@@ -61,30 +63,14 @@ pub(super) struct UnitRanges<R: CubeRuntime> {
 }
 
 impl<R: CubeRuntime> UnitRanges<R> {
-    /// The ranges of members given as (offset in the shared buffer, elements in the grid),
-    /// both multiples of `vector`, in launch order.
-    pub(super) fn new(members: impl IntoIterator<Item = (usize, usize)>, vector: usize) -> Self {
-        let mut ranges = Self {
-            starts: SequenceArg::new(),
-            ends: SequenceArg::new(),
-            offsets: SequenceArg::new(),
-            units: 0,
-        };
-        for (offset, elements) in members {
-            ranges.starts.push(ranges.units);
-            ranges.units += elements / vector;
-            ranges.ends.push(ranges.units);
-            ranges.offsets.push(offset / vector);
-        }
-        ranges
-    }
-
-    /// The ranges of shifted members (see `shifted.rs`) given as (offset in the shared buffer,
-    /// elements in the grid): each takes whole vectors of `vector` elements, its last one
-    /// partly; its offset stays in elements.
-    pub(super) fn shifted(
+    /// The ranges of members given as (offset in the shared buffer, elements in the grid), in
+    /// launch order. On the aligned grid both are multiples of `vector`, and offsets are
+    /// counted in vectors; a shifted member (`shifted.rs`) takes whole vectors, its last one
+    /// partly, and its offset stays in elements.
+    pub(super) fn new(
         members: impl IntoIterator<Item = (usize, usize)>,
         vector: usize,
+        grid: Grid,
     ) -> Self {
         let mut ranges = Self {
             starts: SequenceArg::new(),
@@ -96,7 +82,10 @@ impl<R: CubeRuntime> UnitRanges<R> {
             ranges.starts.push(ranges.units);
             ranges.units += elements.div_ceil(vector);
             ranges.ends.push(ranges.units);
-            ranges.offsets.push(offset);
+            ranges.offsets.push(match grid {
+                Grid::Aligned => offset / vector,
+                Grid::Shifted => offset,
+            });
         }
         ranges
     }

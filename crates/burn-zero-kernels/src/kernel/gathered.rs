@@ -13,7 +13,7 @@ use crate::KernelError;
 use crate::spec::GatheredMember;
 
 use super::batch::{Batches, UnitRanges};
-use super::shifted::{Grid, moves_shifted, rounded_up, trimmed, widest};
+use super::shifted::{Grid, moves_shifted, rounded_up, trimmed};
 use super::{address_type, from_cube, into_cube_reading, storage_type, vector_size};
 
 /// `output[k] = gathered[(k / block) * row + offset + k % block]` for a batch of members, each
@@ -119,7 +119,8 @@ pub(super) fn cut<B: Backend, R: CubeRuntime>(
     let contiguous = tensor.is_contiguous();
     // The gathered row and the scalars take a binding each.
     let mut batches: Batches<Key, Waiting<R>> = Batches::new(&client, 2);
-    let widest = widest(&client, size);
+    // The widest vector the client likes (no length to divide).
+    let widest = vector_size(&client, size, &[]);
     let mut cut: Vec<Option<B::FloatTensorPrimitive>> = members.iter().map(|_| None).collect();
     let mut copies: Vec<Option<CubeTensor<R>>> = members.iter().map(|_| None).collect();
     for (index, member) in members.iter().enumerate() {
@@ -186,20 +187,13 @@ fn launch<R: CubeRuntime>(
         ends,
         offsets,
         units,
-    } = match grid {
-        Grid::Aligned => UnitRanges::<R>::new(places, vector),
-        Grid::Shifted => UnitRanges::<R>::shifted(places, vector),
+    } = UnitRanges::<R>::new(places, vector, grid);
+    // The outputs' views, collected into the sequence type of the kernel they go to.
+    let outputs = || {
+        members
+            .iter()
+            .map(|(.., output)| output.clone().into_linear_view())
     };
-    // A sequence of the outputs' views, typed by the kernel it goes to.
-    macro_rules! outputs {
-        () => {{
-            let mut outputs = SequenceArg::new();
-            for (.., output) in &members {
-                outputs.push(output.clone().into_linear_view());
-            }
-            outputs
-        }};
-    }
     let mut blocks = SequenceArg::<R, usize>::new();
     let mut numels = SequenceArg::<R, usize>::new();
     for (_, member, _) in &members {
@@ -223,7 +217,7 @@ fn launch<R: CubeRuntime>(
                 address,
                 vector,
                 gathered.clone().into_linear_view(),
-                outputs!(),
+                outputs().collect(),
                 starts,
                 ends,
                 offsets,
@@ -243,7 +237,7 @@ fn launch<R: CubeRuntime>(
                 address,
                 vector,
                 gathered.clone().into_linear_view(),
-                outputs!(),
+                outputs().collect(),
                 starts,
                 ends,
                 offsets,

@@ -418,7 +418,7 @@ fn storage_type<R: CubeRuntime>(
 }
 
 /// The widest vector size the client likes for elements of `elem_bytes` that divides every
-/// length in `lengths` (all in elements).
+/// length in `lengths` (all in elements); with no lengths, the widest it likes.
 fn vector_size<R: CubeRuntime>(
     client: &ComputeClient<R>,
     elem_bytes: usize,

@@ -8,12 +8,13 @@ use burn::tensor::{Shape, TensorMetadata};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
+use cubecl::ir::AddressType;
 use cubecl::prelude::*;
 use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use super::batch::{Batches, UnitRanges};
-use super::shifted::{Grid, moves_shifted, trimmed, widest};
+use super::shifted::{Grid, moves_shifted, trimmed};
 use super::{
     KernelPacker, address_type, from_cube, into_cube_reading, same_type_ref, storage_type,
     vector_size,
@@ -111,6 +112,7 @@ fn pack_shifted<I: Float, O: Float, N: Size>(
     }
     let count = comptime![grads.len()];
     let width = N::value();
+    let by = divisor.get::<O>();
     // A vector at a member's end, left for the loop over every member below.
     let mut end = false;
     // The member of that vector's unit, by its first unit (a runtime value).
@@ -137,14 +139,7 @@ fn pack_shifted<I: Float, O: Float, N: Size>(
                 let mut value = Vector::<O, N>::empty();
                 #[unroll]
                 for k in 0..width {
-                    let mut lane = O::from_int(0);
-                    if from + k < numels[i] {
-                        lane = O::cast_from(grads[i][from + k]);
-                        if divide {
-                            lane /= divisor.get::<O>();
-                        }
-                    }
-                    value[k] = lane;
+                    value[k] = packed::<I, O>(grads.index(i), from + k, numels[i], by, divide);
                 }
                 bucket[(row * row_len + column) / width] = value;
             } else {
@@ -172,14 +167,7 @@ fn pack_shifted<I: Float, O: Float, N: Size>(
                         first = starts[j];
                     }
                     let from = end_row * lens[j] + column - offset;
-                    let mut lane = O::from_int(0);
-                    if from < numels[j] {
-                        lane = O::cast_from(grads[j][from]);
-                        if divide {
-                            lane /= divisor.get::<O>();
-                        }
-                    }
-                    value[k] = lane;
+                    value[k] = packed::<I, O>(grads.index(j), from, numels[j], by, divide);
                 }
             }
         }
@@ -187,6 +175,26 @@ fn pack_shifted<I: Float, O: Float, N: Size>(
             bucket[at] = value;
         }
     }
+}
+
+/// Element `from` of a gradient of `numel` elements as [`pack_members`] packs it: cast to `O`,
+/// then divided by `by` where `divide`; zero past the gradient (the member's padding).
+#[cube]
+fn packed<I: Float, O: Float>(
+    grad: &LinearView<I>,
+    from: usize,
+    numel: usize,
+    by: O,
+    #[comptime] divide: bool,
+) -> O {
+    let mut lane = O::from_int(0);
+    if from < numel {
+        lane = O::cast_from(grad[from]);
+        if divide {
+            lane /= by;
+        }
+    }
+    lane
 }
 
 /// Zero-fills a member's columns of every row (a member without a gradient).
@@ -236,7 +244,7 @@ impl<R: CubeRuntime> CubePacker<R> {
         let batches = Batches::new(&client, 2);
         let rounded = spec
             .numel()
-            .next_multiple_of(widest(&client, spec.dtype.size()));
+            .next_multiple_of(vector_size(&client, spec.dtype.size(), &[]));
         let bucket = empty_device_dtype(client, device.clone(), Shape::new([rounded]), spec.dtype);
         Ok(Self {
             spec: *spec,
@@ -322,9 +330,12 @@ impl<R: CubeRuntime> CubePacker<R> {
     /// Packs `members` in one [`pack_members`] or [`pack_shifted`] launch, `vector` elements
     /// a unit.
     fn launch(&self, (input, vector, grid): Key, members: Vec<(MemberSpec, CubeTensor<R>)>) {
+        let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(_, grad)| grad).collect();
+        tensors.push(&self.bucket);
+        let address = address_type(&tensors);
         match grid {
-            Grid::Aligned => self.launch_aligned(input, vector, members),
-            Grid::Shifted => self.launch_shifted(input, vector, members),
+            Grid::Aligned => self.launch_aligned(input, vector, address, members),
+            Grid::Shifted => self.launch_shifted(input, vector, address, members),
         }
     }
 
@@ -332,16 +343,15 @@ impl<R: CubeRuntime> CubePacker<R> {
         &self,
         input: StorageType,
         vector: usize,
+        address: AddressType,
         members: Vec<(MemberSpec, CubeTensor<R>)>,
     ) {
         let client = &self.bucket.client;
         let spec = &self.spec;
-        let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(_, grad)| grad).collect();
-        tensors.push(&self.bucket);
-        let address = address_type(&tensors);
         let ranges = UnitRanges::<R>::new(
             members.iter().map(|(m, _)| (m.offset, spec.rows * m.len)),
             vector,
+            Grid::Aligned,
         );
         let mut grads = SequenceArg::new();
         let [mut numels, mut lens] = std::array::from_fn(|_| SequenceArg::<R, usize>::new());
@@ -388,13 +398,11 @@ impl<R: CubeRuntime> CubePacker<R> {
         &self,
         input: StorageType,
         vector: usize,
+        address: AddressType,
         members: Vec<(MemberSpec, CubeTensor<R>)>,
     ) {
         let client = &self.bucket.client;
         let spec = &self.spec;
-        let mut tensors: Vec<&CubeTensor<R>> = members.iter().map(|(_, grad)| grad).collect();
-        tensors.push(&self.bucket);
-        let address = address_type(&tensors);
         let mut grads = SequenceArg::new();
         let [
             mut starts,

@@ -34,14 +34,6 @@ pub(super) fn moves_shifted(aligned: usize, widest: usize, len: usize) -> bool {
     aligned == 1 && widest > 1 && len >= 2 * widest
 }
 
-/// The widest vector `client` likes for elements of `elem_bytes`.
-pub(super) fn widest<R: CubeRuntime>(client: &ComputeClient<R>, elem_bytes: usize) -> usize {
-    client
-        .io_optimized_vector_sizes(elem_bytes)
-        .next()
-        .unwrap_or(1)
-}
-
 /// An uninitialised tensor of `len` elements whose buffer holds whole vectors of `vector`
 /// elements: write through this tensor's linear view, hand out [`trimmed`].
 pub(super) fn rounded_up<R: CubeRuntime>(

@@ -14,7 +14,7 @@ use crate::KernelError;
 use crate::spec::{RowPart, is_slice};
 
 use super::batch::{Batches, UnitRanges};
-use super::shifted::{Grid, moves_shifted, rounded_up, trimmed, widest};
+use super::shifted::{Grid, moves_shifted, rounded_up, trimmed};
 use super::{address_type, from_cube, into_cube, storage_type, vector_size};
 
 /// `output[k] = cast(reduced[offset + k] / divisor)` for a batch of members, each into an output
@@ -155,7 +155,7 @@ pub(super) fn unpack_parts<B: Backend, R: CubeRuntime>(
         };
         let elem = reduced.dtype.size().max(part.dtype.size());
         let aligned = vector_size(client, elem, widths);
-        let widest = widest(client, elem);
+        let widest = vector_size(client, elem, &[]);
         let key = if reduced.is_contiguous() && moves_shifted(aligned, widest, part.len) {
             (out, widest, Grid::Shifted)
         } else {
@@ -205,20 +205,13 @@ fn launch<R: CubeRuntime>(
         ends,
         offsets,
         units,
-    } = match grid {
-        Grid::Aligned => UnitRanges::<R>::new(places, vector),
-        Grid::Shifted => UnitRanges::<R>::shifted(places, vector),
+    } = UnitRanges::<R>::new(places, vector, grid);
+    // The outputs' views, collected into the sequence type of the kernel they go to.
+    let outputs = || {
+        parts
+            .iter()
+            .map(|(.., output)| output.clone().into_linear_view())
     };
-    // A sequence of the outputs' views, typed by the kernel it goes to.
-    macro_rules! outputs {
-        () => {{
-            let mut outputs = SequenceArg::new();
-            for (.., output) in &parts {
-                outputs.push(output.clone().into_linear_view());
-            }
-            outputs
-        }};
-    }
     let cube_dim = CubeDim::new(client, units);
     let cube_count = calculate_cube_count_elemwise(client, units, cube_dim);
     let divide = postdivide != 1.0;
@@ -234,7 +227,7 @@ fn launch<R: CubeRuntime>(
                 address,
                 vector,
                 reduced.clone().into_linear_view(),
-                outputs!(),
+                outputs().collect(),
                 divisor,
                 starts,
                 ends,
@@ -254,7 +247,7 @@ fn launch<R: CubeRuntime>(
                 address,
                 vector,
                 reduced.clone().into_linear_view(),
-                outputs!(),
+                outputs().collect(),
                 divisor,
                 starts,
                 ends,
