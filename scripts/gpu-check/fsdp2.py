@@ -18,17 +18,12 @@ import argparse
 import json
 import math
 import os
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import time
-
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 VOCAB = 76
 SEQ_LEN = 64
@@ -36,6 +31,57 @@ GLOBAL_BATCH = 16
 LR = 1e-3
 # (width, heads, blocks) of burn-zero-gpt's presets.
 PRESETS = {"small": (192, 6, 4), "base": (384, 6, 6), "gpt2": (768, 12, 12)}
+
+
+def arguments():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    parser.add_argument("--batch", type=int, default=GLOBAL_BATCH)
+    parser.add_argument("--precision", choices=["f32", "bf16"], default="f32")
+    parser.add_argument("--out")
+    return parser.parse_args()
+
+
+def report(result, out):
+    """Prints `result` as JSON and writes it to `out` when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+
+
+def gpu_listed():
+    """Whether the NVIDIA driver lists a GPU (what the runner's `gpu_present` asks)."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+    return any(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
+def no_cuda(reason, args):
+    """Ends a `--device cuda` run that cannot use CUDA. Where the driver lists no GPU, that is
+    a skip, reported as the check's other programs report one (`{"skipped": ...}`, exit 0);
+    where it lists one, the peer is missing from a GPU run: a failure naming `reason`."""
+    if args.device == "cuda" and not gpu_listed():
+        report({"skipped": f"no CUDA device visible ({reason})"}, args.out)
+        sys.exit(0)
+    raise SystemExit(f"fsdp2.py: {reason}")
+
+
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+except ImportError as missing:
+    no_cuda(f"PyTorch is not installed: {missing}", arguments())
 
 
 class Block(nn.Module):
@@ -87,20 +133,11 @@ def free_port():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
-    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
-    parser.add_argument("--batch", type=int, default=GLOBAL_BATCH)
-    parser.add_argument("--precision", choices=["f32", "bf16"], default="f32")
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    args = arguments()
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("fsdp2.py: no CUDA device visible to PyTorch (try --device cpu)")
+        no_cuda("PyTorch sees no CUDA device (try --device cpu)", args)
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -169,11 +206,7 @@ def main():
             result["max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
     finally:
         dist.destroy_process_group()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":
