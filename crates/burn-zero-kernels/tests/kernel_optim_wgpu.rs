@@ -589,8 +589,9 @@ fn buffer(tensor: &CubeTensor<WgpuRuntime>) -> String {
     debug[start..=end].to_string()
 }
 
-/// Unshared buffers are updated where they are; a shared parameter or moment is left as it
-/// was and the result goes into a new buffer.
+/// Unshared buffers made on this thread are updated where they are; a shared parameter or
+/// moment is left as it was and the result goes into a new buffer, as does one made on
+/// another thread.
 #[test]
 fn kernel_writes_in_place_only_what_nothing_else_holds() {
     if !runs("kernel_writes_in_place_only_what_nothing_else_holds") {
@@ -633,6 +634,25 @@ fn kernel_writes_in_place_only_what_nothing_else_holds() {
     assert_eq!(download::<Plain>(kept_m), m0);
     assert_eq!(download::<Plain>(kept_v), v0);
     assert_eq!(download::<Plain>(np), hp);
+
+    // Unshared but made on another thread's stream, which would not wait for this thread's
+    // writes: new buffers, the same values.
+    let (p, m, v) = std::thread::scope(|scope| {
+        scope
+            .spawn(|| (prim(&p0), prim(&m0), prim(&v0)))
+            .join()
+            .expect("the uploading thread")
+    });
+    let before = [buffer(&p), buffer(&m), buffer(&v)];
+    let (np, nm, nv) = adam_step_kernel::<Plain>(&step_at(3), p, prim(&g), Some((m, v)))
+        .unwrap()
+        .unwrap();
+    for (after, before) in [buffer(&np), buffer(&nm), buffer(&nv)].iter().zip(&before) {
+        assert_ne!(after, before);
+    }
+    assert_eq!(download::<Plain>(np), hp);
+    assert_eq!(download::<Plain>(nm), hm);
+    assert_eq!(download::<Plain>(nv), hv);
 }
 
 /// A gradient in another layout (a transposed view) is read element by element, in its

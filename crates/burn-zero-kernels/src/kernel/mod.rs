@@ -30,6 +30,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::features::TypeUsage;
 use cubecl::ir::{AddressType, StorageType};
 use cubecl::prelude::ComputeClient;
+use cubecl::stream_id::StreamId;
 
 use crate::KernelError;
 use crate::host::MultiplyAdd;
@@ -437,4 +438,17 @@ fn address_type<R: CubeRuntime>(tensors: &[&CubeTensor<R>]) -> AddressType {
         .map(|t| t.required_address_type())
         .max()
         .unwrap_or_default()
+}
+
+/// Whether a kernel may write its output into `tensor`'s buffer: nothing else holds it, it is
+/// laid out as the output is (contiguous), and it was made on the calling thread's stream.
+///
+/// cubecl orders a stream after another only for a buffer made on that other stream: a kernel
+/// on this thread's stream waits for the writes the buffer's own stream queued, but the
+/// buffer's stream never waits for this one. Written here, a buffer made on another thread
+/// (the issuing thread's, say) could be read there, or its memory reused there, before this
+/// thread's kernel has run. On wgpu's single queue that cannot show; on CUDA's stream per
+/// thread it would. Such an input gets a new buffer instead.
+fn writable_in_place<R: CubeRuntime>(tensor: &CubeTensor<R>) -> bool {
+    tensor.can_mut() && tensor.is_contiguous() && tensor.handle.stream == StreamId::current()
 }

@@ -14,7 +14,10 @@ use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use super::adam::descend;
-use super::{address_type, check_flat_f32, from_cube, into_cube, storage_type, vector_size};
+use super::{
+    address_type, check_flat_f32, from_cube, into_cube, storage_type, vector_size,
+    writable_in_place,
+};
 use crate::KernelError;
 use crate::host::{MultiplyAdd, SgdStep};
 
@@ -122,9 +125,9 @@ pub(super) fn sgd_step<B: Backend, R: CubeRuntime>(
         return Ok((from_cube::<B, R>(param), velocity.map(from_cube::<B, R>)));
     }
 
-    // An output goes into its input's buffer when nothing else holds that buffer and the
-    // input is laid out as the output is (contiguous); otherwise into a new buffer.
-    let writable = |t: &CubeTensor<R>| t.can_mut() && t.is_contiguous();
+    // An output goes into its input's buffer where `writable_in_place` allows, else into a
+    // new buffer.
+    let writable = writable_in_place::<R>;
     let fresh = || {
         empty_device_dtype(
             client.clone(),
