@@ -6,9 +6,10 @@
 
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Shape, TensorData, TensorMetadata};
+use burn::tensor::{DType, Shape, Tensor, TensorData, TensorMetadata};
 use burn_zero_kernels::{
-    BucketSpec, KernelError, MemberSpec, PackPath, Packer, kernel_available, unpack,
+    BucketSpec, GatheredMember, KernelError, MemberSpec, PackPath, Packer, cut_gathered,
+    kernel_available, unpack,
 };
 
 use burn_zero_testing::skip;
@@ -215,14 +216,18 @@ pub fn f32_large_member<B: Backend>(device: &B::Device) {
 }
 
 /// Long members at odd offsets and of odd lengths, moved by the shifted kernels: neighbours
-/// share vectors of the bucket within one launch (f32 gradients), across launches (an f16
-/// gradient and a member without one between them) and at the bucket's end, over rows whose
-/// length the vectors divide; and more shifted members than one launch takes.
-pub fn f32_shifted_members<B: Backend>(device: &B::Device) {
-    let f32 = Some(DType::F32);
-    let f16 = Some(DType::F16);
+/// share vectors of the bucket within one launch, across launches (a gradient of the other
+/// dtype and a member without one between them) and at the bucket's end, over rows whose
+/// length the vectors divide; a member of whole vectors first; and more shifted members than
+/// one launch takes. `bucket` is the bucket's dtype and most gradients'; `other` the one
+/// gradient of another dtype. With half-precision buckets and gradients, CUDA moves 8 elements
+/// a vector where wgpu moves at most 4.
+fn shifted_members<B: Backend>(bucket: DType, other: DType, device: &B::Device) {
+    let main = Some(bucket);
+    let other = Some(other);
     for rows in [1, 2, 4] {
         let numels = [
+            64 * rows,
             37 * rows,
             1029 * rows,
             19 * rows,
@@ -230,21 +235,146 @@ pub fn f32_shifted_members<B: Backend>(device: &B::Device) {
             515 * rows,
             66 * rows,
         ];
-        let grads = [f32, f32, None, f16, f32, f32];
+        let grads = [main, main, main, None, other, main, main];
         // The last member's padding makes the row 8-aligned, except at one row.
-        let mut extra = [0, 0, 1, 0, 0, 0];
+        let mut extra = [0, 0, 0, 1, 0, 0, 0];
         let row_len: usize = numels.iter().map(|n| n / rows).sum::<usize>() + 1;
         if rows > 1 {
-            extra[5] = row_len.next_multiple_of(8) - row_len;
+            extra[6] = row_len.next_multiple_of(8) - row_len;
         }
         for predivide in [1.0, 3.0] {
-            let case = Case::new(rows, DType::F32, predivide, &numels, &extra, &grads, 3);
+            let case = Case::new(rows, bucket, predivide, &numels, &extra, &grads, 3);
             check::<B>(&case, false, device);
         }
     }
     let numels: Vec<usize> = (0..21).map(|i| 1001 + 2 * i).collect();
-    let case = Case::new(1, DType::F32, 2.0, &numels, &[0; 21], &[f32; 21], 8);
+    let case = Case::new(1, bucket, 2.0, &numels, &[0; 21], &[main; 21], 8);
     check::<B>(&case, false, device);
+}
+
+/// [`shifted_members`] with f32 buckets and gradients (and one f16 gradient).
+pub fn f32_shifted_members<B: Backend>(device: &B::Device) {
+    shifted_members::<B>(DType::F32, DType::F16, device);
+}
+
+/// [`shifted_members`] with f16 buckets and gradients (and one f32 gradient), where the device
+/// has f16.
+pub fn f16_shifted_members<B: Backend>(device: &B::Device) {
+    if skip::dtype_supported(
+        "f16_shifted_members",
+        B::supports_dtype(device, DType::F16),
+        "F16",
+        "",
+    ) {
+        shifted_members::<B>(DType::F16, DType::F32, device);
+    }
+}
+
+/// [`shifted_members`] with bf16 buckets and gradients (and one f32 gradient), where the
+/// device has bf16.
+pub fn bf16_shifted_members<B: Backend>(device: &B::Device) {
+    if skip::dtype_supported(
+        "bf16_shifted_members",
+        B::supports_dtype(device, DType::BF16),
+        "BF16",
+        "",
+    ) {
+        shifted_members::<B>(DType::BF16, DType::F32, device);
+    }
+}
+
+/// A chunk of `dtype` gathered from `ranks` ranks: each rank's row holds the members' blocks
+/// end to end (`ceil(numel / ranks)` elements each), member `m`'s element `k` in row
+/// `k / block` at its offset plus `k % block`; the padding is 7, which no member holds. Returns
+/// the gathered tensor, the members and each member's values.
+fn gathered_chunk<B: Backend>(
+    dtype: DType,
+    ranks: usize,
+    numels: &[usize],
+    device: &B::Device,
+) -> (B::FloatTensorPrimitive, Vec<GatheredMember>, Vec<Vec<f64>>) {
+    let mut offset = 0;
+    let members: Vec<GatheredMember> = numels
+        .iter()
+        .map(|&numel| {
+            let block_len = numel.div_ceil(ranks);
+            let member = GatheredMember {
+                offset,
+                block_len,
+                numel,
+            };
+            offset += block_len;
+            member
+        })
+        .collect();
+    let row = offset;
+    let mut gathered = vec![7.0; ranks * row];
+    let mut values = Vec::new();
+    for (m, member) in members.iter().enumerate() {
+        let member_values: Vec<f64> = common::raw_values(m as u64 + 1, member.numel)
+            .into_iter()
+            .map(|v| common::round_to(dtype, v))
+            .collect();
+        for (k, &value) in member_values.iter().enumerate() {
+            gathered[(k / member.block_len) * row + member.offset + k % member.block_len] = value;
+        }
+        values.push(member_values);
+    }
+    let data = common::data(dtype, &gathered, [gathered.len()]);
+    let tensor = Tensor::<B, 1>::from_data(data, (device, dtype));
+    (tensor.into_primitive().tensor(), members, values)
+}
+
+/// A gathered chunk's members cut out by the kernels, bitwise Burn's slices (the fallback) and
+/// the values gathered: 1 to 4 ranks; members of odd lengths (shifted against the vector grid,
+/// each rank's block at an odd offset) and of whole vectors; 20 members, more than one launch
+/// takes.
+fn gathered_cuts<B: Backend>(dtype: DType, device: &B::Device) {
+    for ranks in 1..=4 {
+        let odd: Vec<usize> = (0..20).map(|i| 1001 + 2 * i).collect();
+        let whole: Vec<usize> = (0..20).map(|i| 8 * ranks * (64 + i)).collect();
+        for numels in [odd, whole] {
+            let (gathered, members, values) = gathered_chunk::<B>(dtype, ranks, &numels, device);
+            let cut = |path| cut_gathered::<B>(&gathered, ranks, &members, path).unwrap();
+            let (kernel, fallback) = (cut(PackPath::Kernel), cut(PackPath::Fallback));
+            for (m, (got, reference)) in kernel.into_iter().zip(fallback).enumerate() {
+                let what = format!("{dtype:?} cut, {ranks} ranks, member {m} of {}", numels[m]);
+                let got = read::<B>(got);
+                assert_bitwise(&got, &read::<B>(reference), &what);
+                let expected = common::data(dtype, &values[m], [numels[m]]);
+                assert_bitwise(&got, &expected, &format!("{what} vs the values gathered"));
+            }
+        }
+    }
+}
+
+/// [`gathered_cuts`] of an f32 chunk.
+pub fn f32_gathered_cuts<B: Backend>(device: &B::Device) {
+    gathered_cuts::<B>(DType::F32, device);
+}
+
+/// [`gathered_cuts`] of an f16 chunk, where the device has f16.
+pub fn f16_gathered_cuts<B: Backend>(device: &B::Device) {
+    if skip::dtype_supported(
+        "f16_gathered_cuts",
+        B::supports_dtype(device, DType::F16),
+        "F16",
+        "",
+    ) {
+        gathered_cuts::<B>(DType::F16, device);
+    }
+}
+
+/// [`gathered_cuts`] of a bf16 chunk, where the device has bf16.
+pub fn bf16_gathered_cuts<B: Backend>(device: &B::Device) {
+    if skip::dtype_supported(
+        "bf16_gathered_cuts",
+        B::supports_dtype(device, DType::BF16),
+        "BF16",
+        "",
+    ) {
+        gathered_cuts::<B>(DType::BF16, device);
+    }
 }
 
 /// A half-precision `dtype` (f16 or bf16) as the bucket dtype, the gradient dtype, or both; where
@@ -414,6 +544,11 @@ macro_rules! kernel_tests {
             f32_strided_gradients,
             f32_large_member,
             f32_shifted_members,
+            f16_shifted_members,
+            bf16_shifted_members,
+            f32_gathered_cuts,
+            f16_gathered_cuts,
+            bf16_gathered_cuts,
             f16,
             bf16,
             pieces_reduce_as_burns_fold,
