@@ -73,6 +73,7 @@ use std::time::Instant;
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn_zero_kernels::QueueMark;
 
 use crate::call::ReduceOp;
 use crate::communicator::Communicator;
@@ -457,8 +458,8 @@ impl<B: Backend> Reservation<B> {
     }
 
     /// Finishes this thread's pending work on `input`'s device before another thread reads
-    /// it ([`settle`]).
-    fn settle(&self, input: &Tensor<B, 1>) -> Result<(), CommError> {
+    /// it, or marks it for that thread to be ordered after ([`settle`]).
+    fn settle(&self, input: &Tensor<B, 1>) -> Result<QueueMark, CommError> {
         settle(self.inner.as_ref(), &self.open.issuer.counters, input)
     }
 
@@ -501,8 +502,12 @@ impl<B: Backend> Reservation<B> {
             return self.in_place(kind, input);
         }
         self.count(kind);
-        self.settle(&input)?;
-        self.submit(move |comm| comm.issue(op, input))?.wait()
+        let written = self.settle(&input)?;
+        self.submit(move |comm| {
+            written.order_here();
+            comm.issue(op, input)
+        })?
+        .wait()
     }
 
     /// Runs `work` on the issuing thread in this reservation's position and returns its
@@ -594,8 +599,11 @@ impl<B: Backend> Reservation<B> {
             return Ok(Pending(Answer::Ready(Issued::ready(gathered))));
         }
         self.count(CollectiveKind::AllGather);
-        self.settle(&block)?;
-        let result = self.push(move |comm| comm.issue(DataOp::AllGather, block))?;
+        let written = self.settle(&block)?;
+        let result = self.push(move |comm| {
+            written.order_here();
+            comm.issue(DataOp::AllGather, block)
+        })?;
         Ok(Pending(Answer::Queued(result)))
     }
 
@@ -619,6 +627,7 @@ impl<B: Backend> Reservation<B> {
         let counters = self.open.issuer.counters.clone();
         let result = self.push(move |comm| {
             let block = prepare();
+            // Made on this thread: its mark is not needed here.
             settle(comm, &counters, &block)?;
             comm.issue(DataOp::AllGather, block)
         })?;
@@ -746,17 +755,20 @@ impl<T, E: From<CommError>> Deferred<T, E> {
 /// it: on backends with a queue per thread (cubecl's wgpu and CUDA streams) a thread must not
 /// read a buffer that is still being written. A no-op on CPU backends (counted all the same).
 ///
-/// Skipped for an engine that orders its reads after the writers on the device itself
-/// ([`Communicator::orders_inputs_on_device`]). On failure `engine`'s group is ended: the
-/// position's collective will not run, and no other rank may pair its own with this rank's
-/// next one.
+/// For an engine that orders its reads after the writers on the device itself
+/// ([`Communicator::orders_inputs_on_device`]) nothing is finished: the calling thread's queue
+/// is marked instead, and the thread that issues the collective orders its own queue after
+/// the mark ([`QueueMark::order_here`]) before it touches `input`. cubecl would order it after
+/// `input`'s allocation by itself, but not after a later write into it (an optimizer's step in
+/// place). On failure `engine`'s group is ended: the position's collective will not run, and
+/// no other rank may pair its own with this rank's next one.
 fn settle<B: Backend>(
     engine: &dyn Communicator<B>,
     counters: &RankCounters,
     input: &Tensor<B, 1>,
-) -> Result<(), CommError> {
+) -> Result<QueueMark, CommError> {
     if engine.orders_inputs_on_device() {
-        return Ok(());
+        return Ok(QueueMark::here::<B>(&input.device()));
     }
     counters.sync();
     B::sync(&input.device()).map_err(|error| {
@@ -766,7 +778,8 @@ fn settle<B: Backend>(
             rank: engine.rank(),
             reason,
         }
-    })
+    })?;
+    Ok(QueueMark::none())
 }
 
 /// The result of a gather queued with [`Reservation::all_gather_later`].

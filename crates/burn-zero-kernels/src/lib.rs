@@ -28,6 +28,7 @@ mod kernel;
 mod memory_reading;
 mod pack;
 mod pieces;
+mod queue_mark;
 mod spec;
 mod unpack;
 
@@ -48,6 +49,7 @@ pub use kernel::launches::{LaunchCountError, LaunchLog};
 pub use memory_reading::DeviceMemory;
 pub use pack::Packer;
 pub use pieces::reduce_pieces;
+pub use queue_mark::QueueMark;
 pub use spec::{BucketSpec, GatheredMember, MemberSpec, PackPath, PieceOp, RowPart};
 pub use unpack::{unpack, unpack_row};
 

@@ -73,3 +73,37 @@ fn a_device_flag_holds_the_last_value_signalled() {
         );
     }
 }
+
+/// A queue mark made on one thread after an in-place write, ordered after on another, which
+/// then reads the written values; host backends' marks order nothing. (wgpu has one queue, so
+/// this checks the hand-over, not the ordering, which only CUDA's stream per thread needs.)
+#[test]
+fn a_queue_mark_hands_work_to_another_thread() {
+    use burn::backend::Flex;
+    use burn::tensor::Tensor;
+    use burn_zero_kernels::QueueMark;
+    let Some(device) = device("a_queue_mark_hands_work_to_another_thread") else {
+        return;
+    };
+    assert!(!QueueMark::here::<Flex>(&Default::default()).is_on_device());
+    assert!(!QueueMark::none().is_on_device());
+    let (tensor, mark) = {
+        let device = device.clone();
+        std::thread::spawn(move || {
+            let tensor = Tensor::<B, 1>::ones([4096], &device);
+            // The only handle: Burn adds in place.
+            let tensor = tensor.add_scalar(1.0);
+            (tensor, QueueMark::here::<B>(&device))
+        })
+        .join()
+        .expect("the writing thread")
+    };
+    assert!(mark.is_on_device());
+    let values = std::thread::spawn(move || {
+        mark.order_here();
+        tensor.into_data().to_vec::<f32>().unwrap()
+    })
+    .join()
+    .expect("the reading thread");
+    assert!(values.iter().all(|&v| v == 2.0));
+}

@@ -661,16 +661,26 @@ impl NcclGroup {
         client: &burn_cubecl::cubecl::prelude::ComputeClient<CudaRuntime>,
     ) -> Result<(DevicePtr, u32), String> {
         let mut flag = lock(&self.flag);
-        let flag = flag.get_or_insert_with(|| {
+        if flag.is_none() {
             let handle = client.create_from_slice(&[0u8; 4]);
-            CubeTensor::new_contiguous(
+            // The zero is only queued: until it lands, the buffer holds whatever its memory
+            // held before, and the group's stream, whose wait passes on any value at or above
+            // the number it waits for, could start a collective before its input is written.
+            // Finished once, when the group first signals.
+            self.count_wait();
+            <CubeBackend<CudaRuntime, f32, i32, u8> as burn::tensor::backend::Backend>::sync(
+                &self.device,
+            )
+            .map_err(|e| format!("zeroing the device flag: {e}"))?;
+            *flag = Some(CubeTensor::new_contiguous(
                 client.clone(),
                 self.device.clone(),
                 Shape::new([1]),
                 handle,
                 DType::U32,
-            )
-        });
+            ));
+        }
+        let flag = flag.as_ref().expect("the flag was made above");
         // Starts at 1, above the flag's first value; 2³² collectives would wrap it.
         let value = self.signals.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         burn_zero_kernels::flag::signal(flag, value)

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::Backend;
 use burn_zero_comm::sync::lock;
 use burn_zero_comm::{CommError, Communicator, Deferred, RankCounters, Reservation};
+use burn_zero_kernels::QueueMark;
 
 use crate::memory::MemoryTracker;
 use crate::reduce::bucket::Bucket;
@@ -44,6 +45,8 @@ enum Job<B: Backend> {
     Reduce {
         reservation: Reservation<B>,
         replicas: Option<Reservation<B>>,
+        /// The point of the training thread's queue its gradients were written before.
+        written: QueueMark,
         /// The bucket's full gradients, in bytes: taken off the backlog once it is reduced.
         bytes: usize,
     },
@@ -156,13 +159,13 @@ impl<B: Backend> CommThread<B> {
                 .is_some_and(|keys| keys.iter().all(|key| this.handed.contains(key)))
         };
         if complete(self) {
-            self.settle();
-        }
-        while complete(self) {
-            self.incomplete_bytes = self
-                .incomplete_bytes
-                .saturating_sub(self.bucket_bytes[self.next]);
-            self.reserve_next();
+            let written = self.settle();
+            while complete(self) {
+                self.incomplete_bytes = self
+                    .incomplete_bytes
+                    .saturating_sub(self.bucket_bytes[self.next]);
+                self.reserve_next(&written);
+            }
         }
         self.peak_incomplete_bytes = self.peak_incomplete_bytes.max(self.incomplete_bytes);
         self.backlog.wait_within_limit(|| {
@@ -173,11 +176,13 @@ impl<B: Backend> CommThread<B> {
     }
 
     /// Finishes the caller's pending work on the device before the thread reads what it was
-    /// handed. A no-op on CPU backends; skipped where the engines order their inputs after
-    /// the writers on the device ([`burn_zero_comm::Communicator::orders_inputs_on_device`]:
-    /// the thread's packing kernels are then ordered after the gradients' writers by cubecl,
-    /// and the collective after the packing by the engine).
-    fn settle(&self) {
+    /// handed. A no-op on CPU backends. Where the engines order their inputs after the
+    /// writers on the device ([`burn_zero_comm::Communicator::orders_inputs_on_device`]),
+    /// nothing is finished: the caller's queue is marked, the issuing thread orders its own
+    /// after the mark before it packs (cubecl alone would miss a gradient accumulated in
+    /// place after the threads last met, [`QueueMark`]), and the engine orders the collective
+    /// after the packing.
+    fn settle(&self) -> QueueMark {
         let on_device = self.order.shard.orders_inputs_on_device()
             && self
                 .order
@@ -185,7 +190,7 @@ impl<B: Backend> CommThread<B> {
                 .as_ref()
                 .is_none_or(|replicas| replicas.orders_inputs_on_device());
         if on_device {
-            return;
+            return QueueMark::here::<B>(&self.device);
         }
         if let Err(error) = B::sync(&self.device) {
             panic!(
@@ -194,10 +199,12 @@ impl<B: Backend> CommThread<B> {
             );
         }
         self.counters.sync();
+        QueueMark::none()
     }
 
-    /// Takes the next bucket's position and hands it to the thread.
-    fn reserve_next(&mut self) {
+    /// Takes the next bucket's position and hands it to the thread, with the mark its
+    /// gradients were written before.
+    fn reserve_next(&mut self, written: &QueueMark) {
         let reservation = self.order.shard.reserve();
         // With hybrid sharding the all-reduce across the groups runs in the same position,
         // right after the group's collective.
@@ -211,6 +218,7 @@ impl<B: Backend> CommThread<B> {
         self.send(Job::Reduce {
             reservation,
             replicas,
+            written: written.clone(),
             bytes,
         });
         self.next += 1;
@@ -236,10 +244,10 @@ impl<B: Backend> CommThread<B> {
     /// zero-filled where this rank has no gradient.
     pub fn reserve_rest(&mut self) {
         if self.next < self.members.len() {
-            self.settle();
-        }
-        while self.next < self.members.len() {
-            self.reserve_next();
+            let written = self.settle();
+            while self.next < self.members.len() {
+                self.reserve_next(&written);
+            }
         }
     }
 
@@ -343,11 +351,12 @@ fn serve<B: Backend>(
             Job::Reduce {
                 reservation,
                 replicas,
+                written,
                 bytes,
             } => {
                 pass.collect(&mut queue, backlog, false);
                 if pass.failure.is_none() && !queue.is_done() {
-                    let jobs = (reservation, replicas);
+                    let jobs = (reservation, replicas, written);
                     pass.reduce_next(work, &mut queue, jobs, bytes, backlog);
                 } else {
                     // Skipped after a failure: its full gradients are freed.
@@ -435,11 +444,11 @@ impl<B: Backend> Pass<B> {
         &mut self,
         work: &Work<B>,
         queue: &mut BucketQueue<B>,
-        jobs: (Reservation<B>, Option<Reservation<B>>),
+        jobs: (Reservation<B>, Option<Reservation<B>>, QueueMark),
         bytes: usize,
         backlog: &Arc<Backlog>,
     ) {
-        let (reservation, replicas) = jobs;
+        let (reservation, replicas, written) = jobs;
         let Some((index, bucket, grads)) = queue.take_next(&work.memory) else {
             backlog.sub(bytes);
             return;
@@ -455,6 +464,7 @@ impl<B: Backend> Pass<B> {
                     &kinds,
                     move |shard_here| {
                         let started = Instant::now();
+                        written.order_here();
                         let (issued, held) = work.reduction(shard_here, None, |ctx| {
                             reduction::issue(ctx, &bucket, grads)
                         })?;
@@ -476,6 +486,7 @@ impl<B: Backend> Pass<B> {
                 let replica_group = across.clone();
                 let outcome = reservation.run(&kinds, move |shard| {
                     let started = Instant::now();
+                    written.order_here();
                     let values = work.reduction(shard, Some(across.as_ref()), |ctx| {
                         reduction::reduce(ctx, &bucket, grads)
                     });

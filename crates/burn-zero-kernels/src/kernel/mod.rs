@@ -17,6 +17,7 @@ pub mod launches;
 mod memory;
 mod pack;
 mod pieces;
+mod queue_mark;
 mod sgd;
 mod shifted;
 mod unpack;
@@ -37,6 +38,7 @@ use crate::host::MultiplyAdd;
 use crate::spec::{BucketSpec, MemberSpec};
 
 pub(crate) use pack::CubePacker;
+pub(crate) use queue_mark::Mark;
 
 /// A bucket being packed by kernels on `B`'s device.
 pub(crate) trait KernelPacker<B: Backend>: Send {
@@ -81,6 +83,21 @@ pub(crate) fn device_memory<B: Backend>(
     #[cfg(feature = "cuda")]
     if let Some(usage) = memory::usage::<B, cubecl::cuda::CudaRuntime>(device) {
         return Some(usage);
+    }
+    let _ = device;
+    None
+}
+
+/// A mark of the calling thread's device queue, when `B` is a cubecl backend in this build
+/// ([`crate::QueueMark`]).
+pub(crate) fn queue_mark<B: Backend>(device: &B::Device) -> Option<std::sync::Arc<dyn Mark>> {
+    #[cfg(feature = "wgpu")]
+    if let Some(mark) = queue_mark::mark::<B, cubecl::wgpu::WgpuRuntime>(device) {
+        return Some(mark);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(mark) = queue_mark::mark::<B, cubecl::cuda::CudaRuntime>(device) {
+        return Some(mark);
     }
     let _ = device;
     None

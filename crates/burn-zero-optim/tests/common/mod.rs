@@ -96,6 +96,20 @@ pub fn sharded_with<X: Backend>(
     device: &X::Device,
     rule: Rule,
 ) -> Vec<Vec<Vec<f32>>> {
+    sharded_on::<X>(base, world_size, steps, config, device, rule, |ctx| ctx)
+}
+
+/// [`sharded_with`] on the rank context `engine` makes of each rank's own (another engine
+/// around `LocalGroup`'s, say).
+pub fn sharded_on<X: Backend>(
+    base: &Block<Train<X>>,
+    world_size: usize,
+    steps: usize,
+    config: &ZeroConfig,
+    device: &X::Device,
+    rule: Rule,
+    engine: impl Fn(burn_zero_comm::RankContext<X>) -> burn_zero_comm::RankContext<X> + Sync,
+) -> Vec<Vec<Vec<f32>>> {
     fn train<X: Backend, C>(
         base: &Block<Train<X>>,
         ctx: &burn_zero_comm::RankContext<X>,
@@ -122,6 +136,7 @@ pub fn sharded_with<X: Backend>(
     }
     let options = LaunchOptions::with_timeout(std::time::Duration::from_secs(300));
     launch_with::<X, _, _, ZeroError>(world_size, std::slice::from_ref(device), &options, |ctx| {
+        let ctx = engine(ctx);
         match rule {
             Rule::Adam => train(
                 base,
