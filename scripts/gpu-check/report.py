@@ -77,18 +77,37 @@ def environment(log):
 
 
 def tests(log):
-    passed = failed = 0
-    for m in re.finditer(r"test result: \w+\. (\d+) passed; (\d+) failed", log or ""):
-        passed += int(m[1])
-        failed += int(m[2])
-    skipped = re.findall(r"SKIPPED: ([^:\s]+): ([^\n]*)", log or "")
-    failures = re.findall(r"^test (\S+) \.\.\. FAILED", log or "", re.M)
+    """Counts per test binary (each block starts at the `--- NAME` line run.sh prints): from
+    libtest's summary line where the binary finished; where it was stopped (a time limit), from
+    the tests that printed `ok`, naming the test that was still running."""
+    passed = failed = skipped_count = 0
+    skipped, failures, interrupted = [], [], []
+    blocks = re.split(r"^--- ([^\n]+)\n", log or "", flags=re.M)
+    # re.split with a group: [before, name1, block1, name2, block2, ...]
+    named = list(zip(blocks[1::2], blocks[2::2])) or [("tests", log or "")]
+    for name, block in named:
+        block_skipped = re.findall(r"SKIPPED: ([^:\s]+): ([^\n]*)", block)
+        skipped += block_skipped
+        skipped_count += len(block_skipped)
+        failures += re.findall(r"^test (\S+) \.\.\. FAILED", block, re.M)
+        summary = re.search(r"test result: \w+\. (\d+) passed; (\d+) failed", block)
+        if summary:
+            passed += int(summary[1]) - len(block_skipped)
+            failed += int(summary[2])
+            continue
+        ok = len(re.findall(r"(?:\.\.\. |^)ok$", block, re.M))
+        passed += max(0, ok - len(block_skipped))
+        failed += len(re.findall(r"^test (\S+) \.\.\. FAILED", block, re.M))
+        started = re.findall(r"^test (\S+) \.\.\.", block, re.M)
+        if started:
+            interrupted.append(f"{name}: {started[-1]}")
     return {
-        "passed": passed - len(skipped),
+        "passed": passed,
         "failed": failed,
-        "skipped": len(skipped),
+        "skipped": skipped_count,
         "skipped_tests": [{"test": t, "reason": r} for t, r in skipped],
         "failed_tests": failures,
+        "interrupted": interrupted,
     }
 
 
@@ -202,8 +221,10 @@ def status_of(name, ran, data):
         return "not run"
     if isinstance(data, dict) and isinstance(data.get("skipped"), str) and ran[name]["exit_code"] == 0:
         return "no CUDA device"
-    if ran[name]["exit_code"] == 124:
+    if ran[name]["exit_code"] in (124, 137):
         return "timed out"
+    if ran[name]["exit_code"] == 143:
+        return "stopped with the run"
     return "ok" if ran[name]["exit_code"] == 0 else "failed"
 
 
@@ -263,6 +284,8 @@ def markdown(report):
     lines += ["", "## Tests", "", f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped."]
     for f in t["failed_tests"]:
         lines.append(f"- FAILED {f}")
+    for i in t.get("interrupted", []):
+        lines.append(f"- still running when the section was stopped: {i}")
     for k in t["skipped_tests"]:
         lines.append(f"- skipped {k['test']}: {k['reason']}")
 

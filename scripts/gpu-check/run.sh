@@ -25,7 +25,14 @@
 # first and largest size, device budget, default the free memory, and sequences a step,
 # default 8), GPU_CHECK_SECTION_TIMEOUT (seconds a section may
 # run before it is stopped and recorded as timed out, exit 124; default none; a section named
-# as NAME:SECONDS in GPU_CHECK_SECTIONS gets its own), PYTHON (default python3).
+# as NAME:SECONDS in GPU_CHECK_SECTIONS gets its own), GPU_CHECK_DEADLINE (seconds the whole
+# run must end within: each section's limit is cut to what is left, less half a minute for
+# the report, and a section with under 15 s left is not started), GPU_CHECK_TARBALL (a file
+# that receives the report folder as a .tar.gz, with report.md beside it, after every section:
+# what a run cut short still brings back), PYTHON (default python3).
+#
+# The report is written after every section, and on TERM or INT the running section is
+# stopped (its programs with it) and the report written before the script exits.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$PWD/gpu-check-report}
@@ -34,6 +41,8 @@ out=$(cd "$out" && pwd)
 python=${PYTHON:-python3}
 rounds=${GPU_CHECK_ROUNDS:-3}
 section_timeout=${GPU_CHECK_SECTION_TIMEOUT:-}
+deadline=${GPU_CHECK_DEADLINE:-}
+tarball=${GPU_CHECK_TARBALL:-}
 sections=${GPU_CHECK_SECTIONS:-"environment tests workloads nccl pack optimizer steps largest fsdp2"}
 bin="$here/bin"
 status="$out/data/sections.tsv"
@@ -104,6 +113,9 @@ gpu_present() {
     command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 }
 
+# The running section's `timeout` process and its name and start, for the signal handler.
+current="" current_name="" current_started=""
+
 # section NAME LIMIT COMMAND...: runs COMMAND (for at most LIMIT seconds, when not empty) with
 # its output in logs/NAME.log and records
 # "NAME<TAB>exit code<TAB>milliseconds" in data/sections.tsv.
@@ -112,16 +124,16 @@ section() {
     shift 2
     echo "== $name"
     started=$(date +%s%N)
-    # A subshell: whatever goes wrong inside a section stays inside it. Under a time limit the
-    # section runs in a process group of its own, so that `timeout` stops its programs too.
-    if [ -n "$limit" ]; then
-        export -f "$@" with_driver_memory 2>/dev/null
-        export here out bin python rounds
-        timeout --kill-after=10 "$limit" bash -c "$*" >"$out/logs/$name.log" 2>&1
-    else
-        ( "$@" ) >"$out/logs/$name.log" 2>&1
-    fi
+    # Another shell: whatever goes wrong inside a section stays inside it. `timeout` runs it
+    # in a process group of its own, so that stopping the section stops its programs too; in
+    # the background, so that a signal to this script is handled at once (`on_signal`).
+    export -f "$@" with_driver_memory 2>/dev/null
+    export here out bin python rounds
+    timeout --kill-after=10 "${limit:-1000000}" bash -c "$*" >"$out/logs/$name.log" 2>&1 &
+    current=$! current_name=$name current_started=$started
+    wait "$current"
     rc=$?
+    current=""
     printf '%s\t%s\t%s\n' "$name" "$rc" "$(( ($(date +%s%N) - started) / 1000000 ))" >>"$status"
     if [ "$rc" -eq 0 ]; then
         echo "   ok"
@@ -174,10 +186,13 @@ environment() {
 tests() {
     local rc=0
     export NCCL_RANK_PROBE="$bin/nccl-rank-probe" ZERO_RUN="$bin/zero-run" TRAIN_GPT="$bin/train_gpt"
-    for t in kernel-cuda-tests nccl-tests cuda-tests; do
+    # One test at a time: GPU tests of different binaries share the device anyway. The
+    # training tests of rank processes sharing the GPU (names with "process") last: they are
+    # the longest, and a hang there must not keep the others from running.
+    for t in kernel-cuda-tests "cuda-tests --skip process" nccl-tests "cuda-tests process"; do
         echo "--- $t"
-        # One test at a time: GPU tests of different binaries share the device anyway.
-        "$bin/$t" --test-threads 1 || rc=1
+        # shellcheck disable=SC2086
+        "$bin"/$t --test-threads 1 || rc=1
     done
     return $rc
 }
@@ -293,6 +308,32 @@ fsdp2() {
     "$python" "$here/fsdp2.py" --out "$out/data/fsdp2.json"
 }
 
+# Writes the report from what has run so far and, with GPU_CHECK_TARBALL, packs the report
+# folder there (whole or not at all) with report.md beside it.
+write_report() {
+    "$python" "$here/report.py" "$out" >"$out/logs/report.log" 2>&1 \
+        || echo "report.py failed: the logs are in $out/logs"
+    if [ -n "$tarball" ]; then
+        tar czf "$tarball.part" -C "$(dirname "$out")" "$(basename "$out")" \
+            && mv "$tarball.part" "$tarball"
+        if [ -f "$out/report.md" ]; then cp "$out/report.md" "$(dirname "$tarball")/report.md"; fi
+    fi
+}
+
+# TERM or INT (an outer time limit): stops the running section with its programs, records
+# it (exit 143) and writes the report.
+on_signal() {
+    if [ -n "$current" ]; then
+        kill -TERM "$current" 2>/dev/null
+        wait "$current" 2>/dev/null
+        printf '%s\t%s\t%s\n' "$current_name" 143 \
+            "$(( ($(date +%s%N) - current_started) / 1000000 ))" >>"$status"
+    fi
+    write_report
+    exit 143
+}
+trap on_signal TERM INT
+
 echo "burn-zero GPU check: report in $out"
 cuda_setup
 nccl_setup >"$out/logs/nccl-setup.log" 2>&1
@@ -306,6 +347,16 @@ for entry in $sections; do
     name=${entry%%:*}
     limit=$section_timeout
     if [ "$entry" != "$name" ]; then limit=${entry#*:}; fi
+    if [ -n "$deadline" ]; then
+        left=$(( deadline - SECONDS - 30 ))
+        if [ "$left" -lt 15 ]; then
+            echo "== $name: not started, $(( deadline - SECONDS )) s left of the deadline"
+            continue
+        fi
+        if [ -z "$limit" ] || [ "$limit" -gt "$left" ]; then limit=$left; fi
+    fi
     section "$name" "$limit" "$name"
+    write_report
 done
-"$python" "$here/report.py" "$out" || echo "report.py failed: the logs are in $out/logs"
+write_report
+cat "$out/logs/report.log"

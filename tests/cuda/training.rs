@@ -311,6 +311,10 @@ fn flags(config: &RunConfig) -> Vec<String> {
         &config.seq_len.to_string(),
         "--sample-len",
         "0",
+        // The ranks of these tests start together; one that never arrives should fail the
+        // test within the GPU check's time, not after the default five minutes.
+        "--rendezvous-timeout",
+        "60",
     ]
     .map(String::from)
     .to_vec();
@@ -326,6 +330,11 @@ fn flags(config: &RunConfig) -> Vec<String> {
     flags
 }
 
+/// Seconds a rank process of these tests waits for a collective before failing: a hang
+/// (ranks on one GPU meet over sockets, never run before on a GPU) fails its test well within
+/// the GPU check's time instead of after the default ten minutes.
+const COLLECTIVE_TIMEOUT: &str = "90";
+
 /// `world` processes of `train_gpt` on GPU 0 with `config`, meeting through the launcher
 /// variables. Each is told a host id of its own (`NCCL_HOSTID`): NCCL before 2.30.7 refuses
 /// two ranks of one communicator on one GPU of one host, and ranks of different hosts meet over
@@ -337,6 +346,7 @@ fn processes_on_one_gpu(world: usize, config: &RunConfig, dir: &std::path::Path)
         .map(|rank| {
             Command::new(program("TRAIN_GPT", "examples/train_gpt"))
                 .args(flags(config))
+                .args(["--timeout", COLLECTIVE_TIMEOUT])
                 .arg("--memory-report")
                 .arg(&report)
                 .env("RANK", rank.to_string())
@@ -380,6 +390,11 @@ fn under_zero_run(
         .arg(program("TRAIN_GPT", "examples/train_gpt"))
         .args(flags(config))
         .args(extra)
+        .args(if extra.contains(&"--timeout") {
+            &[][..]
+        } else {
+            &["--timeout", COLLECTIVE_TIMEOUT][..]
+        })
         .arg("--memory-report")
         .arg(dir.join("memory.json"))
         .stdin(std::process::Stdio::null())
