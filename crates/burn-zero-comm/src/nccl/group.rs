@@ -133,6 +133,21 @@ struct Link {
     failure: Option<CommError>,
 }
 
+/// How long a healthy communicator's end may take to flush its network work before it is
+/// aborted instead ([`RawComm::finish`]).
+const FINISH_WITHIN: Duration = Duration::from_secs(10);
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // A failed group's communicator was aborted already (or is, by its drop).
+        if self.failure.is_none()
+            && let Some(comm) = self.comm.take()
+        {
+            comm.finish(FINISH_WITHIN);
+        }
+    }
+}
+
 /// What a collective hands to NCCL besides the buffers.
 #[derive(Debug, Clone, Copy)]
 enum Kind {

@@ -507,8 +507,47 @@ impl RawComm {
     }
 }
 
+impl RawComm {
+    /// Ends a communicator whose work is over the way NCCL asks for: finalized (its pending
+    /// network work flushed, so a peer still receiving what this rank sent gets it) and then
+    /// destroyed. Over the socket transport a rank's kernels can end while its proxy still
+    /// sends their last chunks; an abort then could cut a slower peer short. Where finalizing
+    /// fails or takes longer than `within` (a peer gone), the communicator is aborted instead.
+    pub(crate) fn finish(mut self, within: Duration) {
+        // SAFETY: `self.comm` is live and owned by `self`, and no other call on it runs (the
+        // caller gave up its last reference).
+        let started = unsafe { sys::ncclCommFinalize(self.comm) };
+        let mut state = started;
+        let deadline = Instant::now() + within;
+        let mut backoff = Backoff::new();
+        while state == sys::ncclResult_t::ncclInProgress && Instant::now() < deadline {
+            backoff.wait();
+            // SAFETY: as above; NCCL writes the communicator's state into `state`.
+            let queried = unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
+            if queried != sys::ncclResult_t::ncclSuccess {
+                state = queried;
+            }
+        }
+        if state != sys::ncclResult_t::ncclSuccess {
+            tracing::warn!(code = ?state, "finalizing an NCCL communicator failed; aborting it");
+            return; // Drop aborts.
+        }
+        // SAFETY: as above; the communicator is finalized, and after this call it is never
+        // used again (the handle is cleared, so the drop below does nothing).
+        let result = unsafe { sys::ncclCommDestroy(self.comm) };
+        if result == sys::ncclResult_t::ncclSuccess {
+            self.comm = std::ptr::null_mut();
+        } else {
+            tracing::warn!(code = ?result, "ncclCommDestroy failed; aborting the communicator");
+        }
+    }
+}
+
 impl Drop for RawComm {
     fn drop(&mut self) {
+        if self.comm.is_null() {
+            return; // Destroyed by `finish`.
+        }
         // SAFETY: `self.comm` is live and owned by `self`; after this call it is never used
         // again. `ncclCommAbort` does not wait for other ranks.
         let result = unsafe { sys::ncclCommAbort(self.comm) };
