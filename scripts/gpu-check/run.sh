@@ -61,7 +61,7 @@ nccl_setup() {
         fi
         found=$(ls "$NCCL_LIB_DIR"/libnccl.so.2* 2>/dev/null | head -n 1 || true)
     fi
-    if [ -z "$found" ] && ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
+    if [ -z "$found" ] && ldconfig -p 2>/dev/null | grep 'libnccl\.so ' >/dev/null; then
         echo "NCCL: libnccl.so is on the loader path"
         return 0
     fi
@@ -98,19 +98,37 @@ PY
     echo "NCCL: $found (linked as $dir/libnccl.so)"
 }
 
-# The CUDA toolkit's libraries (NVRTC compiles cubecl's kernels) on the loader path.
+# The CUDA toolkit's libraries (NVRTC compiles cubecl's kernels) on the loader path; without a
+# toolkit, NVRTC from the pip packages (nvidia-cuda-nvrtc, -cu12), found through python.
 cuda_setup() {
-    local d
+    local d found=""
     for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" "${CUDA_HOME:-/usr/local/cuda}/targets/x86_64-linux/lib"; do
         if [ -d "$d" ]; then
             export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            if ls "$d"/libnvrtc.so* >/dev/null 2>&1; then found=$d; fi
         fi
     done
+    if [ -z "$found" ] && command -v "$python" >/dev/null 2>&1; then
+        found=$("$python" - <<'PY' 2>/dev/null || true
+import glob, os, site
+dirs = list(site.getsitepackages()) + [site.getusersitepackages()]
+for d in dirs:
+    for path in sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib", "libnvrtc.so*"))):
+        print(os.path.dirname(path))
+        raise SystemExit
+PY
+)
+        if [ -n "$found" ]; then
+            export LD_LIBRARY_PATH="$found${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        fi
+    fi
+    echo "NVRTC: ${found:-not found in the CUDA toolkit or the pip packages}"
 }
 
-# Whether the driver sees a GPU (nvidia-smi lists one).
+# Whether the driver sees a GPU (nvidia-smi lists one). Greps read to the end (no -q): under
+# pipefail, a grep that quits early could fail the pipeline on the writer's SIGPIPE.
 gpu_present() {
-    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null
 }
 
 # The running section's `timeout` process and its name and start, for the signal handler.
@@ -335,8 +353,8 @@ on_signal() {
 trap on_signal TERM INT
 
 echo "burn-zero GPU check: report in $out"
-cuda_setup
-nccl_setup >"$out/logs/nccl-setup.log" 2>&1
+cuda_setup >"$out/logs/nccl-setup.log" 2>&1
+nccl_setup >>"$out/logs/nccl-setup.log" 2>&1
 cat "$out/logs/nccl-setup.log"
 if gpu_present; then
     # The driver sees a GPU: a test that finds no device has found a bug, not a reason to skip.
