@@ -1186,17 +1186,24 @@ where
 
     fn abort(&self, reason: &str) {
         self.note_failure(reason);
+        let error = CommError::PeerFailed {
+            rank: self.rank,
+            reason: reason.to_string(),
+        };
         match self.link.try_lock() {
             Ok(mut link) => {
-                let error = CommError::PeerFailed {
-                    rank: self.rank,
-                    reason: reason.to_string(),
-                };
                 self.fail(&mut link, error);
             }
-            // A collective is running on another thread: it sees the request while it polls.
+            // Another thread holds the communicator: it aborts it when it sees the request
+            // (at its next poll, or this group's next call). The other processes hear of the
+            // failure now, not then: the holder may be a short query after which this group is
+            // never called again.
             Err(_) => {
                 *lock(&self.abort_request) = Some(reason.to_string());
+                lock(&self.family.failure).get_or_insert_with(|| error.clone());
+                if let Some(control) = &self.control {
+                    control.abort(&error.to_string());
+                }
             }
         }
     }
