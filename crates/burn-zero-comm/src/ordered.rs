@@ -627,8 +627,10 @@ impl<B: Backend> Reservation<B> {
         let counters = self.open.issuer.counters.clone();
         let result = self.push(move |comm| {
             let block = prepare();
-            // Made on this thread: its mark is not needed here.
-            settle(comm, &counters, &block)?;
+            // Made on this thread: an engine that orders on the device needs no mark of it.
+            if !comm.orders_inputs_on_device() {
+                settle(comm, &counters, &block)?;
+            }
             comm.issue(DataOp::AllGather, block)
         })?;
         Ok(Pending(Answer::Queued(result)))

@@ -14,6 +14,8 @@
 //! Without a wgpu adapter every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1`
 //! (CI) makes that a failure.
 
+mod common;
+
 use std::sync::{Mutex, MutexGuard};
 
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
@@ -407,26 +409,11 @@ fn gathered_chunk(
     numels: &[usize],
     device: &WgpuDevice,
 ) -> (Primitive, Vec<GatheredMember>) {
-    let mut offset = 0;
-    let members: Vec<GatheredMember> = numels
-        .iter()
-        .map(|&numel| {
-            let block_len = numel.div_ceil(ranks);
-            let member = GatheredMember {
-                offset,
-                block_len,
-                numel,
-            };
-            offset += block_len;
-            member
-        })
-        .collect();
-    let row = offset;
+    let (members, row) = common::gathered_members(ranks, numels);
     let mut data = vec![f32::NAN; ranks * row];
     for (m, member) in members.iter().enumerate() {
         for (k, value) in values(member.numel, m).into_iter().enumerate() {
-            let at = (k / member.block_len) * row + member.offset + k % member.block_len;
-            data[at] = value;
+            data[common::gathered_at(member, row, k)] = value;
         }
     }
     let tensor = Tensor::<Plain, 1>::from_data(TensorData::new(data, [ranks * row]), device);

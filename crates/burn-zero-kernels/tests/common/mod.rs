@@ -5,7 +5,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorData, TensorPrimitive};
-use burn_zero_kernels::{BucketSpec, MemberSpec};
+use burn_zero_kernels::{BucketSpec, GatheredMember, MemberSpec};
 use half::{bf16, f16};
 
 /// `n` values in `[-4, 4)` with full f64 mantissas, from `seed` (xorshift64*).
@@ -238,4 +238,31 @@ pub fn assert_bitwise(actual: &TensorData, expected: &TensorData, what: &str) {
             e[i]
         );
     }
+}
+
+/// The members of a chunk of members of `numels` elements gathered from `ranks` ranks: each
+/// rank's row holds their blocks end to end, `ceil(numel / ranks)` elements each. Returns them
+/// and the row's length.
+pub fn gathered_members(ranks: usize, numels: &[usize]) -> (Vec<GatheredMember>, usize) {
+    let mut offset = 0;
+    let members = numels
+        .iter()
+        .map(|&numel| {
+            let block_len = numel.div_ceil(ranks);
+            let member = GatheredMember {
+                offset,
+                block_len,
+                numel,
+            };
+            offset += block_len;
+            member
+        })
+        .collect();
+    (members, offset)
+}
+
+/// Where element `k` of `member` sits in a gathered chunk of rows of `row` elements: in row
+/// `k / block`, at the member's offset plus `k % block`.
+pub fn gathered_at(member: &GatheredMember, row: usize, k: usize) -> usize {
+    (k / member.block_len) * row + member.offset + k % member.block_len
 }

@@ -252,6 +252,16 @@ fn shifted_members<B: Backend>(bucket: DType, other: DType, device: &B::Device) 
     check::<B>(&case, false, device);
 }
 
+/// Whether `device` has `dtype`; where it has not, test `test` says it was skipped.
+fn has_dtype<B: Backend>(test: &str, dtype: DType, device: &B::Device) -> bool {
+    skip::dtype_supported(
+        test,
+        B::supports_dtype(device, dtype),
+        format!("{dtype:?}"),
+        "",
+    )
+}
+
 /// [`shifted_members`] with f32 buckets and gradients (and one f16 gradient).
 pub fn f32_shifted_members<B: Backend>(device: &B::Device) {
     shifted_members::<B>(DType::F32, DType::F16, device);
@@ -260,12 +270,7 @@ pub fn f32_shifted_members<B: Backend>(device: &B::Device) {
 /// [`shifted_members`] with f16 buckets and gradients (and one f32 gradient), where the device
 /// has f16.
 pub fn f16_shifted_members<B: Backend>(device: &B::Device) {
-    if skip::dtype_supported(
-        "f16_shifted_members",
-        B::supports_dtype(device, DType::F16),
-        "F16",
-        "",
-    ) {
+    if has_dtype::<B>("f16_shifted_members", DType::F16, device) {
         shifted_members::<B>(DType::F16, DType::F32, device);
     }
 }
@@ -273,12 +278,7 @@ pub fn f16_shifted_members<B: Backend>(device: &B::Device) {
 /// [`shifted_members`] with bf16 buckets and gradients (and one f32 gradient), where the
 /// device has bf16.
 pub fn bf16_shifted_members<B: Backend>(device: &B::Device) {
-    if skip::dtype_supported(
-        "bf16_shifted_members",
-        B::supports_dtype(device, DType::BF16),
-        "BF16",
-        "",
-    ) {
+    if has_dtype::<B>("bf16_shifted_members", DType::BF16, device) {
         shifted_members::<B>(DType::BF16, DType::F32, device);
     }
 }
@@ -293,21 +293,7 @@ fn gathered_chunk<B: Backend>(
     numels: &[usize],
     device: &B::Device,
 ) -> (B::FloatTensorPrimitive, Vec<GatheredMember>, Vec<Vec<f64>>) {
-    let mut offset = 0;
-    let members: Vec<GatheredMember> = numels
-        .iter()
-        .map(|&numel| {
-            let block_len = numel.div_ceil(ranks);
-            let member = GatheredMember {
-                offset,
-                block_len,
-                numel,
-            };
-            offset += block_len;
-            member
-        })
-        .collect();
-    let row = offset;
+    let (members, row) = common::gathered_members(ranks, numels);
     let mut gathered = vec![7.0; ranks * row];
     let mut values = Vec::new();
     for (m, member) in members.iter().enumerate() {
@@ -316,7 +302,7 @@ fn gathered_chunk<B: Backend>(
             .map(|v| common::round_to(dtype, v))
             .collect();
         for (k, &value) in member_values.iter().enumerate() {
-            gathered[(k / member.block_len) * row + member.offset + k % member.block_len] = value;
+            gathered[common::gathered_at(member, row, k)] = value;
         }
         values.push(member_values);
     }
@@ -355,24 +341,14 @@ pub fn f32_gathered_cuts<B: Backend>(device: &B::Device) {
 
 /// [`gathered_cuts`] of an f16 chunk, where the device has f16.
 pub fn f16_gathered_cuts<B: Backend>(device: &B::Device) {
-    if skip::dtype_supported(
-        "f16_gathered_cuts",
-        B::supports_dtype(device, DType::F16),
-        "F16",
-        "",
-    ) {
+    if has_dtype::<B>("f16_gathered_cuts", DType::F16, device) {
         gathered_cuts::<B>(DType::F16, device);
     }
 }
 
 /// [`gathered_cuts`] of a bf16 chunk, where the device has bf16.
 pub fn bf16_gathered_cuts<B: Backend>(device: &B::Device) {
-    if skip::dtype_supported(
-        "bf16_gathered_cuts",
-        B::supports_dtype(device, DType::BF16),
-        "BF16",
-        "",
-    ) {
+    if has_dtype::<B>("bf16_gathered_cuts", DType::BF16, device) {
         gathered_cuts::<B>(DType::BF16, device);
     }
 }
