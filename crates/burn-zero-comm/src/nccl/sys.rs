@@ -139,7 +139,6 @@ pub(crate) fn unique_id() -> Result<[u8; UNIQUE_ID_BYTES], Failure> {
     Ok(id.internal.map(|c| c as u8))
 }
 
-/// Opens a group of NCCL calls (several communicators initialised from one thread).
 /// Makes `stream` wait on the device until the 32-bit word at `flag` is at least `value`
 /// (`cuStreamWaitValue32`): work queued on `stream` afterwards starts only then. The host does
 /// not wait.
@@ -165,6 +164,8 @@ pub(crate) fn wait_value(stream: Stream, flag: DevicePtr, value: u32) -> Result<
     }
 }
 
+/// Opens a group of NCCL calls (several communicators initialised from one thread, or the
+/// sends and receives of one all-to-all).
 pub(crate) fn group_start() -> Result<(), Failure> {
     // SAFETY: no arguments; NCCL keeps the group state per thread.
     check(unsafe { sys::ncclGroupStart() }, None).map(|_| ())
@@ -457,7 +458,13 @@ impl RawComm {
                     self.comm,
                     stream as sys::cudaStream_t,
                 );
-                if sent == sys::ncclResult_t::ncclSuccess {
+                // A nonblocking communicator may answer "in progress" inside a group too: the
+                // send is recorded then, and its receive must follow, or the peers' sends
+                // would have nothing to meet.
+                if matches!(
+                    sent,
+                    sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
+                ) {
                     sys::ncclRecv(
                         DevicePtr(recv.0 + offset).as_mut(),
                         count,
