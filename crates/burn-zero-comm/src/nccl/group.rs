@@ -1,6 +1,6 @@
 //! `NcclGroup`: one rank's NCCL communicator, and the collectives on CubeCL CUDA tensors.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -14,6 +14,8 @@ use cubecl_cuda::{CudaDevice, CudaRuntime};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
 use super::NcclOptions;
+use super::family::{Departures, Family, Lineage};
+use super::flag::StreamFlags;
 use super::sys::{self, DataType, DevicePtr, Failure, Progress, RawComm, RedOp};
 use crate::call::{CollectiveCall, CollectiveOp, ReduceOp, dtype_name};
 use crate::communicator::Communicator;
@@ -35,8 +37,9 @@ pub(crate) const SUPPORTED: &str = "f32, flex32 (stored as f32), f16, bf16";
 ///
 /// Each collective is ordered after its input's writers on the device
 /// ([`NcclOptions::order_on_device`]): the issuing thread's stream writes a number into a
-/// device flag the group owns, and the group's own stream waits for it before NCCL runs; with
-/// the option off, the issuing thread's stream is synchronised instead. [`Communicator::issue`]
+/// device flag the group keeps for that stream, and the group's own stream waits for it before
+/// NCCL runs; with the option off, the issuing thread's stream is synchronised instead.
+/// [`Communicator::issue`]
 /// returns as soon as NCCL's call is queued; the thread that reads the result
 /// ([`crate::Issued::wait`]) queries an event recorded after it and waits only if NCCL has not
 /// completed yet, so the result is ready for any stream when it is handed out. The input and
@@ -102,29 +105,16 @@ pub struct Group {
     issued: AtomicU64,
     /// This rank as the group everything was split from numbers it.
     job_rank: usize,
-    /// The device flag collectives wait for ([`NcclOptions::order_on_device`]): one `u32`,
-    /// made on first use and held for the group's life, so nothing else ever gets its memory
-    /// while a stream may wait on it.
-    flag: Mutex<Option<CubeTensor<CudaRuntime>>>,
-    /// The last number written into the flag.
-    signals: AtomicU32,
+    /// The device flags collectives wait for ([`NcclOptions::order_on_device`]).
+    flags: StreamFlags,
     /// The rank's counters, where the group's host waits are counted.
     counters: OnceLock<Arc<RankCounters>>,
+    /// Where this group comes from among its family's groups.
+    lineage: Lineage,
+    /// What this group's ranks in this process have issued before they left, shared with
+    /// them.
+    departed: Departures,
 }
-
-/// What the groups of one job in this process share.
-#[derive(Debug, Default)]
-pub(crate) struct FamilyState {
-    /// The first failure of any of them.
-    failure: Mutex<Option<CommError>>,
-    /// For each rank that finished its work: how many collectives it had issued.
-    departed: Mutex<Vec<Option<u64>>>,
-    /// The first rank (numbered as the group everything was split from numbers it) that
-    /// reported a failure of its own, with its reason.
-    cause: Mutex<Option<(usize, String)>>,
-}
-
-pub(crate) type Family = Arc<FamilyState>;
 
 /// The communicator and what it needs to run one collective at a time.
 struct Link {
@@ -224,10 +214,19 @@ impl Completion for InFlight {
             done.try_is_complete()
                 .map_err(|e| group.device_error(format!("CUDA: {e}")))
         });
-        if matches!(waited, Ok(true)) {
-            group.count_wait();
+        match waited {
+            Ok(true) => group.count_wait(),
+            Ok(false) => {}
+            // The communicator was aborted, but what its stream had queued may still run:
+            // the wait for the input's flag, then NCCL's kernel, which would write into memory
+            // the pool had given to another tensor. Buffers the device is not known to be done
+            // with are left to the failed process rather than reused.
+            Err(_) if !matches!(done.try_is_complete(), Ok(true)) => {
+                strand(held);
+                return waited.map(|_| ());
+            }
+            Err(_) => {}
         }
-        // On a failure the communicator was aborted, which ends its work on the device.
         drop(held);
         waited.map(|_| ())
     }
@@ -255,9 +254,7 @@ impl NcclGroup {
     /// out its timeout. [`crate::nccl::launch_nccl`] calls it when a rank's work succeeded.
     pub fn leave(&self) {
         let issued = self.issued.load(Ordering::Relaxed);
-        if let Some(slot) = lock(&self.family.departed).get_mut(self.rank) {
-            *slot = Some(issued);
-        }
+        self.record_departure(issued);
         if let Some(control) = &self.control
             && control.checks_schedule()
         {
@@ -323,7 +320,7 @@ impl NcclGroup {
                 let mut link = self.lock();
                 self.fail(&mut link, error)
             })?;
-            return self.duplicate_around(child);
+            return self.duplicate_around(child, call.seq);
         }
         // Older NCCL: rank 0 makes an id and broadcasts it over this group.
         let mut id = [0u8; sys::UNIQUE_ID_BYTES];
@@ -366,12 +363,13 @@ impl NcclGroup {
             let mut link = self.lock();
             self.fail(&mut link, error)
         })?;
-        self.duplicate_around(child)
+        self.duplicate_around(child, call.seq)
     }
 
-    /// A duplicate of this group around its new communicator `child`: the same ranks, device,
-    /// options and family, with its own stream and a control connection for aborts only.
-    fn duplicate_around(&self, child: RawComm) -> Result<NcclGroup, CommError> {
+    /// A duplicate of this group around its new communicator `child`, made by this group's
+    /// call number `seq`: the same ranks, device, options and family, with its own stream and
+    /// a control connection for aborts only.
+    fn duplicate_around(&self, child: RawComm, seq: u64) -> Result<NcclGroup, CommError> {
         Group::new(
             self.rank,
             self.world_size,
@@ -380,6 +378,7 @@ impl NcclGroup {
             self.context.clone(),
             child,
             self.family.clone(),
+            self.descendant((seq, None)),
             self.duplicate_control(),
         )
         .map(NcclGroup::from)
@@ -469,6 +468,7 @@ impl NcclGroup {
             self.context.clone(),
             child,
             self.family.clone(),
+            self.descendant((call.seq, Some(color))),
             self.duplicate_control(),
         )?;
         group.job_rank = self.job_rank;
@@ -479,7 +479,7 @@ impl NcclGroup {
     /// ranks of this process and, in a job of several processes, reported to its control
     /// store (a round trip), which names the job's cause to every rank and to `zero-run`.
     pub(crate) fn note_failure(&self, reason: &str) {
-        lock(&self.family.cause).get_or_insert_with(|| (self.job_rank, reason.to_string()));
+        self.family.note_cause(self.job_rank, reason);
         if let Some(control) = &self.control {
             control.report(reason);
         }
@@ -492,7 +492,7 @@ impl NcclGroup {
         self.control
             .as_ref()
             .and_then(|control| control.first_failure())
-            .or_else(|| lock(&self.family.cause).clone())
+            .or_else(|| self.family.cause())
     }
 
     /// The control connection of a duplicate: the same connection, aborts only (a duplicate
@@ -629,7 +629,8 @@ impl NcclGroup {
             ));
         }
         let after = if self.options.order_on_device {
-            Some(self.signal(&client).map_err(fail_now)?)
+            let signalled = self.flags.signal(&client, || self.count_wait());
+            Some(signalled.map_err(fail_now)?)
         } else {
             self.count_wait();
             <CubeBackend<CudaRuntime, f32, i32, u8> as burn::tensor::backend::Backend>::sync(
@@ -647,8 +648,6 @@ impl NcclGroup {
             data_type,
             after,
         };
-        let started = Instant::now();
-        let done = self.launch(kind, transfer, &call, &during, started)?;
         let output = CubeTensor::new_contiguous(
             client,
             self.device.clone(),
@@ -656,59 +655,25 @@ impl NcclGroup {
             output,
             dtype,
         );
+        // The device reads the input and writes the output until `done`.
+        let held: Box<dyn Send> = Box::new((send, recv, input, output.clone()));
+        let started = Instant::now();
+        let done = match self.launch(kind, transfer, &call, &during, started) {
+            Ok(done) => done,
+            Err(error) => {
+                // NCCL may have queued part of the call before it failed.
+                strand(held);
+                return Err(error);
+            }
+        };
         let in_flight = InFlight {
             group: self.group.clone(),
             done,
             call,
             started,
-            // The device reads the input and writes the output until `done`.
-            held: Box::new((send, recv, input, output.clone())),
+            held,
         };
         Ok((output, Some(in_flight)))
-    }
-
-    /// Writes the next number into the group's device flag on the issuing thread's stream,
-    /// after everything queued there (which cubecl orders after the input's writers on other
-    /// streams when it resolves the input), and submits it; returns the flag's address and the
-    /// number, for the group's stream to wait on.
-    fn signal(
-        &self,
-        client: &burn_cubecl::cubecl::prelude::ComputeClient<CudaRuntime>,
-    ) -> Result<(DevicePtr, u32), String> {
-        let mut flag = lock(&self.flag);
-        if flag.is_none() {
-            let handle = client.create_from_slice(&[0u8; 4]);
-            // The zero is only queued: until it lands, the buffer holds whatever its memory
-            // held before, and the group's stream, whose wait passes on any value at or above
-            // the number it waits for, could start a collective before its input is written.
-            // Finished once, when the group first signals.
-            self.count_wait();
-            <CubeBackend<CudaRuntime, f32, i32, u8> as burn::tensor::backend::Backend>::sync(
-                &self.device,
-            )
-            .map_err(|e| format!("zeroing the device flag: {e}"))?;
-            *flag = Some(CubeTensor::new_contiguous(
-                client.clone(),
-                self.device.clone(),
-                Shape::new([1]),
-                handle,
-                DType::U32,
-            ));
-        }
-        let flag = flag.as_ref().expect("the flag was made above");
-        // Starts at 1, above the flag's first value; 2³² collectives would wrap it.
-        let value = self.signals.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        burn_zero_kernels::flag::signal(flag, value)
-            .map_err(|e| format!("signalling the input: {e}"))?;
-        // Queued work reaches CUDA only when cubecl's device thread submits it: the group's
-        // stream must not wait for a number still in that queue.
-        client
-            .flush()
-            .map_err(|e| format!("submitting the signal: {e:?}"))?;
-        let resource = client
-            .get_resource(flag.handle.clone())
-            .map_err(|e| format!("the device flag: {e}"))?;
-        Ok((DevicePtr(resource.resource().ptr), value))
     }
 
     /// Checks `call` (described by `during`) before any buffer is touched: the group must be
@@ -844,9 +809,10 @@ impl Group {
         context: Arc<CudaContext>,
         comm: RawComm,
         family: Family,
+        lineage: Lineage,
         control: Option<Arc<JobControl>>,
     ) -> Result<Self, CommError> {
-        lock(&family.departed).resize(world_size, None);
+        let departed = family.departures(&lineage, world_size);
         let device_error = |error: cudarc::driver::DriverError| CommError::Device {
             rank,
             reason: format!("CUDA: {error}"),
@@ -871,6 +837,7 @@ impl Group {
                 }
             });
         }
+        let flags = StreamFlags::new(device.clone());
         Ok(Group {
             rank,
             world_size,
@@ -884,10 +851,24 @@ impl Group {
             control,
             issued: AtomicU64::new(0),
             job_rank: rank,
-            flag: Mutex::new(None),
-            signals: AtomicU32::new(0),
+            flags,
             counters: OnceLock::new(),
+            lineage,
+            departed,
         })
+    }
+
+    /// The lineage of a group made from this one by `step`.
+    fn descendant(&self, step: (u64, Option<usize>)) -> Lineage {
+        let mut lineage = self.lineage.clone();
+        lineage.push(step);
+        lineage
+    }
+
+    /// Records for this group's other ranks in this process that this rank left it after
+    /// `issued` collectives.
+    fn record_departure(&self, issued: u64) {
+        self.departed.record(self.rank, issued);
     }
 
     fn lock(&self) -> MutexGuard<'_, Link> {
@@ -904,13 +885,12 @@ impl Group {
             };
             self.fail(link, error);
         }
-        if link.failure.is_none() {
-            let family = lock(&self.family.failure).clone();
-            if let Some(error) = family {
-                // Another rank of this process, a duplicate or the group this one came from
-                // failed: end this one too.
-                self.fail(link, error);
-            }
+        if link.failure.is_none()
+            && let Some(error) = self.family.failure()
+        {
+            // Another rank of this process, a duplicate or the group this one came from
+            // failed: end this one too.
+            self.fail(link, error);
         }
         if link.failure.is_none()
             && let Some(error) = self.control.as_ref().and_then(|control| control.failure())
@@ -949,7 +929,7 @@ impl Group {
         tracing::error!(rank = self.rank, %error, "NCCL group failed; aborting the communicator");
         link.comm = None; // Drop aborts.
         link.failure = Some(error.clone());
-        lock(&self.family.failure).get_or_insert_with(|| error.clone());
+        self.family.fail(&error);
         if let Some(control) = &self.control {
             // Every other process hears of it (the store keeps only the job's first failure).
             control.abort(&error.to_string());
@@ -960,11 +940,9 @@ impl Group {
     /// A rank of this process that finished its work before reaching `call`, which it will
     /// therefore never join.
     fn departed_before(&self, call: &CollectiveCall) -> Option<CommError> {
-        lock(&self.family.departed)
-            .iter()
-            .enumerate()
-            .find(|&(peer, issued)| peer != self.rank && issued.is_some_and(|n| n < call.seq))
-            .map(|(peer, _)| CommError::PeerExited {
+        self.departed
+            .left_before(self.rank, call.seq)
+            .map(|peer| CommError::PeerExited {
                 peer,
                 rank: self.rank,
                 call: Box::new(call.clone()),
@@ -1009,9 +987,6 @@ impl Group {
         loop {
             {
                 let mut link = self.lock();
-                if let Some(error) = self.departed_before(call) {
-                    return Err(self.fail(&mut link, error));
-                }
                 let polled = self.usable(&mut link)?.poll();
                 match polled {
                     Err(failure) => {
@@ -1024,6 +999,10 @@ impl Group {
                         Ok(false) => {}
                         Err(error) => return Err(self.fail(&mut link, error)),
                     },
+                }
+                // Asked only of a call not done yet: a peer may leave once its side is done.
+                if let Some(error) = self.departed_before(call) {
+                    return Err(self.fail(&mut link, error));
                 }
                 let waited = started.elapsed();
                 if waited >= self.options.timeout {
@@ -1048,6 +1027,13 @@ impl Group {
     fn take_abort_request(&self) -> Option<String> {
         lock(&self.abort_request).take()
     }
+}
+
+/// Keeps a failed collective's buffers out of the memory pools for the rest of the process:
+/// its queued work may still read or write them after the communicator was aborted, and a
+/// failed group is not used again, so the memory is not needed back.
+fn strand(held: Box<dyn Send>) {
+    std::mem::forget(held);
 }
 
 /// NCCL's element type for a Burn dtype.
@@ -1200,7 +1186,7 @@ where
             // never called again.
             Err(_) => {
                 *lock(&self.abort_request) = Some(reason.to_string());
-                lock(&self.family.failure).get_or_insert_with(|| error.clone());
+                self.family.fail(&error);
                 if let Some(control) = &self.control {
                     control.abort(&error.to_string());
                 }
@@ -1226,11 +1212,15 @@ impl Drop for NcclGroup {
         // A rank whose work ended says so, with its count of collectives, so that a rank
         // still waiting for it in a later collective fails at once. A panicking rank says
         // nothing here: its control connection reports the panic.
-        if !thread::panicking()
-            && let Some(control) = &self.control
+        if thread::panicking() {
+            return;
+        }
+        let issued = self.issued.load(Ordering::Relaxed);
+        self.record_departure(issued);
+        if let Some(control) = &self.control
             && control.checks_schedule()
         {
-            control.leave(self.issued.load(Ordering::Relaxed));
+            control.leave(issued);
         }
     }
 }

@@ -12,6 +12,7 @@ use cubecl_cuda::CudaDevice;
 use cudarc::driver::CudaContext;
 
 use super::NcclOptions;
+use super::family::Lineage;
 use super::group::{Group, NcclGroup};
 use super::setup::{ensure_nccl, finish_init, init_comm, setup_error};
 use super::sys::{self, Progress, RawComm};
@@ -105,6 +106,7 @@ impl NcclGroup {
                     context,
                     comm,
                     family.clone(),
+                    Lineage::new(),
                     None,
                 )
                 .map(NcclGroup::from)
@@ -197,6 +199,7 @@ impl NcclGroup {
             context,
             comm,
             NcclGroup::new_family(),
+            Lineage::new(),
             Some(control),
         )
         .map(NcclGroup::from)

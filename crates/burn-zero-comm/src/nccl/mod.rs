@@ -16,6 +16,8 @@
 //! Both forms of the CUDA backend work: Burn's default `burn::backend::Cuda`, which is
 //! `Fusion<CubeBackend<…>>` ([`FusedCudaBackend`]), and the plain [`CudaBackend`].
 
+mod family;
+mod flag;
 mod fusion;
 mod group;
 mod init;
