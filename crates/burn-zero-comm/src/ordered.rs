@@ -46,7 +46,7 @@
 //! [`Reservation::run`] reads its results on the issuing thread, which waits there; work run
 //! with [`Reservation::run_deferred`] (a bucket's pack and reduction, then its unpack) is kept
 //! aside on the issuing thread while its collective runs and finished there once the device
-//! says it is done, asked between positions ([`crate::parked`]).
+//! says it is done, asked between positions (`parked`).
 //!
 //! # One rank
 //!
@@ -538,7 +538,7 @@ impl<B: Backend> Reservation<B> {
     /// it goes on: `start` prepares the input and issues the collective on the engine it is
     /// given, returning it with whatever `then` needs; `then` takes the collective's result
     /// apart on the issuing thread once the device has finished it, asked between later
-    /// positions ([`crate::parked`]). Returns at once; the result arrives in the [`Deferred`].
+    /// positions (`parked`). Returns at once; the result arrives in the [`Deferred`].
     /// `kinds` are counted as in [`Self::run`].
     ///
     /// On a group of one rank whose position carries no other group's collectives, both run

@@ -13,7 +13,7 @@
 //!
 //! A reduce-scatter becomes an all-to-all (each rank receives every rank's piece of its own
 //! shard) followed by a sum of the pieces here, in rank order, with the arithmetic of the
-//! other engines' own reductions ([`crate::plane`]): from rank 0's piece (not from zero:
+//! other engines' own reductions (`plane`): from rank 0's piece (not from zero:
 //! `0 + (-0.0)` is `+0.0`), each addition rounded in the storage dtype, a mean divided once at
 //! the end. Per rank that sends and receives `(N−1)/N` of the buffer, as a ring reduce-scatter
 //! does, but receives into a buffer of the whole input's size rather than `1/N` of it. An

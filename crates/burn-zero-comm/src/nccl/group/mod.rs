@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::{BoolElement, CubeBackend, FloatElement, IntElement};
 use burn_zero_launch::sync::lock;
 use cubecl_cuda::{CudaDevice, CudaRuntime};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
@@ -18,12 +18,14 @@ use super::family::{Departures, Family, Lineage};
 use super::flag::StreamFlags;
 use super::sys::{self, DataType, DevicePtr, Failure, Progress, RawComm, RedOp};
 use crate::call::{CollectiveCall, CollectiveOp, ReduceOp, dtype_name};
-use crate::communicator::Communicator;
 use crate::communicator::DataOp;
 use crate::control::JobControl;
 use crate::counters::RankCounters;
 use crate::error::CommError;
-use crate::issued::{Completion, Issued};
+use crate::issued::Completion;
+
+mod communicator;
+mod split;
 
 /// The dtypes the NCCL engine moves and reduces.
 pub(crate) const SUPPORTED: &str = "f32, flex32 (stored as f32), f16, bf16";
@@ -39,7 +41,7 @@ pub(crate) const SUPPORTED: &str = "f32, flex32 (stored as f32), f16, bf16";
 /// ([`NcclOptions::order_on_device`]): the issuing thread's stream writes a number into a
 /// device flag the group keeps for that stream, and the group's own stream waits for it before
 /// NCCL runs; with the option off, the issuing thread's stream is synchronised instead.
-/// [`Communicator::issue`]
+/// [`crate::Communicator::issue`]
 /// returns as soon as NCCL's call is queued; the thread that reads the result
 /// ([`crate::Issued::wait`]) queries an event recorded after it and waits only if NCCL has not
 /// completed yet, so the result is ready for any stream when it is handed out. The input and
@@ -62,7 +64,7 @@ pub(crate) const SUPPORTED: &str = "f32, flex32 (stored as f32), f16, bf16";
 /// (ring or tree), not rank order, so they can differ from `LocalGroup` in the last bits when
 /// more than two ranks add values that round.
 pub struct NcclGroup {
-    /// Shared with the collectives still in flight ([`Communicator::issue`]): the
+    /// Shared with the collectives still in flight ([`crate::Communicator::issue`]): the
     /// communicator and its stream live until the last of them has completed.
     group: Arc<Group>,
 }
@@ -95,7 +97,7 @@ pub struct Group {
     options: NcclOptions,
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    /// Set by [`Communicator::abort`] while another thread is inside a collective.
+    /// Set by [`crate::Communicator::abort`] while another thread is inside a collective.
     abort_request: Mutex<Option<String>>,
     /// Shared with the other ranks of this process's job, the group this one was duplicated
     /// from and every duplicate: the first failure of any of them ends them all.
@@ -277,205 +279,7 @@ impl NcclGroup {
         self.lock().failure.clone()
     }
 
-    /// A new group over the same ranks, in the same order, with its own NCCL communicator and
-    /// stream (`ncclCommSplit` on NCCL 2.18 and later, otherwise a fresh unique id broadcast
-    /// over this group). Collective: every rank must call it as its next call on this group. A
-    /// failure of either group ends the other too (see [`Communicator::duplicate`]).
-    ///
-    /// As with any two NCCL communicators over the same GPUs, every rank must issue the
-    /// collectives of both in the same relative order; NCCL may deadlock otherwise (a collective
-    /// of one waits on the GPU for a peer that is blocked in the other).
-    pub fn duplicate_group(&self) -> Result<NcclGroup, CommError> {
-        let call = self.call(CollectiveOp::Duplicate, None, 0);
-        if let Some(control) = &self.control
-            && let Err(error) = control.check(&call)
-        {
-            let mut link = self.lock();
-            return Err(self.fail(&mut link, error));
-        }
-        let during = call.to_string();
-        let during = during.as_str();
-        let version = sys::version().map_err(|f| {
-            let mut link = self.lock();
-            self.fail(&mut link, self.nccl_error(during, f))
-        })?;
-        if version >= sys::SPLIT_VERSION {
-            let mut link = self.lock();
-            self.bind(&mut link)?;
-            let started = Instant::now();
-            let split = self
-                .usable(&mut link)?
-                .split(0, self.rank, started, self.options.timeout);
-            let (child, progress) = self.split_started(&mut link, split, started, during)?;
-            drop(link);
-            let child = super::setup::finish_init(
-                self.rank,
-                child,
-                progress,
-                started,
-                self.options.timeout,
-                during,
-            )
-            .map_err(|error| {
-                let mut link = self.lock();
-                self.fail(&mut link, error)
-            })?;
-            return self.duplicate_around(child, call.seq);
-        }
-        // Older NCCL: rank 0 makes an id and broadcasts it over this group.
-        let mut id = [0u8; sys::UNIQUE_ID_BYTES];
-        if self.rank == 0 {
-            id = sys::unique_id().map_err(|f| {
-                let mut link = self.lock();
-                self.fail(&mut link, self.nccl_error(during, f))
-            })?;
-        }
-        let floats: Vec<f32> = id.iter().map(|&b| b as f32).collect();
-        let tensor = Tensor::<CubeBackend<CudaRuntime, f32, i32, u8>, 1>::from_floats(
-            floats.as_slice(),
-            &self.device,
-        );
-        let shared = self.run(
-            CollectiveOp::Broadcast { root: 0 },
-            tensor.into_primitive().tensor(),
-            Kind::Broadcast(0),
-        )?;
-        let shared = Tensor::<CubeBackend<CudaRuntime, f32, i32, u8>, 1>::from_primitive(
-            TensorPrimitive::Float(shared),
-        )
-        .into_data()
-        .to_vec::<f32>()
-        .map_err(|e| CommError::Device {
-            rank: self.rank,
-            reason: format!("{e:?}"),
-        })?;
-        for (byte, value) in id.iter_mut().zip(shared) {
-            *byte = value as u8;
-        }
-        let child = super::setup::init_comm(
-            self.rank,
-            self.world_size,
-            &self.context,
-            &id,
-            &self.options,
-        )
-        .map_err(|error| {
-            let mut link = self.lock();
-            self.fail(&mut link, error)
-        })?;
-        self.duplicate_around(child, call.seq)
-    }
-
-    /// A duplicate of this group around its new communicator `child`, made by this group's
-    /// call number `seq`: the same ranks, device, options and family, with its own stream and
-    /// a control connection for aborts only.
-    fn duplicate_around(&self, child: RawComm, seq: u64) -> Result<NcclGroup, CommError> {
-        Group::new(
-            self.rank,
-            self.world_size,
-            self.device.clone(),
-            self.options.clone(),
-            self.context.clone(),
-            child,
-            self.family.clone(),
-            self.descendant((seq, None)),
-            self.duplicate_control(),
-        )
-        .map(NcclGroup::from)
-    }
-
-    /// A new group of the ranks of this one that pass the same `color`, ranked in their order
-    /// here, with its own NCCL communicator and stream (`ncclCommSplit`, NCCL 2.18 and later).
-    /// Collective: every rank must call it as its next call on this group. The ranks first
-    /// gather each other's colors over this group (to know the new group's size and their
-    /// rank in it); a failure of either group ends the other too. The same ordering rule as
-    /// for [`NcclGroup::duplicate_group`] holds between the two groups.
-    pub fn split_group(&self, color: usize) -> Result<NcclGroup, CommError> {
-        let call = self.call(CollectiveOp::Split, None, 0);
-        if let Some(control) = &self.control
-            && let Err(error) = control.check(&call)
-        {
-            let mut link = self.lock();
-            return Err(self.fail(&mut link, error));
-        }
-        let during = call.to_string();
-        let during = during.as_str();
-        let version = sys::version().map_err(|f| {
-            let mut link = self.lock();
-            self.fail(&mut link, self.nccl_error(during, f))
-        })?;
-        if version < sys::SPLIT_VERSION {
-            let mut link = self.lock();
-            let error = CommError::InvalidGroup(format!(
-                "splitting a group needs NCCL 2.18 or later (ncclCommSplit); the loaded NCCL is \
-                 version code {version}"
-            ));
-            return Err(self.fail(&mut link, error));
-        }
-        // Every rank's color, exactly representable in f32 below 2^24.
-        if color >= 1 << 24 {
-            let mut link = self.lock();
-            let error = CommError::InvalidGroup(format!(
-                "split color {color} is too large (at most {})",
-                (1 << 24) - 1
-            ));
-            return Err(self.fail(&mut link, error));
-        }
-        let mine = Tensor::<CubeBackend<CudaRuntime, f32, i32, u8>, 1>::from_floats(
-            [color as f32],
-            &self.device,
-        );
-        let colors = self.run(
-            CollectiveOp::AllGather,
-            mine.into_primitive().tensor(),
-            Kind::AllGather,
-        )?;
-        let colors = Tensor::<CubeBackend<CudaRuntime, f32, i32, u8>, 1>::from_primitive(
-            TensorPrimitive::Float(colors),
-        )
-        .into_data()
-        .to_vec::<f32>()
-        .map_err(|e| CommError::Device {
-            rank: self.rank,
-            reason: format!("{e:?}"),
-        })?;
-        let members: Vec<usize> = (0..self.world_size)
-            .filter(|&r| colors[r] == color as f32)
-            .collect();
-        let rank = members
-            .iter()
-            .position(|&r| r == self.rank)
-            .unwrap_or_else(|| unreachable!("a rank is a member of its own color"));
-        let mut link = self.lock();
-        self.bind(&mut link)?;
-        let started = Instant::now();
-        let split = self
-            .usable(&mut link)?
-            .split(color, self.rank, started, self.options.timeout);
-        let (child, progress) = self.split_started(&mut link, split, started, during)?;
-        drop(link);
-        let child =
-            super::setup::finish_init(rank, child, progress, started, self.options.timeout, during)
-                .map_err(|error| {
-                    let mut link = self.lock();
-                    self.fail(&mut link, error)
-                })?;
-        let mut group = Group::new(
-            rank,
-            members.len(),
-            self.device.clone(),
-            self.options.clone(),
-            self.context.clone(),
-            child,
-            self.family.clone(),
-            self.descendant((call.seq, Some(color))),
-            self.duplicate_control(),
-        )?;
-        group.job_rank = self.job_rank;
-        Ok(NcclGroup::from(group))
-    }
-
-    /// [`Communicator::report_failure`] for both backends this engine serves: kept for the
+    /// [`crate::Communicator::report_failure`] for both backends this engine serves: kept for the
     /// ranks of this process and, in a job of several processes, reported to its control
     /// store (a round trip), which names the job's cause to every rank and to `zero-run`.
     pub(crate) fn note_failure(&self, reason: &str) {
@@ -485,7 +289,7 @@ impl NcclGroup {
         }
     }
 
-    /// [`Communicator::first_failure`] for both backends this engine serves: with a control
+    /// [`crate::Communicator::first_failure`] for both backends this engine serves: with a control
     /// connection, the job's first cause as its store recorded it (ranks of every process);
     /// otherwise, or before the store's word arrived, the first of this process's ranks.
     pub(crate) fn cause(&self) -> Option<(usize, String)> {
@@ -493,37 +297,6 @@ impl NcclGroup {
             .as_ref()
             .and_then(|control| control.first_failure())
             .or_else(|| self.family.cause())
-    }
-
-    /// The control connection of a duplicate: the same connection, aborts only (a duplicate
-    /// counts its collectives apart, so its positions are not comparable with the store's).
-    fn duplicate_control(&self) -> Option<Arc<JobControl>> {
-        self.control
-            .as_ref()
-            .map(|control| Arc::new(control.without_checks()))
-    }
-
-    /// The communicator a split started, or the group ended with why it did not: NCCL's
-    /// failure, or the parent still busy with it when the group's timeout ran out.
-    fn split_started(
-        &self,
-        link: &mut Link,
-        split: Result<sys::Split, Failure>,
-        started: Instant,
-        during: &str,
-    ) -> Result<(RawComm, Progress), CommError> {
-        match split {
-            Ok(sys::Split::Started(child, progress)) => Ok((child, progress)),
-            Ok(sys::Split::Stalled) => {
-                let stalled = CommError::Stalled {
-                    rank: self.rank,
-                    during: during.to_string(),
-                    waited: started.elapsed(),
-                };
-                Err(self.fail(link, stalled))
-            }
-            Err(failure) => Err(self.fail(link, self.nccl_error(during, failure))),
-        }
     }
 
     /// Fingerprints the next call of this rank.
@@ -858,13 +631,6 @@ impl Group {
         })
     }
 
-    /// The lineage of a group made from this one by `step`.
-    fn descendant(&self, step: (u64, Option<usize>)) -> Lineage {
-        let mut lineage = self.lineage.clone();
-        lineage.push(step);
-        lineage
-    }
-
     /// Records for this group's other ranks in this process that this rank left it after
     /// `issued` collectives.
     fn record_departure(&self, issued: u64) {
@@ -1046,167 +812,6 @@ pub(crate) fn data_type(dtype: DType) -> Option<DataType> {
     }
 }
 
-impl<F, I, BT> Communicator<CubeBackend<CudaRuntime, F, I, BT>> for NcclGroup
-where
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world_size(&self) -> usize {
-        self.world_size
-    }
-
-    fn all_gather(
-        &self,
-        block: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
-    ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
-        self.issue(DataOp::AllGather, block)?.wait()
-    }
-
-    fn reduce_scatter(
-        &self,
-        input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
-        op: ReduceOp,
-    ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
-        self.issue(DataOp::ReduceScatter(op), input)?.wait()
-    }
-
-    fn all_reduce(
-        &self,
-        input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
-        op: ReduceOp,
-    ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
-        self.issue(DataOp::AllReduce(op), input)?.wait()
-    }
-
-    fn broadcast(
-        &self,
-        buffer: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
-        root: usize,
-    ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
-        self.issue(DataOp::Broadcast { root }, buffer)?.wait()
-    }
-
-    fn all_to_all(
-        &self,
-        input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
-    ) -> Result<Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>, CommError> {
-        self.issue(DataOp::AllToAll, input)?.wait()
-    }
-
-    /// Queues the collective on the group's stream and returns at once: the thread that
-    /// waits on the result polls the collective's event ([`InFlight`]), so the issuing thread
-    /// never waits for the device. A mean's division runs after completion, on the waiting
-    /// thread.
-    fn issue(
-        &self,
-        op: DataOp,
-        input: Tensor<CubeBackend<CudaRuntime, F, I, BT>, 1>,
-    ) -> Result<Issued<CubeBackend<CudaRuntime, F, I, BT>>, CommError> {
-        // A mean is NCCL's sum, divided after it completed.
-        let mean = match op {
-            DataOp::ReduceScatter(op) | DataOp::AllReduce(op) => Some(op),
-            _ => None,
-        };
-        let world_size = self.world_size;
-        let (output, in_flight) =
-            self.start(op.into(), input.into_primitive().tensor(), op.into())?;
-        let result = move || {
-            let output = Tensor::from_primitive(TensorPrimitive::Float(output));
-            match mean {
-                Some(op) => mean_if(output, op, world_size),
-                None => output,
-            }
-        };
-        Ok(match in_flight {
-            Some(in_flight) => Issued::pending(Box::new(in_flight), result),
-            None => Issued::ready(result()),
-        })
-    }
-
-    fn barrier(&self) -> Result<(), CommError> {
-        // NCCL has no barrier: an all-reduce of one element completes on a rank only once
-        // every rank has joined it.
-        let token = Tensor::<CubeBackend<CudaRuntime, f32, i32, u8>, 1>::zeros([1], &self.device);
-        self.run(
-            CollectiveOp::Barrier,
-            token.into_primitive().tensor(),
-            Kind::AllReduce(RedOp::Sum),
-        )
-        .map(|_| ())
-    }
-
-    fn duplicate(
-        &self,
-    ) -> Result<Arc<dyn Communicator<CubeBackend<CudaRuntime, F, I, BT>>>, CommError> {
-        Ok(Arc::new(self.duplicate_group()?))
-    }
-
-    fn split(
-        &self,
-        color: usize,
-    ) -> Result<Arc<dyn Communicator<CubeBackend<CudaRuntime, F, I, BT>>>, CommError> {
-        Ok(Arc::new(self.split_group(color)?))
-    }
-
-    fn report_failure(&self, reason: &str) {
-        self.note_failure(reason);
-    }
-
-    fn first_failure(&self) -> Option<(usize, String)> {
-        self.cause()
-    }
-
-    fn orders_inputs_on_device(&self) -> bool {
-        self.options.order_on_device
-    }
-
-    fn count_into(&self, counters: &Arc<RankCounters>) {
-        // A group is given the counters of its one rank; a second call changes nothing.
-        let _ = self.counters.set(counters.clone());
-    }
-
-    fn abort(&self, reason: &str) {
-        self.note_failure(reason);
-        let error = CommError::PeerFailed {
-            rank: self.rank,
-            reason: reason.to_string(),
-        };
-        match self.link.try_lock() {
-            Ok(mut link) => {
-                self.fail(&mut link, error);
-            }
-            // Another thread holds the communicator: it aborts it when it sees the request
-            // (at its next poll, or this group's next call). The other processes hear of the
-            // failure now, not then: the holder may be a short query after which this group is
-            // never called again.
-            Err(_) => {
-                *lock(&self.abort_request) = Some(reason.to_string());
-                self.family.fail(&error);
-                if let Some(control) = &self.control {
-                    control.abort(&error.to_string());
-                }
-            }
-        }
-    }
-}
-
-/// Divides a sum by the world size when the op is a mean, as `LocalGroup` does.
-fn mean_if<B: burn::tensor::backend::Backend>(
-    sum: Tensor<B, 1>,
-    op: ReduceOp,
-    world_size: usize,
-) -> Tensor<B, 1> {
-    match op {
-        ReduceOp::Mean if world_size > 1 => sum.div_scalar(world_size as f64),
-        _ => sum,
-    }
-}
-
 impl Drop for NcclGroup {
     fn drop(&mut self) {
         // A rank whose work ended says so, with its count of collectives, so that a rank
@@ -1249,21 +854,5 @@ mod tests {
         for other in [DType::F64, DType::I32, DType::U8] {
             assert_eq!(data_type(other), None, "{other:?}");
         }
-    }
-
-    #[test]
-    fn mean_divides_once_and_only_for_several_ranks() {
-        type Cpu = burn::backend::NdArray;
-        let sum = Tensor::<Cpu, 1>::from_floats([6.0, 3.0], &Default::default());
-        let mean: Vec<f32> = mean_if(sum.clone(), ReduceOp::Mean, 3)
-            .into_data()
-            .to_vec()
-            .unwrap();
-        assert_eq!(mean, vec![2.0, 1.0]);
-        let alone: Vec<f32> = mean_if(sum, ReduceOp::Mean, 1)
-            .into_data()
-            .to_vec()
-            .unwrap();
-        assert_eq!(alone, vec![6.0, 3.0]);
     }
 }
