@@ -378,10 +378,7 @@ impl NcclGroup {
 
         // Failing before NCCL is called still fails the group, so this rank's schedule never
         // silently diverges from the others'.
-        let fail_now = |reason: String| {
-            let mut link = self.lock();
-            self.fail(&mut link, self.device_error(reason))
-        };
+        let fail_now = |reason: String| self.fail_unlocked(self.device_error(reason));
         let input = into_contiguous(input);
         let client = input.client.clone();
         let elem_size = input.dtype.size();
@@ -480,8 +477,7 @@ impl NcclGroup {
         if let Some(control) = &self.control
             && let Err(error) = control.check(call)
         {
-            let mut link = self.lock();
-            return Err(self.fail(&mut link, error));
+            return Err(self.fail_unlocked(error));
         }
         Ok(())
     }
@@ -683,6 +679,12 @@ impl Group {
                 },
             )
         })
+    }
+
+    /// [`Group::fail`] from a caller that does not hold the group's lock.
+    fn fail_unlocked(&self, error: CommError) -> CommError {
+        let mut link = self.lock();
+        self.fail(&mut link, error)
     }
 
     /// Ends the group with `error`: aborts the communicator (so no peer is left waiting on
