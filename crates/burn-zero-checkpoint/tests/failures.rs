@@ -391,6 +391,7 @@ fn corrupted_and_truncated_files_are_refused_naming_file_and_tensor() {
             && message.contains("checksum"),
         "{message}"
     );
+    std::fs::remove_dir_all(&dir).ok();
 
     // Truncated: rank 0's file loses its last bytes.
     let dir = saved_block("truncated");

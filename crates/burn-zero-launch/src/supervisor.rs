@@ -15,14 +15,14 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::fs::{self, DirBuilder};
+use std::fs;
 use std::io;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::control::{CAUSE_FILE_VAR, FirstCause};
 use crate::env::DistEnv;
@@ -351,7 +351,7 @@ pub fn run(config: &RunConfig) -> Result<Outcome, SupervisorError> {
     .then(|| {
         cause_dir
             .as_ref()
-            .and_then(|dir| NameServer::start(&dir.path))
+            .and_then(|dir| NameServer::start(dir.path()))
     })
     .flatten();
     let extra_env: Vec<(&str, OsString)> = name_server.iter().map(NameServer::env).collect();
@@ -465,38 +465,25 @@ fn blame(exits: &[(usize, Option<Exit>)], first: usize, cause: Option<FirstCause
 }
 
 /// A directory of this zero-run invocation, only its user may enter, removed when dropped:
-/// where rank 0's control store writes the job's first cause.
-struct CauseDir {
-    path: PathBuf,
-}
+/// where rank 0's control store writes the job's first cause, and Open MPI's name server its
+/// address.
+struct CauseDir(tempfile::TempDir);
 
 impl CauseDir {
     fn create() -> io::Result<Self> {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.subsec_nanos());
-        let base = std::env::temp_dir();
-        let mut attempt = 0u32;
-        loop {
-            let path = base.join(format!("zero-run-{}-{nanos}-{attempt}", std::process::id()));
-            match DirBuilder::new().mode(0o700).create(&path) {
-                Ok(()) => return Ok(CauseDir { path }),
-                Err(error) if error.kind() == io::ErrorKind::AlreadyExists && attempt < 100 => {
-                    attempt += 1;
-                }
-                Err(error) => return Err(error),
-            }
-        }
+        tempfile::Builder::new()
+            .prefix("zero-run-")
+            .permissions(fs::Permissions::from_mode(0o700))
+            .tempdir()
+            .map(CauseDir)
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
     }
 
     fn file(&self) -> PathBuf {
-        self.path.join("cause")
-    }
-}
-
-impl Drop for CauseDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.path);
+        self.path().join("cause")
     }
 }
 
@@ -818,9 +805,8 @@ mod tests {
     #[test]
     fn the_cause_directory_is_private_and_removed() {
         let dir = CauseDir::create().unwrap();
-        let path = dir.path.clone();
-        let mode =
-            std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&path).unwrap().permissions());
+        let path = dir.path().to_path_buf();
+        let mode = fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
         assert_eq!(dir.file().parent(), Some(path.as_path()));
         fs::write(dir.file(), "rank 0\nx").unwrap();

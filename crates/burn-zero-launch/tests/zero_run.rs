@@ -194,12 +194,12 @@ fn run_cause_with(
     (code, format!("{stderr}\nstdout:\n{stdout}"))
 }
 
-/// A scratch directory for zero-run's temporary files, empty.
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("zero-run-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A scratch directory for zero-run's temporary files, empty, removed when dropped.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("zero-run-test-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// Ranks that fail together: rank `cause` reports its failure to the control store, both
@@ -207,7 +207,7 @@ fn scratch(name: &str) -> std::path::PathBuf {
 /// its reason and exit code, and the other as a consequence; it leaves no file behind.
 fn the_reporting_rank_is_named(cause: usize) {
     let tmp = scratch(&format!("report-{cause}"));
-    let (code, stderr) = run_cause(cause, "report", &tmp);
+    let (code, stderr) = run_cause(cause, "report", tmp.path());
     let other = 1 - cause;
     assert_eq!(code, Some(5), "{stderr}");
     let expected = format!(
@@ -222,7 +222,7 @@ fn the_reporting_rank_is_named(cause: usize) {
     let first = stderr.find(&format!("[rank {other}] stopped:"));
     let last = stderr.find(&format!("[rank {cause}] failing on purpose"));
     assert!(first.is_some() && first < last, "{stderr}");
-    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert!(left.is_empty(), "zero-run left {left:?}");
 }
 
@@ -240,7 +240,7 @@ fn a_failure_reported_by_rank_0_is_named_though_rank_1_exits_first() {
 fn a_rank_that_panics_without_a_report_is_named() {
     for cause in [1, 0] {
         let tmp = scratch(&format!("panic-{cause}"));
-        let (code, stderr) = run_cause(cause, "panic", &tmp);
+        let (code, stderr) = run_cause(cause, "panic", tmp.path());
         assert_eq!(code, Some(101), "{stderr}");
         let expected = format!(
             "rank {cause} failed (exit code 101) and caused the job's failure: rank {cause} \
@@ -261,7 +261,7 @@ fn a_rank_that_panics_without_a_report_is_named() {
 #[test]
 fn a_rank_that_aborts_without_a_word_is_named() {
     let tmp = scratch("abort");
-    let (code, stderr) = run_cause(1, "abort", &tmp);
+    let (code, stderr) = run_cause(1, "abort", tmp.path());
     assert_eq!(code, Some(134), "{stderr}");
     let expected = "rank 1 failed (killed by SIGABRT) and caused the job's failure: rank 1 is \
                     gone: its control connection closed without a goodbye";
@@ -292,7 +292,7 @@ fn a_rank_the_supervisor_stopped_is_never_the_cause() {
         ],
         1,
         "quiet",
-        &tmp,
+        tmp.path(),
     );
     assert_eq!(code, Some(7), "{stderr}");
     assert!(

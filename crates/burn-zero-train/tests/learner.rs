@@ -333,11 +333,12 @@ fn bits(values: &[Vec<f32>]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("burn-zero-train-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// An empty directory of this test, removed when dropped (also when the test fails).
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("burn-zero-train-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// Which items each rank saw in each epoch: disjoint blocks of equal size, every item but the
@@ -385,7 +386,7 @@ fn learner_matches_the_hand_written_loop_bitwise() {
     let epochs = 3;
     let run = learner_run(
         &corpus,
-        &dir,
+        dir.path(),
         Setup {
             epochs,
             ..Default::default()
@@ -420,7 +421,6 @@ fn learner_matches_the_hand_written_loop_bitwise() {
         // Validation: 2 batches per rank and epoch, every rank's counted.
         assert_eq!(run.logged.values("valid", epoch).len(), 2 * WORLD);
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -431,7 +431,7 @@ fn resume_continues_where_it_stopped() {
     let checkpoints = temp_dir("checkpoints");
     let whole = learner_run(
         &corpus,
-        &whole_dir,
+        whole_dir.path(),
         Setup {
             epochs: 2,
             ..Default::default()
@@ -440,20 +440,20 @@ fn resume_continues_where_it_stopped() {
     // The same run, stopped after epoch 1 and resumed from its sharded checkpoint.
     learner_run(
         &corpus,
-        &first_dir,
+        first_dir.path(),
         Setup {
             epochs: 1,
-            checkpoints: Some(checkpoints.clone()),
+            checkpoints: Some(checkpoints.path().to_path_buf()),
             ..Default::default()
         },
     );
     let resumed = learner_run(
         &corpus,
-        &second_dir,
+        second_dir.path(),
         Setup {
             epochs: 2,
             resume_after: Some(1),
-            checkpoints: Some(checkpoints.clone()),
+            checkpoints: Some(checkpoints.path().to_path_buf()),
             ..Default::default()
         },
     );
@@ -477,9 +477,6 @@ fn resume_continues_where_it_stopped() {
         resumed.logged.values("valid", 1),
         whole.logged.values("valid", 2)
     );
-    for dir in [whole_dir, first_dir, second_dir, checkpoints] {
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 #[test]
@@ -489,7 +486,7 @@ fn a_failing_rank_stops_every_rank_and_names_itself() {
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         learner_run(
             &corpus,
-            &dir,
+            dir.path(),
             Setup {
                 epochs: 2,
                 // Rank 1's second batch of the first epoch.
@@ -509,7 +506,6 @@ fn a_failing_rank_stops_every_rank_and_names_itself() {
         message.contains("injected failure: the data source of rank-1 broke"),
         "{message}"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Runs each of `WORLD` ranks as its own "process" (`ZeroStrategy::this_process`; here threads
@@ -539,19 +535,17 @@ fn as_processes(
                         )
                         .with_seed(3);
                         let dir = temp_dir(&format!("{name}-{rank}"));
-                        let run = catch_unwind(AssertUnwindSafe(|| {
+                        catch_unwind(AssertUnwindSafe(|| {
                             learner_run(
                                 corpus,
-                                &dir,
+                                dir.path(),
                                 Setup {
                                     strategy: Some(setup(strategy)),
                                     epochs: 2,
                                     ..Default::default()
                                 },
                             )
-                        }));
-                        let _ = std::fs::remove_dir_all(dir);
-                        run
+                        }))
                     })
                     .expect("a rank thread")
             })
@@ -566,16 +560,14 @@ fn as_processes(
 /// The two ranks as threads, for the processes to match.
 fn as_threads(corpus: &Corpus) -> Run {
     let dir = temp_dir("threads");
-    let run = learner_run(
+    learner_run(
         corpus,
-        &dir,
+        dir.path(),
         Setup {
             epochs: 2,
             ..Default::default()
         },
-    );
-    let _ = std::fs::remove_dir_all(dir);
-    run
+    )
 }
 
 fn loss_values(run: &Run, split: &str, epoch: usize) -> Vec<u64> {
@@ -674,7 +666,7 @@ fn accumulation_in_the_optimizer_matches_the_hand_written_loop() {
     let dir = temp_dir("accumulation");
     let run = learner_run(
         &corpus,
-        &dir,
+        dir.path(),
         Setup {
             epochs: 3,
             accumulation: 2,
@@ -690,7 +682,6 @@ fn accumulation_in_the_optimizer_matches_the_hand_written_loop() {
         bits(&unaccumulated),
         "accumulation changed nothing"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The message of a run that must fail.
@@ -712,7 +703,7 @@ fn burn_trains_own_accumulation_is_refused_with_what_to_use() {
     let message = failure(|| {
         learner_run(
             &corpus,
-            &dir,
+            dir.path(),
             Setup {
                 epochs: 1,
                 burn_accumulation: Some(2),
@@ -724,7 +715,6 @@ fn burn_trains_own_accumulation_is_refused_with_what_to_use() {
         message.contains("ZeroOptimizer::with_accumulation(2)"),
         "{message}"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The interrupter triggered on rank 0 while it draws its fourth batch: both ranks stop
@@ -735,7 +725,7 @@ fn an_interrupt_on_one_rank_stops_every_rank_at_the_same_step() {
     let dir = temp_dir("interrupt");
     let run = learner_run(
         &corpus,
-        &dir,
+        dir.path(),
         Setup {
             epochs: 3,
             interrupt_at: Some(("rank-0".into(), 3)),
@@ -749,7 +739,6 @@ fn an_interrupt_on_one_rank_stops_every_rank_at_the_same_step() {
         .collect();
     let (_, params) = hand_written(&corpus, &batches, 1);
     assert_eq!(bits(&run.params), bits(&params));
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Stages 0 to 2 (replicated parameters; all-reduced, or reduce-scattered gradients) under the
@@ -761,7 +750,7 @@ fn every_lower_stage_matches_the_hand_written_loop() {
         let dir = temp_dir(&format!("stage-{stage}"));
         let run = learner_run(
             &corpus,
-            &dir,
+            dir.path(),
             Setup {
                 epochs: 2,
                 stage: Some(stage),
@@ -771,7 +760,6 @@ fn every_lower_stage_matches_the_hand_written_loop() {
         let batches: Vec<_> = (0..WORLD).map(|r| run.drawn.of_rank(r)).collect();
         let (_, params) = hand_written_at(&corpus, &batches, 1, stage);
         assert_eq!(bits(&run.params), bits(&params), "stage {stage}");
-        let _ = std::fs::remove_dir_all(dir);
     }
 }
 
@@ -783,7 +771,7 @@ fn early_stopping_stops_every_rank_after_the_same_epoch() {
     let dir = temp_dir("early");
     let run = learner_run(
         &corpus,
-        &dir,
+        dir.path(),
         Setup {
             epochs: 3,
             stop_after: Some(1),
@@ -795,7 +783,6 @@ fn early_stopping_stops_every_rank_after_the_same_epoch() {
     assert!(batches.iter().all(|b| b.len() == 3), "{batches:?}");
     let (_, params) = hand_written(&corpus, &batches, 1);
     assert_eq!(bits(&run.params), bits(&params));
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -805,7 +792,7 @@ fn fewer_training_items_than_ranks_is_refused_by_name() {
     let message = failure(|| {
         learner_run(
             &corpus,
-            &dir,
+            dir.path(),
             Setup {
                 epochs: 1,
                 train_windows: Some(1),
@@ -817,7 +804,6 @@ fn fewer_training_items_than_ranks_is_refused_by_name() {
         message.contains("the training data loader has 1 items for 2 ranks"),
         "{message}"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The Learner trains every placement: half the chunks' parameter shards and optimizer state in
@@ -828,7 +814,7 @@ fn every_placement_trains_under_the_learner_the_same_bits() {
     let corpus = Corpus::new(TEXT);
     let on_device = learner_run(
         &corpus,
-        &temp_dir("placement-device"),
+        temp_dir("placement-device").path(),
         Setup {
             epochs: 1,
             ..Setup::default()
@@ -846,10 +832,10 @@ fn every_placement_trains_under_the_learner_the_same_bits() {
     };
     let on_host = learner_run(
         &corpus,
-        &temp_dir("placement-host"),
+        temp_dir("placement-host").path(),
         Setup {
             strategy: Some(placed(Placement::fractions(0.5, 0.5))),
-            checkpoints: Some(checkpoints.clone()),
+            checkpoints: Some(checkpoints.path().to_path_buf()),
             epochs: 1,
             ..Setup::default()
         },
@@ -858,10 +844,10 @@ fn every_placement_trains_under_the_learner_the_same_bits() {
     // Its checkpoint of epoch 1 resumes with the optimizer whole on the device.
     let resumed = learner_run(
         &corpus,
-        &temp_dir("placement-resumed"),
+        temp_dir("placement-resumed").path(),
         Setup {
             strategy: Some(placed(Placement::device())),
-            checkpoints: Some(checkpoints),
+            checkpoints: Some(checkpoints.path().to_path_buf()),
             resume_after: Some(1),
             epochs: 2,
             ..Setup::default()
@@ -869,7 +855,7 @@ fn every_placement_trains_under_the_learner_the_same_bits() {
     );
     let straight = learner_run(
         &corpus,
-        &temp_dir("placement-straight"),
+        temp_dir("placement-straight").path(),
         Setup {
             epochs: 2,
             ..Setup::default()

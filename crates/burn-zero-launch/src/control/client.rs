@@ -665,7 +665,7 @@ mod tests {
 
     #[test]
     fn the_first_report_is_every_ranks_cause_and_the_file_holds_it() {
-        let file = scratch("report");
+        let (_dir, file) = scratch("report");
         let server =
             ControlServer::start_with_cause_file("127.0.0.1", 3, Some(file.clone())).unwrap();
         let clients: Vec<_> = (0..3)
@@ -715,7 +715,7 @@ mod tests {
 
     #[test]
     fn a_rank_lost_without_a_report_is_the_cause() {
-        let file = scratch("lost");
+        let (_dir, file) = scratch("lost");
         let server =
             ControlServer::start_with_cause_file("127.0.0.1", 2, Some(file.clone())).unwrap();
         let stayer =

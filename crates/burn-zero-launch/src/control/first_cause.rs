@@ -108,7 +108,7 @@ mod tests {
 
     #[test]
     fn a_cause_file_reads_back_and_a_foreign_one_is_named() {
-        let file = scratch("text");
+        let (_dir, file) = scratch("text");
         let cause = FirstCause {
             rank: 12,
             reason: "line one\nline two\n".into(),

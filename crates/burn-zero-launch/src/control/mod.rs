@@ -44,14 +44,16 @@ mod first_cause;
 mod server;
 mod wire;
 
-/// A scratch file path of this test process, for the control store's tests of cause files.
+/// A path named `name` in a new directory, for the control store's tests of cause files; the
+/// directory is removed when the returned guard drops.
 #[cfg(test)]
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("burn-zero-control-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    let _ = std::fs::remove_file(&path);
-    path
+fn scratch(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("burn-zero-control-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join(name);
+    (dir, path)
 }
 
 pub use client::ControlClient;
