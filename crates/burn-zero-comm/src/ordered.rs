@@ -48,6 +48,16 @@
 //! aside on the issuing thread while its collective runs and finished there once the device
 //! says it is done, asked between positions (`parked`).
 //!
+//! # Whose device queue
+//!
+//! On cubecl backends each thread queues its device work on its own stream, with its own
+//! memory pools, and a buffer's memory is reused in the order of the stream that allocated it.
+//! The issuing thread therefore runs a position's device work in the queue of the thread that
+//! took the position and reads its results ([`burn_zero_kernels::ThreadQueue`]): allocated
+//! there, a gathered block or an unpacked gradient shard is reused there once dropped, after
+//! the reader's kernels that read it. (Allocated in the issuing thread's queue, its memory
+//! could go to that thread's next collective while the reader's kernels still read it.)
+//!
 //! # One rank
 //!
 //! A group of one rank needs no engine for its data collectives: a gather of one block, a
@@ -73,7 +83,7 @@ use std::time::Instant;
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn_zero_kernels::QueueMark;
+use burn_zero_kernels::{QueueMark, ThreadQueue};
 
 use crate::call::ReduceOp;
 use crate::communicator::Communicator;
@@ -304,6 +314,8 @@ impl<B: Backend> OrderedComm<B> {
                 issuer: self.issuer.clone(),
                 spans_groups: AtomicBool::new(false),
             }),
+            // The thread taking the position is the one that reads its results.
+            reader: ThreadQueue::current::<B>(),
         }
     }
 }
@@ -396,6 +408,8 @@ pub struct Reservation<B: Backend> {
     shared: Arc<Shared>,
     /// The position stays open while any handle on it ([`Self::on_group`]) lives.
     open: Arc<Open>,
+    /// The device queue the position's device work runs in (see [`Self::run`]).
+    reader: ThreadQueue,
 }
 
 /// Closes a position when its last handle goes.
@@ -454,7 +468,18 @@ impl<B: Backend> Reservation<B> {
             inner: group.inner.clone(),
             shared: self.shared.clone(),
             open: self.open.clone(),
+            reader: self.reader,
         })
+    }
+
+    /// This position's results are read to host memory by the work given to [`Self::run`] or
+    /// [`Self::run_deferred`] itself, on the issuing thread (a gradient shard the optimizer
+    /// steps on the host): its device work then runs in the issuing thread's own queue, as
+    /// nothing of it is handed to another thread's. In the taker's queue, the read would wait
+    /// for everything that thread had queued by then (backward's kernels).
+    pub fn read_on_issuing_thread(mut self) -> Self {
+        self.reader = ThreadQueue::none();
+        self
     }
 
     /// Finishes this thread's pending work on `input`'s device before another thread reads
@@ -503,9 +528,12 @@ impl<B: Backend> Reservation<B> {
         }
         self.count(kind);
         let written = self.settle(&input)?;
+        let reader = self.reader;
         self.submit(move |comm| {
-            written.order_here();
-            comm.issue(op, input)
+            reader.run(|| {
+                written.order_here();
+                comm.issue(op, input)
+            })
         })?
         .wait()
     }
@@ -516,6 +544,15 @@ impl<B: Backend> Reservation<B> {
     /// needs no device synchronisation before the collective reads it (what it receives from
     /// other threads must be finished for any thread already). `kinds` are the collectives
     /// `work` issues, counted as if issued here.
+    ///
+    /// The device work of a position runs on the issuing thread but in the device queue of
+    /// the thread that took the position ([`ThreadQueue`]), which reads the results: the
+    /// buffers it allocates (a collective's output, a packed or unpacked bucket) belong to
+    /// that queue, so that when the reader drops them their memory is reused after the
+    /// reader's kernels, not in the issuing thread's queue while those kernels may still read
+    /// it. Only an uploaded block ([`Self::all_gather_later_from`]) stays in the issuing
+    /// thread's queue (the collective alone reads it), and so does the work of a position
+    /// whose results the work reads to host memory itself ([`Self::read_on_issuing_thread`]).
     ///
     /// On a group of one rank whose position carries no other group's collectives, `work`
     /// runs here, on the calling thread, given this reservation, which answers its data
@@ -531,7 +568,8 @@ impl<B: Backend> Reservation<B> {
         for &kind in kinds {
             self.count(kind);
         }
-        self.submit(work)
+        let reader = self.reader;
+        self.submit(move |comm| reader.run(|| work(comm)))
     }
 
     /// [`Self::run`] for work whose collective the issuing thread need not wait for before
@@ -567,14 +605,16 @@ impl<B: Backend> Reservation<B> {
             self.count(kind);
         }
         let comm = self.inner.clone();
+        let reader = self.reader;
         self.queue(Box::new(move || {
-            match guarded::<B, _, E>(comm.as_ref(), || start(comm.as_ref())) {
+            match guarded::<B, _, E>(comm.as_ref(), || reader.run(|| start(comm.as_ref()))) {
                 Ok((issued, state)) => Some(Box::new(AfterCollective {
                     issued,
                     state,
                     then,
                     answer,
                     comm,
+                    reader,
                 }) as Box<dyn Unfinished>),
                 Err(error) => {
                     // The position's collective may not have been issued: no other rank may
@@ -600,9 +640,12 @@ impl<B: Backend> Reservation<B> {
         }
         self.count(CollectiveKind::AllGather);
         let written = self.settle(&block)?;
+        let reader = self.reader;
         let result = self.push(move |comm| {
-            written.order_here();
-            comm.issue(DataOp::AllGather, block)
+            reader.run(|| {
+                written.order_here();
+                comm.issue(DataOp::AllGather, block)
+            })
         })?;
         Ok(Pending(Answer::Queued(result)))
     }
@@ -625,13 +668,16 @@ impl<B: Backend> Reservation<B> {
         }
         self.count(CollectiveKind::AllGather);
         let counters = self.open.issuer.counters.clone();
+        let reader = self.reader;
         let result = self.push(move |comm| {
             let block = prepare();
             // Made on this thread: an engine that orders on the device needs no mark of it.
             if !comm.orders_inputs_on_device() {
                 settle(comm, &counters, &block)?;
             }
-            comm.issue(DataOp::AllGather, block)
+            // The output is the reader's (see `Reservation::run`); the block stays this
+            // thread's, read by the collective only.
+            reader.run(|| comm.issue(DataOp::AllGather, block))
         })?;
         Ok(Pending(Answer::Queued(result)))
     }
@@ -705,6 +751,8 @@ struct AfterCollective<B: Backend, U, F, T, E> {
     then: F,
     answer: SyncSender<Result<T, E>>,
     comm: Arc<dyn Communicator<B>>,
+    /// Where `then` runs its device work (see [`Reservation::run`]).
+    reader: ThreadQueue,
 }
 
 impl<B, U, F, T, E> Unfinished for AfterCollective<B, U, F, T, E>
@@ -728,8 +776,9 @@ where
             then,
             answer,
             comm,
+            reader,
         } = *self;
-        let outcome = guarded(comm.as_ref(), || then(issued.wait()?, state));
+        let outcome = guarded(comm.as_ref(), || reader.run(|| then(issued.wait()?, state)));
         let _ = answer.send(outcome);
     }
 }

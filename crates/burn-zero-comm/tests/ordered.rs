@@ -676,3 +676,61 @@ fn deferred_work_finishes_on_the_issuing_thread_once_its_collective_is_done() {
     )
     .unwrap();
 }
+
+/// On wgpu (a queue and a memory pool per thread) every buffer a position makes for the
+/// thread that took it — a collective's output, what deferred work makes of it — is allocated
+/// in that thread's queue, though the issuing thread makes it: dropped by the reader, its
+/// memory is reused after the reader's kernels. A block made to be gathered later stays the
+/// issuing thread's.
+#[test]
+fn a_position_allocates_what_it_hands_over_in_the_readers_queue() {
+    if !burn_zero_testing::skip::wgpu_adapter(
+        "a_position_allocates_what_it_hands_over_in_the_readers_queue",
+    ) {
+        return;
+    }
+    type W = burn::backend::Wgpu;
+    if !burn_zero_kernels::ThreadQueue::current::<W>().is_on_device() {
+        println!(
+            "SKIPPED: a_position_allocates_what_it_hands_over_in_the_readers_queue: \
+             burn-zero-kernels built without its `wgpu` feature (cargo test --workspace \
+             --features wgpu)"
+        );
+        return;
+    }
+    let device = burn::backend::wgpu::WgpuDevice::default();
+    let stream = |tensor: Tensor<W, 1>| tensor.into_primitive().tensor().handle.stream;
+    launch_with::<W, _, _, _>(
+        2,
+        &[device.clone(), device],
+        &LaunchOptions::default(),
+        |ctx| {
+            let device = ctx.device().clone();
+            let here = stream(Tensor::<W, 1>::zeros([1], &device));
+            let ordered = OrderedComm::new(ctx.engine().clone());
+            let mine = || Tensor::<W, 1>::from_floats([ctx.rank() as f32; 2], &device);
+            let gathered = ordered.all_gather(mine())?;
+            assert_eq!(stream(gathered), here, "an all-gather's output");
+            let reduced = ordered.reserve().all_gather_later(mine())?.wait()?;
+            assert_eq!(stream(reduced), here, "a gather issued ahead");
+            let (sent, made_on) = channel();
+            let (rank, uploading) = (ctx.rank() as f32, device.clone());
+            let later = ordered.reserve().all_gather_later_from(move || {
+                let block = Tensor::<W, 1>::from_floats([rank; 2], &uploading);
+                let _ = sent.send(block.clone().into_primitive().tensor().handle.stream);
+                block
+            })?;
+            assert_eq!(stream(later.wait()?), here, "a gather of an uploaded block");
+            assert_ne!(made_on.recv().unwrap(), here, "the uploaded block itself");
+            let input = mine();
+            let deferred = ordered.reserve().run_deferred(
+                &[CollectiveKind::AllGather],
+                move |comm| Ok::<_, CommError>((comm.issue(DataOp::AllGather, input)?, ())),
+                |gathered, ()| Ok::<_, CommError>(gathered.add_scalar(1.0)),
+            )?;
+            assert_eq!(stream(deferred.wait()?), here, "deferred work's result");
+            Ok::<_, CommError>(())
+        },
+    )
+    .unwrap();
+}

@@ -30,6 +30,7 @@ mod pack;
 mod pieces;
 mod queue_mark;
 mod spec;
+mod thread_queue;
 mod unpack;
 
 use burn::tensor::DType;
@@ -51,6 +52,7 @@ pub use pack::Packer;
 pub use pieces::reduce_pieces;
 pub use queue_mark::QueueMark;
 pub use spec::{BucketSpec, GatheredMember, MemberSpec, PackPath, PieceOp, RowPart};
+pub use thread_queue::ThreadQueue;
 pub use unpack::{unpack, unpack_row};
 
 /// One Adam or AdamW step of a flat f32 shard in one kernel launch, on a `CubeBackend` (wgpu

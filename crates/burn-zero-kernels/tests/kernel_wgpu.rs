@@ -74,6 +74,35 @@ fn a_device_flag_holds_the_last_value_signalled() {
     }
 }
 
+/// A thread's queue lent to another thread: what the other thread allocates in it belongs to
+/// the lender's stream (and its memory to the lender's pool), what it allocates outside it to
+/// its own; host backends and Burn's fusion layer lend nothing.
+#[test]
+fn a_thread_queue_allocates_for_the_thread_that_lent_it() {
+    use burn::backend::Flex;
+    use burn::tensor::Tensor;
+    use burn_zero_kernels::ThreadQueue;
+    let Some(device) = device("a_thread_queue_allocates_for_the_thread_that_lent_it") else {
+        return;
+    };
+    assert!(!ThreadQueue::current::<Flex>().is_on_device());
+    assert!(!ThreadQueue::current::<burn_fusion::Fusion<B>>().is_on_device());
+    assert!(!ThreadQueue::none().is_on_device());
+    let stream = |tensor: Tensor<B, 1>| tensor.into_primitive().tensor().handle.stream;
+    let lent = ThreadQueue::current::<B>();
+    assert!(lent.is_on_device());
+    let here = stream(Tensor::<B, 1>::zeros([4], &device));
+    let (inside, outside) = std::thread::spawn(move || {
+        let inside = lent.run(|| Tensor::<B, 1>::ones([4], &device));
+        let outside = Tensor::<B, 1>::ones([4], &device);
+        (stream(inside), stream(outside))
+    })
+    .join()
+    .expect("the borrowing thread");
+    assert_eq!(inside, here);
+    assert_ne!(outside, here);
+}
+
 /// A queue mark made on one thread after an in-place write, ordered after on another, which
 /// then reads the written values; host backends' marks order nothing. (wgpu has one queue, so
 /// this checks the hand-over, not the ordering, which only CUDA's stream per thread needs.)

@@ -6,7 +6,10 @@
 //! flag to reach it (`cuStreamWaitValue32`, greater-or-equal) before NCCL runs. Each issuing
 //! stream has its own flag: one stream runs its writes in order, so its flag only grows, while
 //! two threads sharing one flag could have their writes land in the other order, and a wait
-//! for the slower thread's number would pass on the faster one's.
+//! for the slower thread's number would pass on the faster one's. Threads that queue on one
+//! stream (the issuing thread runs a position's work in the stream of the thread that took
+//! it, `ThreadQueue`) take their numbers and launch their writes under one lock, so that
+//! stream's order is the numbers' order.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

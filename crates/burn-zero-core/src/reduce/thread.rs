@@ -431,9 +431,11 @@ struct InFlight<B: Backend> {
 impl<B: Backend> Pass<B> {
     /// Reduces the next bucket in `reservation`'s position (with hybrid sharding, `replicas`
     /// holds the same position on the replica group). Packing, the collective(s) and unpacking
-    /// all run on the issuing thread: the packed bucket is made on the thread that reads it,
-    /// so the only device synchronisation a bucket costs is the one its last hook made for
-    /// its gradients.
+    /// all run on the issuing thread, so the only device synchronisation a bucket costs is the
+    /// one its last hook made for its gradients (none where the engine orders on the device).
+    /// Their device work is queued in the training thread's queue, which reads the unpacked
+    /// shards and drops them (see `burn_zero_comm::ordered`), or, for shards read back to
+    /// the host here, in the issuing thread's own.
     ///
     /// The issuing thread does not wait for the bucket's collective: it unpacks once the
     /// device has finished it ([`Reservation::run_deferred`]), and this thread collects the
@@ -452,6 +454,16 @@ impl<B: Backend> Pass<B> {
         let Some((index, bucket, grads)) = queue.take_next(&work.memory) else {
             backlog.sub(bytes);
             return;
+        };
+        // Read back to the host here, the bucket's device work stays in this thread's queue;
+        // otherwise it runs in the training thread's, which reads the results.
+        let (reservation, replicas) = if reduction::reads_to_host(&work.to_host, &bucket) {
+            (
+                reservation.read_on_issuing_thread(),
+                replicas.map(Reservation::read_on_issuing_thread),
+            )
+        } else {
+            (reservation, replicas)
         };
         let engine = reservation.engine().clone();
         let across = replicas.as_ref().map(|r| r.engine().clone());

@@ -88,6 +88,24 @@ pub(crate) fn device_memory<B: Backend>(
     None
 }
 
+/// Whether `B` is a `CubeBackend` in this build, not under fusion: a backend whose device
+/// work a thread queues on its own cubecl stream ([`crate::ThreadQueue`]).
+pub(crate) fn has_thread_queues<B: Backend>() -> bool {
+    #[cfg(feature = "wgpu")]
+    if TypeId::of::<B::FloatTensorPrimitive>()
+        == TypeId::of::<CubeTensor<cubecl::wgpu::WgpuRuntime>>()
+    {
+        return true;
+    }
+    #[cfg(feature = "cuda")]
+    if TypeId::of::<B::FloatTensorPrimitive>()
+        == TypeId::of::<CubeTensor<cubecl::cuda::CudaRuntime>>()
+    {
+        return true;
+    }
+    false
+}
+
 /// A mark of the calling thread's device queue, when `B` is a cubecl backend in this build
 /// ([`crate::QueueMark`]).
 pub(crate) fn queue_mark<B: Backend>(device: &B::Device) -> Option<std::sync::Arc<dyn Mark>> {
