@@ -214,9 +214,7 @@ fn unpack<B: Backend>(
     reduced: B::FloatTensorPrimitive,
     postdivide: f64,
 ) -> Result<Values<B>, ReduceError> {
-    if reads_to_host(ctx.to_host, bucket)
-        && let Some(dtype) = shared_dtype(&bucket.members)
-    {
+    if let Some(dtype) = host_read_dtype(ctx.to_host, bucket) {
         let shards = read_to_host::<B>(ctx, bucket, reduced, postdivide, dtype)?;
         return Ok(Values::Host(shards));
     }
@@ -248,13 +246,15 @@ fn unpack<B: Backend>(
     )?))
 }
 
-/// Whether `bucket`'s reduced row is read back to host memory where it is unpacked (every
-/// member's shard goes to an optimizer that steps on the host), rather than handed over on the
-/// device.
-pub(crate) fn reads_to_host(to_host: &HostGradients, bucket: &Bucket) -> bool {
-    bucket.mode == Mode::ReduceScatter
-        && to_host.of_all(bucket.members.iter().map(|m| m.key))
-        && shared_dtype(&bucket.members).is_some()
+/// The dtype `bucket`'s reduced row is read back to host memory in where it is unpacked (every
+/// member's shard goes to an optimizer that steps on the host, and all share one dtype), or
+/// `None` when it is handed over on the device.
+pub(crate) fn host_read_dtype(to_host: &HostGradients, bucket: &Bucket) -> Option<DType> {
+    if bucket.mode == Mode::ReduceScatter && to_host.of_all(bucket.members.iter().map(|m| m.key)) {
+        shared_dtype(&bucket.members)
+    } else {
+        None
+    }
 }
 
 /// The dtype every member has, if they share one.

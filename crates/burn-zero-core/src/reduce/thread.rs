@@ -457,14 +457,15 @@ impl<B: Backend> Pass<B> {
         };
         // Read back to the host here, the bucket's device work stays in this thread's queue;
         // otherwise it runs in the training thread's, which reads the results.
-        let (reservation, replicas) = if reduction::reads_to_host(&work.to_host, &bucket) {
-            (
-                reservation.read_on_issuing_thread(),
-                replicas.map(Reservation::read_on_issuing_thread),
-            )
-        } else {
-            (reservation, replicas)
-        };
+        let (reservation, replicas) =
+            if reduction::host_read_dtype(&work.to_host, &bucket).is_some() {
+                (
+                    reservation.read_on_issuing_thread(),
+                    replicas.map(Reservation::read_on_issuing_thread),
+                )
+            } else {
+                (reservation, replicas)
+            };
         let engine = reservation.engine().clone();
         let across = replicas.as_ref().map(|r| r.engine().clone());
         let kinds = bucket.collectives(across.is_some());

@@ -55,8 +55,12 @@ pub(crate) trait KernelPacker<B: Backend>: Send {
 
 /// Whether `B`'s float tensors are `CubeTensor<R>`, directly or under fusion.
 fn is_runtime<B: Backend, R: CubeRuntime>() -> bool {
+    is_plain::<B, R>() || fused::is_fused::<B, R>()
+}
+
+/// Whether `B`'s float tensors are `CubeTensor<R>` themselves (a `CubeBackend`, not fused).
+fn is_plain<B: Backend, R: CubeRuntime>() -> bool {
     TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<CubeTensor<R>>()
-        || fused::is_fused::<B, R>()
 }
 
 /// Whether `B` is a `CubeBackend` on a runtime compiled into this build.
@@ -92,15 +96,11 @@ pub(crate) fn device_memory<B: Backend>(
 /// work a thread queues on its own cubecl stream ([`crate::ThreadQueue`]).
 pub(crate) fn has_thread_queues<B: Backend>() -> bool {
     #[cfg(feature = "wgpu")]
-    if TypeId::of::<B::FloatTensorPrimitive>()
-        == TypeId::of::<CubeTensor<cubecl::wgpu::WgpuRuntime>>()
-    {
+    if is_plain::<B, cubecl::wgpu::WgpuRuntime>() {
         return true;
     }
     #[cfg(feature = "cuda")]
-    if TypeId::of::<B::FloatTensorPrimitive>()
-        == TypeId::of::<CubeTensor<cubecl::cuda::CudaRuntime>>()
-    {
+    if is_plain::<B, cubecl::cuda::CudaRuntime>() {
         return true;
     }
     false

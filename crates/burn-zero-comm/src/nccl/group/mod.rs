@@ -474,12 +474,18 @@ impl NcclGroup {
             }
         }
         // Every rank agrees on this call before NCCL touches a buffer.
-        if let Some(control) = &self.control
-            && let Err(error) = control.check(call)
-        {
-            return Err(self.fail_unlocked(error));
+        self.check_schedule(call)
+    }
+
+    /// With a control connection, that every rank of the job makes `call` at this point of
+    /// its schedule; a mismatch (or a failed check) fails the group.
+    fn check_schedule(&self, call: &CollectiveCall) -> Result<(), CommError> {
+        match &self.control {
+            Some(control) => control
+                .check(call)
+                .map_err(|error| self.fail_unlocked(error)),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The number of elements of a collective's result on this rank, for `numel` elements of
@@ -819,15 +825,8 @@ impl Drop for NcclGroup {
         // A rank whose work ended says so, with its count of collectives, so that a rank
         // still waiting for it in a later collective fails at once. A panicking rank says
         // nothing here: its control connection reports the panic.
-        if thread::panicking() {
-            return;
-        }
-        let issued = self.issued.load(Ordering::Relaxed);
-        self.record_departure(issued);
-        if let Some(control) = &self.control
-            && control.checks_schedule()
-        {
-            control.leave(issued);
+        if !thread::panicking() {
+            self.leave();
         }
     }
 }

@@ -105,11 +105,7 @@ impl NcclGroup {
     /// rank when the job checks its schedule, and the loaded NCCL's version code.
     fn begin(&self, op: CollectiveOp) -> Result<(CollectiveCall, i32), CommError> {
         let call = self.call(op, None, 0);
-        if let Some(control) = &self.control
-            && let Err(error) = control.check(&call)
-        {
-            return Err(self.fail_unlocked(error));
-        }
+        self.check_schedule(&call)?;
         let version = sys::version()
             .map_err(|f| self.fail_unlocked(self.nccl_error(&call.to_string(), f)))?;
         Ok((call, version))
