@@ -50,8 +50,9 @@
 //!
 //! # Whose device queue
 //!
-//! On cubecl backends each thread queues its device work on its own stream, with its own
-//! memory pools, and a buffer's memory is reused in the order of the stream that allocated it.
+//! On cubecl backends (plain or under Burn's fusion layer) each thread queues its device work
+//! on its own stream, with its own memory pools, and a buffer's memory is reused in the order
+//! of the stream that allocated it.
 //! The issuing thread therefore runs a position's device work in the queue of the thread that
 //! took the position and reads its results ([`burn_zero_kernels::ThreadQueue`]): allocated
 //! there, a gathered block or an unpacked gradient shard is reused there once dropped, after

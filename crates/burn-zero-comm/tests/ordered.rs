@@ -14,7 +14,8 @@ use std::thread::{self, ThreadId};
 use std::time::Duration;
 
 use burn::backend::NdArray;
-use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use burn::tensor::{StreamId, Tensor};
 use burn_zero_comm::{
     CollectiveKind, CommError, Communicator, Completion, DataOp, Issued, LaunchOptions,
     OrderedComm, ReduceOp, launch_with,
@@ -684,22 +685,39 @@ fn deferred_work_finishes_on_the_issuing_thread_once_its_collective_is_done() {
 /// issuing thread's.
 #[test]
 fn a_position_allocates_what_it_hands_over_in_the_readers_queue() {
-    if !burn_zero_testing::skip::wgpu_adapter(
-        "a_position_allocates_what_it_hands_over_in_the_readers_queue",
-    ) {
+    use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
+    use burn_fusion::Fusion;
+    type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
+    let test = "a_position_allocates_what_it_hands_over_in_the_readers_queue";
+    if !burn_zero_testing::skip::wgpu_adapter(test) {
         return;
     }
-    type W = burn::backend::Wgpu;
-    if !burn_zero_kernels::ThreadQueue::current::<W>().is_on_device() {
+    if !burn_zero_kernels::ThreadQueue::current::<Plain>().is_on_device() {
         println!(
-            "SKIPPED: a_position_allocates_what_it_hands_over_in_the_readers_queue: \
-             burn-zero-kernels built without its `wgpu` feature (cargo test --workspace \
-             --features wgpu)"
+            "SKIPPED: {test}: burn-zero-kernels built without its `wgpu` feature \
+             (cargo test --workspace --features wgpu)"
         );
         return;
     }
+    allocates_in_the_readers_queue::<Plain>("plain", |tensor| {
+        tensor.into_primitive().tensor().handle.stream
+    });
+    // Under Burn's fusion layer the issuing thread's operations join the reader's fusion
+    // stream, whose operations run on the reader's cubecl stream.
+    allocates_in_the_readers_queue::<Fusion<Plain>>("fused", |tensor| {
+        let fused = tensor.into_primitive().tensor();
+        let client = fused.client.clone();
+        client.resolve_tensor_float::<Plain>(fused).handle.stream
+    });
+}
+
+/// Two wgpu ranks check, on backend `W`, where each buffer a position hands its reader was
+/// allocated; `stream` resolves a tensor on the calling thread and names its buffer's stream.
+fn allocates_in_the_readers_queue<W>(backend: &str, stream: fn(Tensor<W, 1>) -> StreamId)
+where
+    W: Backend<Device = burn::backend::wgpu::WgpuDevice>,
+{
     let device = burn::backend::wgpu::WgpuDevice::default();
-    let stream = |tensor: Tensor<W, 1>| tensor.into_primitive().tensor().handle.stream;
     launch_with::<W, _, _, _>(
         2,
         &[device.clone(), device],
@@ -710,25 +728,32 @@ fn a_position_allocates_what_it_hands_over_in_the_readers_queue() {
             let ordered = OrderedComm::new(ctx.engine().clone());
             let mine = || Tensor::<W, 1>::from_floats([ctx.rank() as f32; 2], &device);
             let gathered = ordered.all_gather(mine())?;
-            assert_eq!(stream(gathered), here, "an all-gather's output");
+            assert_eq!(stream(gathered), here, "{backend}: an all-gather's output");
             let reduced = ordered.reserve().all_gather_later(mine())?.wait()?;
-            assert_eq!(stream(reduced), here, "a gather issued ahead");
+            assert_eq!(stream(reduced), here, "{backend}: a gather issued ahead");
             let (sent, made_on) = channel();
             let (rank, uploading) = (ctx.rank() as f32, device.clone());
             let later = ordered.reserve().all_gather_later_from(move || {
                 let block = Tensor::<W, 1>::from_floats([rank; 2], &uploading);
-                let _ = sent.send(block.clone().into_primitive().tensor().handle.stream);
+                let _ = sent.send(stream(block.clone()));
                 block
             })?;
-            assert_eq!(stream(later.wait()?), here, "a gather of an uploaded block");
-            assert_ne!(made_on.recv().unwrap(), here, "the uploaded block itself");
+            let later = later.wait()?;
+            assert_eq!(
+                stream(later),
+                here,
+                "{backend}: a gather of an uploaded block"
+            );
+            let uploaded = made_on.recv().unwrap();
+            assert_ne!(uploaded, here, "{backend}: the uploaded block itself");
             let input = mine();
             let deferred = ordered.reserve().run_deferred(
                 &[CollectiveKind::AllGather],
                 move |comm| Ok::<_, CommError>((comm.issue(DataOp::AllGather, input)?, ())),
                 |gathered, ()| Ok::<_, CommError>(gathered.add_scalar(1.0)),
             )?;
-            assert_eq!(stream(deferred.wait()?), here, "deferred work's result");
+            let deferred = deferred.wait()?;
+            assert_eq!(stream(deferred), here, "{backend}: deferred work's result");
             Ok::<_, CommError>(())
         },
     )

@@ -12,6 +12,9 @@ use burn::tensor::backend::Backend;
 /// On cubecl backends (wgpu, CUDA; plain or fused) each thread has its own queue (stream), and
 /// cubecl orders one after another only for buffers allocated after their last meeting; a
 /// mark is such a buffer, four bytes allocated when marking (the module's source says more).
+/// Under Burn's fusion layer, marking first lets the thread's pending fused operations through
+/// to its stream, so that the mark comes after them (the host waits for the fusion server to
+/// hand them to cubecl, not for the device).
 /// Elsewhere, and for [`QueueMark::none`], ordering is a no-op: host backends have no queue,
 /// and the thread that made the work needs no mark to read it.
 #[derive(Clone, Default)]

@@ -16,10 +16,11 @@ use burn::tensor::backend::Backend;
 /// queue: dropped there, its memory is reused in that queue's order, after its readers. (A
 /// [`crate::QueueMark`] orders one queue after another's *writes*; this is the other half.)
 ///
-/// Only plain cubecl backends (`CubeBackend` on wgpu or CUDA) have such queues here. On host
-/// backends, and under Burn's fusion layer (whose pending operations live in the fusion
-/// stream of the thread that queued them, and which the callers synchronise instead), `run`
-/// runs the work as it is.
+/// cubecl backends (`CubeBackend` on wgpu or CUDA) have such queues, plain or under Burn's
+/// fusion layer: a thread's fusion stream carries the same id as its cubecl stream, and the
+/// fusion server runs a stream's operations with that id as the current one, so work run here
+/// is queued in the lender's fusion stream, behind what the lender had queued there, and its
+/// kernels land in the lender's cubecl stream. On host backends `run` runs the work as it is.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ThreadQueue {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -32,7 +33,7 @@ impl ThreadQueue {
         Self::default()
     }
 
-    /// The calling thread's queue, when `B` is a plain cubecl backend in this build.
+    /// The calling thread's queue, when `B` is a cubecl backend (plain or fused) in this build.
     pub fn current<B: Backend>() -> Self {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         {
@@ -47,7 +48,7 @@ impl ThreadQueue {
         }
     }
 
-    /// Whether [`Self::run`] moves work to another queue (a plain cubecl backend's).
+    /// Whether [`Self::run`] moves work to another queue (a cubecl backend's).
     pub fn is_on_device(&self) -> bool {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         {

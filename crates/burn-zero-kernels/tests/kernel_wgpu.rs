@@ -76,31 +76,51 @@ fn a_device_flag_holds_the_last_value_signalled() {
 
 /// A thread's queue lent to another thread: what the other thread allocates in it belongs to
 /// the lender's stream (and its memory to the lender's pool), what it allocates outside it to
-/// its own; host backends and Burn's fusion layer lend nothing.
+/// its own; on the plain backend and under Burn's fusion layer, where the other thread's
+/// operations join the lender's fusion stream. Host backends lend nothing.
 #[test]
 fn a_thread_queue_allocates_for_the_thread_that_lent_it() {
     use burn::backend::Flex;
     use burn::tensor::Tensor;
-    use burn_zero_kernels::ThreadQueue;
+    use burn_fusion::Fusion;
+    use burn_zero_kernels::{ThreadQueue, fused};
     let Some(device) = device("a_thread_queue_allocates_for_the_thread_that_lent_it") else {
         return;
     };
     assert!(!ThreadQueue::current::<Flex>().is_on_device());
-    assert!(!ThreadQueue::current::<burn_fusion::Fusion<B>>().is_on_device());
     assert!(!ThreadQueue::none().is_on_device());
-    let stream = |tensor: Tensor<B, 1>| tensor.into_primitive().tensor().handle.stream;
-    let lent = ThreadQueue::current::<B>();
+    let plain = |tensor: Tensor<B, 1>| tensor.into_primitive().tensor().handle.stream;
+    lends_its_queue::<B>(&device, plain);
+    let fused = |tensor: Tensor<Fusion<B>, 1>| {
+        fused::resolve::<WgpuRuntime>(tensor.into_primitive().tensor())
+            .handle
+            .stream
+    };
+    lends_its_queue::<Fusion<B>>(&device, fused);
+}
+
+/// Lends the calling thread's queue to a new thread and checks where that thread's tensors,
+/// made inside and outside the lent queue, are allocated (`stream` resolves one on the
+/// calling thread and names its buffer's stream).
+fn lends_its_queue<K: burn::tensor::backend::Backend<Device = WgpuDevice>>(
+    device: &WgpuDevice,
+    stream: fn(burn::tensor::Tensor<K, 1>) -> cubecl::stream_id::StreamId,
+) {
+    use burn::tensor::Tensor;
+    use burn_zero_kernels::ThreadQueue;
+    let lent = ThreadQueue::current::<K>();
     assert!(lent.is_on_device());
-    let here = stream(Tensor::<B, 1>::zeros([4], &device));
+    let here = stream(Tensor::<K, 1>::zeros([4], device));
+    let device = device.clone();
     let (inside, outside) = std::thread::spawn(move || {
-        let inside = lent.run(|| Tensor::<B, 1>::ones([4], &device));
-        let outside = Tensor::<B, 1>::ones([4], &device);
+        let inside = lent.run(|| Tensor::<K, 1>::ones([4], &device).add_scalar(1.0));
+        let outside = Tensor::<K, 1>::ones([4], &device).add_scalar(1.0);
         (stream(inside), stream(outside))
     })
     .join()
     .expect("the borrowing thread");
-    assert_eq!(inside, here);
-    assert_ne!(outside, here);
+    assert_eq!(inside, here, "made in the lent queue");
+    assert_ne!(outside, here, "made in the borrower's own queue");
 }
 
 /// A queue mark made on one thread after an in-place write, ordered after on another, which

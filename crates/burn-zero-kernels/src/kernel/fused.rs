@@ -38,6 +38,18 @@ pub fn resolve<R: CubeRuntime>(tensor: Fused<R>) -> CubeTensor<R> {
     client.resolve_tensor_float::<Cube<R>>(tensor)
 }
 
+/// Runs `work` once the calling thread's pending fused operations on `device` are queued on its
+/// cubecl stream: the fusion layer keeps operations back to fuse them, and device work that
+/// must come after them in the stream (a queue mark) must first let them through. The host
+/// waits for the fusion server to hand them to cubecl, not for the device to run them. `work`
+/// runs with the calling thread's stream as its own.
+pub(crate) fn after_pending<R: CubeRuntime, T: Send + 'static>(
+    device: &R::Device,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    burn_fusion::get_client::<Cube<R>>(device).sync(work)
+}
+
 /// A fused tensor on `tensor`'s device holding `tensor` (already computed).
 pub fn register<R: CubeRuntime>(tensor: CubeTensor<R>) -> Fused<R> {
     let client = burn_fusion::get_client::<Cube<R>>(&tensor.device);

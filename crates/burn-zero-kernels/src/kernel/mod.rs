@@ -92,18 +92,12 @@ pub(crate) fn device_memory<B: Backend>(
     None
 }
 
-/// Whether `B` is a `CubeBackend` in this build, not under fusion: a backend whose device
-/// work a thread queues on its own cubecl stream ([`crate::ThreadQueue`]).
+/// Whether `B` is a `CubeBackend` in this build, plain or under fusion: a backend whose device
+/// work a thread queues on its own cubecl stream ([`crate::ThreadQueue`]). Under fusion the
+/// thread's fusion stream has the same id, and the fusion server runs a stream's operations
+/// with that id as the current stream, so lending the id lends both.
 pub(crate) fn has_thread_queues<B: Backend>() -> bool {
-    #[cfg(feature = "wgpu")]
-    if is_plain::<B, cubecl::wgpu::WgpuRuntime>() {
-        return true;
-    }
-    #[cfg(feature = "cuda")]
-    if is_plain::<B, cubecl::cuda::CudaRuntime>() {
-        return true;
-    }
-    false
+    available::<B>()
 }
 
 /// A mark of the calling thread's device queue, when `B` is a cubecl backend in this build

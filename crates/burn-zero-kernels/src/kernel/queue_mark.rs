@@ -21,6 +21,7 @@ use burn_cubecl::CubeRuntime;
 use cubecl::prelude::ComputeClient;
 use cubecl::server::Handle;
 
+use super::fused::{after_pending, is_fused};
 use super::{is_runtime, same_type_ref};
 
 /// A mark on runtime `R`: the client and the four-byte buffer.
@@ -45,13 +46,19 @@ impl<R: CubeRuntime> Mark for CubeMark<R> {
 }
 
 /// Marks the calling thread's device queue on `device`, when `B` is a cubecl backend on
-/// runtime `R` (plain or fused).
+/// runtime `R` (plain or fused). Under fusion the thread's pending operations are let through
+/// to its stream first, so that the mark comes after them there.
 pub(crate) fn mark<B: Backend, R: CubeRuntime>(device: &B::Device) -> Option<Arc<dyn Mark>> {
     if !is_runtime::<B, R>() {
         return None;
     }
     let device: &R::Device = same_type_ref(device)?;
     let client = R::client(device);
-    let handle = client.empty(4);
+    let handle = if is_fused::<B, R>() {
+        let client = client.clone();
+        after_pending::<R, _>(device, move || client.empty(4))
+    } else {
+        client.empty(4)
+    };
     Some(Arc::new(CubeMark { client, handle }))
 }
