@@ -14,6 +14,7 @@ burn_zero_testing::skipped_without_feature!(
     nccl_matches_local_group_at_world_size_one,
     nccl_matches_local_group_on_every_gpu,
     issued_collectives_are_read_in_any_order_on_another_thread,
+    fused_collectives_issued_in_a_lent_queue_read_their_pending_inputs,
     an_invalid_call_fails_the_group_for_good,
     a_duplicate_works_and_shares_the_fate_of_its_group,
     a_rank_that_stops_early_does_not_hang_the_others,

@@ -127,41 +127,52 @@ fn chunks_reduced_during_backward_read_every_gradient_before_it_is_freed() {
 
 /// Ranks whose engine orders its inputs after their writers on the device, as NCCL's does:
 /// no device synchronisation hands a collective's input or a bucket's gradients to the issuing
-/// thread, a queue mark does (which on wgpu's single queue orders nothing more; the test checks
-/// the hand-over's path: the marks made and resolved on the threads that train, reduce and
-/// issue). Stages 2 and 3, overlap, gathers prefetched, chunks; bitwise one rank's.
+/// thread, a queue mark or the reader's lent queue does (which on wgpu's single queue orders
+/// nothing more; the test checks the hand-over's path: the marks made and resolved, and the
+/// queues lent, on the threads that train, reduce and issue). Under Burn's fusion layer the
+/// path is the one fusion's pending operations must take: into the reader's fusion stream, or
+/// let through before a mark. Stages 2 and 3, overlap, gathers prefetched, chunks; bitwise one
+/// rank's, on the plain backend and under fusion.
 #[test]
 fn ranks_whose_engine_orders_on_the_device_train_like_one_rank() {
+    if !skip::wgpu_adapter("ranks_whose_engine_orders_on_the_device_train_like_one_rank") {
+        return;
+    }
+    ordering_on_the_device_trains_like_one_rank::<Plain>("plain");
+    ordering_on_the_device_trains_like_one_rank::<Wgpu>("fused");
+}
+
+fn ordering_on_the_device_trains_like_one_rank<B>(backend: &str)
+where
+    B: burn::tensor::backend::Backend<Device = WgpuDevice>,
+{
     use std::sync::Arc;
 
     use burn_zero_comm::RankContext;
     use burn_zero_core::{ChunkSize, ZeroConfig};
     use burn_zero_testing::recording::{CallLog, RecordingComm};
-    if !skip::wgpu_adapter("ranks_whose_engine_orders_on_the_device_train_like_one_rank") {
-        return;
-    }
     let device = WgpuDevice::default();
-    let base = base_model_on::<Plain>(&device);
+    let base = base_model_on::<B>(&device);
     let (want, tolerance) =
-        common::measure_reference::<Plain>(&base, 2, STEPS, &device, 2, Claim::Bitwise);
+        common::measure_reference::<B>(&base, 2, STEPS, &device, 2, Claim::Bitwise);
     for stage in [2, 3] {
         let config = ZeroConfig::new()
             .with_stage(stage)
             .with_prefetch(2)
             .with_chunk_size(ChunkSize::default_search());
         assert!(config.overlap_comm);
-        let got = common::sharded_on::<Plain>(
+        let got = common::sharded_on::<B>(
             &base,
             2,
             STEPS,
             &config,
             &device,
             Rule::Adam,
-            |ctx: RankContext<Plain>| {
+            |ctx: RankContext<B>| {
                 let engine = RecordingComm::new(ctx.engine().clone(), CallLog::default());
                 RankContext::new(ctx.device().clone(), Arc::new(engine.ordering_on_device()))
             },
         );
-        common::assert_close(&got, &want, tolerance, &format!("stage {stage}"));
+        common::assert_close(&got, &want, tolerance, &format!("{backend}, stage {stage}"));
     }
 }

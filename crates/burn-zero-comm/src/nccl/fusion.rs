@@ -139,9 +139,14 @@ where
         self.cause()
     }
 
-    // Inputs under Burn's fusion layer are still finished by their callers (the default
-    // `orders_inputs_on_device`): a fused tensor's pending operations live in the fusion
-    // stream of the thread that queued them.
+    /// As on the plain backend. Resolving a fused input lets its stream's pending operations
+    /// through to cubecl first, so the flag signalled after it comes after them; a caller that
+    /// marks its queue instead of finishing it gets the same (`QueueMark` lets the marking
+    /// thread's pending operations through before it marks), and work run in a lent queue
+    /// (`ThreadQueue`) joins the lender's fusion stream.
+    fn orders_inputs_on_device(&self) -> bool {
+        Communicator::<Plain<F, I, BT>>::orders_inputs_on_device(self)
+    }
 
     fn count_into(&self, counters: &std::sync::Arc<crate::counters::RankCounters>) {
         <NcclGroup as Communicator<super::CudaBackend>>::count_into(self, counters);

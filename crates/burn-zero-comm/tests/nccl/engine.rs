@@ -212,6 +212,81 @@ fn issued_collectives_are_read_in_any_order_on_another_thread() {
     );
 }
 
+/// Under Burn's fusion layer (`burn::backend::Cuda`), a collective issued by another thread in
+/// the lent queue of the thread that wrote its input, handed over with a queue mark (the
+/// ordering on the device) or after a synchronisation, reads what the input's pending fused
+/// operations (held back by the fusion layer when the input is handed over) write, and its
+/// result, read on the writing thread, equals the host's computation of them.
+#[test]
+fn fused_collectives_issued_in_a_lent_queue_read_their_pending_inputs() {
+    use burn::tensor::backend::Backend;
+    use burn_zero_comm::nccl::FusedCudaBackend;
+    use burn_zero_kernels::{QueueMark, ThreadQueue};
+    type F = FusedCudaBackend;
+    let Some((_gpus, devices)) = gpus(
+        "fused_collectives_issued_in_a_lent_queue_read_their_pending_inputs",
+        1,
+    ) else {
+        return;
+    };
+    let device = devices[0].clone();
+    let ops = [
+        DataOp::AllGather,
+        DataOp::ReduceScatter(ReduceOp::Mean),
+        DataOp::AllReduce(ReduceOp::Sum),
+        DataOp::AllToAll,
+        DataOp::Broadcast { root: 0 },
+    ];
+    let len = 1 << 22;
+    for order_on_device in [true, false] {
+        let options = NcclOptions {
+            order_on_device,
+            ..NcclOptions::default()
+        };
+        let group = std::sync::Arc::new(
+            NcclGroup::local_group(&devices[..1], &options)
+                .unwrap()
+                .remove(0),
+        );
+        assert_eq!(
+            Communicator::<F>::orders_inputs_on_device(group.as_ref()),
+            order_on_device
+        );
+        for (salt, op) in ops.into_iter().enumerate() {
+            let start = values(salt, 0, len);
+            // Exact in f32: multiples of 3/8 plus 1/2.
+            let want: Vec<f32> = start.iter().map(|v| v * 3.0 + 0.5).collect();
+            let input = Tensor::<F, 1>::from_data(TensorData::new(start, [len]), &device)
+                .mul_scalar(3.0)
+                .add_scalar(0.5);
+            let mark = if order_on_device {
+                QueueMark::here::<F>(&device)
+            } else {
+                F::sync(&device).unwrap();
+                QueueMark::none()
+            };
+            let queue = ThreadQueue::current::<F>();
+            assert!(queue.is_on_device());
+            let issuing = group.clone();
+            let issued = std::thread::spawn(move || {
+                queue.run(|| {
+                    mark.order_here();
+                    Communicator::<F>::issue(issuing.as_ref(), op, input)
+                })
+            })
+            .join()
+            .expect("the issuing thread")
+            .unwrap_or_else(|e| panic!("{op:?}: {e}"));
+            let got = issued.wait().unwrap().into_data().to_vec::<f32>().unwrap();
+            assert!(
+                got == want,
+                "{op:?}, ordered on the device: {order_on_device}: the result is not the \
+                 host's computation of the input"
+            );
+        }
+    }
+}
+
 #[test]
 fn an_invalid_call_fails_the_group_for_good() {
     let Some((_gpus, devices)) = gpus("an_invalid_call_fails_the_group_for_good", 1) else {
