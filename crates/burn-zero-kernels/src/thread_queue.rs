@@ -38,8 +38,9 @@ impl ThreadQueue {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         {
             Self {
-                stream: crate::kernel::has_thread_queues::<B>()
-                    .then(cubecl::stream_id::StreamId::current),
+                // Plain or fused: under fusion a thread's fusion stream has the id of its
+                // cubecl stream, and the fusion server runs a stream's operations under it.
+                stream: crate::kernel::available::<B>().then(cubecl::stream_id::StreamId::current),
             }
         }
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]

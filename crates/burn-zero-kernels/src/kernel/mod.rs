@@ -92,14 +92,6 @@ pub(crate) fn device_memory<B: Backend>(
     None
 }
 
-/// Whether `B` is a `CubeBackend` in this build, plain or under fusion: a backend whose device
-/// work a thread queues on its own cubecl stream ([`crate::ThreadQueue`]). Under fusion the
-/// thread's fusion stream has the same id, and the fusion server runs a stream's operations
-/// with that id as the current stream, so lending the id lends both.
-pub(crate) fn has_thread_queues<B: Backend>() -> bool {
-    available::<B>()
-}
-
 /// A mark of the calling thread's device queue, when `B` is a cubecl backend in this build
 /// ([`crate::QueueMark`]).
 pub(crate) fn queue_mark<B: Backend>(device: &B::Device) -> Option<std::sync::Arc<dyn Mark>> {
