@@ -17,6 +17,15 @@ type B = CudaBackend;
 
 const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min];
 
+/// One data collective of each kind, for the tests that issue them without waiting.
+const ONE_OF_EACH: [DataOp; 5] = [
+    DataOp::AllGather,
+    DataOp::ReduceScatter(ReduceOp::Mean),
+    DataOp::AllReduce(ReduceOp::Sum),
+    DataOp::AllToAll,
+    DataOp::Broadcast { root: 0 },
+];
+
 /// Held by every GPU test: collectives of two communicators on the same GPUs, launched from
 /// different threads, can deadlock each other, so GPU tests run one at a time.
 static GPUS: Mutex<()> = Mutex::new(());
@@ -164,13 +173,7 @@ fn issued_collectives_are_read_in_any_order_on_another_thread() {
         .remove(0);
     let counters = std::sync::Arc::new(burn_zero_comm::RankCounters::default());
     Communicator::<B>::count_into(&group, &counters);
-    let ops = [
-        DataOp::AllGather,
-        DataOp::ReduceScatter(ReduceOp::Mean),
-        DataOp::AllReduce(ReduceOp::Sum),
-        DataOp::AllToAll,
-        DataOp::Broadcast { root: 0 },
-    ];
+    let ops = ONE_OF_EACH;
     let input = |salt: usize| tensor(&values(salt, 0, 1 << 20), DType::F32, &device);
     let blocking: Vec<_> = ops
         .iter()
@@ -230,13 +233,7 @@ fn fused_collectives_issued_in_a_lent_queue_read_their_pending_inputs() {
         return;
     };
     let device = devices[0].clone();
-    let ops = [
-        DataOp::AllGather,
-        DataOp::ReduceScatter(ReduceOp::Mean),
-        DataOp::AllReduce(ReduceOp::Sum),
-        DataOp::AllToAll,
-        DataOp::Broadcast { root: 0 },
-    ];
+    let ops = ONE_OF_EACH;
     let len = 1 << 22;
     for order_on_device in [true, false] {
         let options = NcclOptions {

@@ -55,12 +55,8 @@ pub(crate) trait KernelPacker<B: Backend>: Send {
 
 /// Whether `B`'s float tensors are `CubeTensor<R>`, directly or under fusion.
 fn is_runtime<B: Backend, R: CubeRuntime>() -> bool {
-    is_plain::<B, R>() || fused::is_fused::<B, R>()
-}
-
-/// Whether `B`'s float tensors are `CubeTensor<R>` themselves (a `CubeBackend`, not fused).
-fn is_plain<B: Backend, R: CubeRuntime>() -> bool {
     TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<CubeTensor<R>>()
+        || fused::is_fused::<B, R>()
 }
 
 /// Whether `B` is a `CubeBackend` on a runtime compiled into this build.
