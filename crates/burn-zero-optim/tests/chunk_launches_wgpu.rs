@@ -1,5 +1,5 @@
 //! Kernel launches of a chunk at stage 3, one rank on `CubeBackend<WgpuRuntime>` (Mesa's
-//! lavapipe where there is no GPU), counted at the backend boundary by
+//! lavapipe where there is no GPU), and of two ranks on Burn's fusion layer over it, counted at the backend boundary by
 //! [`burn_zero_kernels::LaunchLog`]: cubecl's execution log, every launch on the device.
 //!
 //! A chunk's members are gathered, reduced and stepped together, so what a step launches for a
@@ -19,6 +19,10 @@
 //! - a rank alone waits for the device once per gradient bucket only while a sampler reads the
 //!   device's memory, and not at all otherwise.
 //!
+//! - two ranks on Burn's fusion layer whose engine orders its inputs on the device launch no
+//!   more than two synchronising ranks: the collectives' work, issued in the training
+//!   thread's lent fusion stream, does not split what that stream fuses.
+//!
 //! Every side trains the same bits as one parameter per chunk. A binary of its own, one test
 //! at a time: a counting window counts every launch on the device. Without a wgpu adapter
 //! every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1` (CI) makes that a
@@ -28,20 +32,26 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use burn::backend::Autodiff;
+use std::sync::Arc;
+
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
-use burn_zero_comm::launch;
+use burn_fusion::Fusion;
+use burn_zero_comm::{RankContext, launch};
 use burn_zero_core::{ChunkSize, Zero, ZeroConfig, ZeroError, shard};
 use burn_zero_kernels::{DeviceMemorySampler, LaunchLog, peaks_watched};
 use burn_zero_optim::ZeroOptimizer;
+use burn_zero_testing::recording::{CallLog, RecordingComm};
 use burn_zero_testing::{param_values, params_bits_equal, skip};
 
 type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
 type Train = Autodiff<Zero<Plain>>;
+/// Burn's fusion layer over wgpu (`burn::backend::Wgpu` with Burn's default features).
+type Fused = Fusion<Plain>;
 
 /// Layers of `WIDTH` × `WIDTH` with bias: 2 × `LAYERS` members of 64 KiB and 512 B.
 const WIDTH: usize = 128;
@@ -285,4 +295,104 @@ fn a_rank_alone_waits_for_the_device_per_bucket_only_while_its_memory_is_sampled
         "one wait per bucket while sampled: {sampled:?}"
     );
     assert!(params_bits_equal(&params, &sampled_params));
+}
+
+/// Two ranks on the fused backend, their engine ordering its inputs on the device or not: the
+/// same bits, and no more launches. Ordering on the device lends each rank's issuing thread
+/// the training thread's fusion stream, so a collective's copies and packs join the
+/// operations the training thread registered there; synchronising ranks drain that stream
+/// before each collective instead. Either way the stream is cut where a collective reads it.
+/// The engine is `LocalGroup` wrapped to say it orders on the device, as `NcclGroup` does by
+/// default; the ranks share the one device, so a window counts both.
+///
+/// Without prefetch the launches are equal and repeat exactly. With gathers issued ahead,
+/// where the training thread's fused operations are cut depends on when each gather arrives,
+/// on either path (682 to 686 launches at stage 3 here, both ways): each gather issued ahead
+/// can cut one fused block in two, so the bound is one launch per gather.
+#[test]
+fn ranks_ordering_on_the_device_launch_no_more_than_synchronising_ranks_under_fusion() {
+    let test = "ranks_ordering_on_the_device_launch_no_more_than_synchronising_ranks_under_fusion";
+    let Some((_one, _)) = start(test) else {
+        return;
+    };
+    let device = WgpuDevice::default();
+    let base = Stack::<Autodiff<Zero<Fused>>>::drawn(&device);
+    let log = LaunchLog::install();
+    let run = |config: &ZeroConfig, on_device: bool| {
+        let train = || {
+            let ranks = launch::<Fused, _, _, ZeroError>(2, std::slice::from_ref(&device), |ctx| {
+                let engine = RecordingComm::new(ctx.engine().clone(), CallLog::default());
+                let engine = if on_device {
+                    engine.ordering_on_device()
+                } else {
+                    engine
+                };
+                let ctx = RankContext::new(ctx.device().clone(), Arc::new(engine));
+                let (mut model, zero) = shard(base.clone(), &ctx, config)?;
+                let mut optimizer = ZeroOptimizer::new(&zero, AdamConfig::new()).expect("valid");
+                for step in 0..STEPS {
+                    let input = input(2 * step + ctx.rank(), ctx.device());
+                    let grads = GradientsParams::from_grads(model.loss(input).backward(), &model);
+                    model = optimizer.step(1e-3, model, grads);
+                }
+                Ok((ctx.ordered().counters().snapshot(), param_values(&model)))
+            })
+            .unwrap();
+            Fused::sync(&device).unwrap();
+            ranks
+        };
+        let (ranks, launched) = log
+            .launches::<WgpuRuntime, _>(&device, train)
+            .expect("the launches are counted");
+        let gathers: u64 = ranks.iter().map(|(counts, _)| counts.all_gathers).sum();
+        let params: Vec<_> = ranks
+            .into_iter()
+            .map(|(counts, params)| {
+                assert!(counts.collectives() > 0, "{counts:?}");
+                assert_eq!(counts.syncs == 0, on_device, "synchronisations: {counts:?}");
+                params
+            })
+            .collect();
+        (launched.len(), gathers as usize, params)
+    };
+    for stage in [2, 3] {
+        let config = |prefetch: usize| {
+            ZeroConfig::new()
+                .with_stage(stage)
+                .with_prefetch(prefetch)
+                .with_persist_below_numel(0)
+                .with_chunk_size(ChunkSize::default_search())
+        };
+        // The first run of a kernel on the device may tune it: not counted.
+        run(&config(0), true);
+        let (launched, _, reference) = run(&config(0), false);
+        let (ordering, _, params) = run(&config(0), true);
+        println!(
+            "stage {stage}: {ordering} launches ordering on the device, {launched} synchronising"
+        );
+        assert_eq!(
+            ordering, launched,
+            "stage {stage}: two ranks whose engine orders on the device launched {ordering} \
+             kernels, synchronising ranks {launched}"
+        );
+        assert!(
+            params_bits_equal(&params.concat(), &reference.concat()),
+            "stage {stage}: the same bits"
+        );
+        for on_device in [false, true] {
+            let (ahead, gathers, params) = run(&config(2), on_device);
+            println!(
+                "stage {stage}, prefetch 2, ordering on the device {on_device}: {ahead} launches, {gathers} gathers"
+            );
+            assert!(
+                (launched..=launched + gathers).contains(&ahead),
+                "stage {stage}, ordering on the device {on_device}: with prefetch {ahead} \
+                 launches, outside {launched} plus at most one per gather ({gathers})"
+            );
+            assert!(
+                params_bits_equal(&params.concat(), &reference.concat()),
+                "stage {stage}: prefetch trains the same bits"
+            );
+        }
+    }
 }
