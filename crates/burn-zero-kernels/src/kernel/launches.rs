@@ -7,7 +7,9 @@
 //! after some work and returns the lines between the two markers. What a GPU pays per launch
 //! is then counted on any machine that has a cubecl device, lavapipe included.
 //!
-//! The log is configured once per process, before the first cubecl client reads the
+//! The log is a file of the temporary directory named after the process
+//! (`burn-zero-launches-<pid>.log`); installing one removes those of processes that have
+//! ended. It is configured once per process, before the first cubecl client reads the
 //! configuration: install it before anything touches a wgpu or CUDA device. Counting is one
 //! window at a time (a lock), and a window counts every launch on the device in it, from
 //! every thread: let only the work being measured run in it, and have it finish its device
@@ -58,14 +60,49 @@ pub enum LaunchCountError {
     NotLogged(PathBuf),
 }
 
+/// The log's file name for process `pid`, under the temporary directory.
+fn log_name(pid: u32) -> String {
+    format!("{LOG_PREFIX}{pid}.log")
+}
+
+const LOG_PREFIX: &str = "burn-zero-launches-";
+
+/// Removes the logs that processes which have ended left behind. cubecl holds the log open
+/// until the process exits, and a static is never dropped, so a process cannot remove its own;
+/// the next one that installs a log does. Where a process's liveness cannot be read (no
+/// `/proc`), logs are left alone.
+fn remove_logs_of_ended_processes() {
+    let proc = std::path::Path::new("/proc");
+    if !proc.join("self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(LOG_PREFIX))
+            .and_then(|rest| rest.strip_suffix(".log"))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !proc.join(pid.to_string()).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 impl LaunchLog {
     /// Turns cubecl's execution log on, into a file of this process, and returns the one log
     /// (later calls return the same). Must run before any cubecl client exists.
     pub fn install() -> &'static LaunchLog {
         static LOG: OnceLock<LaunchLog> = OnceLock::new();
         LOG.get_or_init(|| {
-            let path =
-                std::env::temp_dir().join(format!("burn-zero-launches-{}.log", std::process::id()));
+            remove_logs_of_ended_processes();
+            let path = std::env::temp_dir().join(log_name(std::process::id()));
             let _ = std::fs::remove_file(&path);
             let mut config = CubeClRuntimeConfig::default();
             config.profiling.logger.level = ProfilingLogLevel::Minimal;
@@ -141,5 +178,37 @@ impl LaunchLog {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// A log whose process has ended is removed; one whose process runs (this test's parent)
+    /// is kept, and so is a file that only looks alike.
+    #[test]
+    fn installing_removes_the_logs_of_ended_processes_only() {
+        let dir = std::env::temp_dir();
+        // Above Linux's largest pid (2^22), so no process has it.
+        let ended = dir.join(log_name(u32::MAX - 1));
+        let running = dir.join(log_name(std::os::unix::process::parent_id()));
+        let other = dir.join(format!("{LOG_PREFIX}notes.log"));
+        let running_existed = running.exists();
+        for path in [&ended, &running, &other] {
+            if !(path == &running && running_existed) {
+                std::fs::write(path, "Executing a kernel\n").unwrap();
+            }
+        }
+        remove_logs_of_ended_processes();
+        let (ended_left, running_left, other_left) =
+            (ended.exists(), running.exists(), other.exists());
+        let _ = std::fs::remove_file(&other);
+        if !running_existed {
+            let _ = std::fs::remove_file(&running);
+        }
+        assert!(!ended_left, "{}: its process has ended", ended.display());
+        assert!(running_left, "{}: its process runs", running.display());
+        assert!(other_left, "{}: not a process's log", other.display());
     }
 }
