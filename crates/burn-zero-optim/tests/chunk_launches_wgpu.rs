@@ -29,12 +29,10 @@
 //! every test says it was skipped, unless `BURN_ZERO_REQUIRE_WGPU=1` (CI) makes that a
 //! failure.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use burn::backend::Autodiff;
-use std::sync::Arc;
-
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
@@ -156,15 +154,17 @@ fn train(base: &Stack<Train>, stage: u8, chunk_size: ChunkSize, persist_below: u
     ranks.swap_remove(0)
 }
 
-/// The device to itself and the model to train, drawn on it; `None` (the test skipped)
+/// The device to itself and the model to train on backend `AB`, drawn on it; `None` (the test skipped)
 /// without a wgpu adapter.
-fn start(test: &str) -> Option<(MutexGuard<'static, ()>, Stack<Train>)> {
+fn start<AB: AutodiffBackend<Device = WgpuDevice>>(
+    test: &str,
+) -> Option<(MutexGuard<'static, ()>, Stack<AB>)> {
     LaunchLog::install();
     if !skip::wgpu_adapter(test) {
         return None;
     }
     let one = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
-    let base = Stack::<Train>::drawn(&WgpuDevice::default());
+    let base = Stack::<AB>::drawn(&WgpuDevice::default());
     Some((one, base))
 }
 
@@ -316,11 +316,10 @@ fn a_rank_alone_waits_for_the_device_per_bucket_only_while_its_memory_is_sampled
 #[test]
 fn fused_ranks_ordering_on_the_device_launch_what_synchronising_ranks_launch() {
     let test = "fused_ranks_ordering_on_the_device_launch_what_synchronising_ranks_launch";
-    let Some((_one, _)) = start(test) else {
+    let Some((_one, base)) = start::<Autodiff<Zero<Fused>>>(test) else {
         return;
     };
     let device = WgpuDevice::default();
-    let base = Stack::<Autodiff<Zero<Fused>>>::drawn(&device);
     let log = LaunchLog::install();
     let run = |config: &ZeroConfig, on_device: bool| {
         let train = || {

@@ -60,12 +60,13 @@ pub enum LaunchCountError {
     NotLogged(PathBuf),
 }
 
+/// How every process's log is named, before its pid.
+const LOG_PREFIX: &str = "burn-zero-launches-";
+
 /// The log's file name for process `pid`, under the temporary directory.
 fn log_name(pid: u32) -> String {
     format!("{LOG_PREFIX}{pid}.log")
 }
-
-const LOG_PREFIX: &str = "burn-zero-launches-";
 
 /// Removes the logs that processes which have ended left behind. cubecl holds the log open
 /// until the process exits, and a static is never dropped, so a process cannot remove its own;
