@@ -191,8 +191,8 @@ fn check_adam(name: &str, rule: impl Fn(f64) -> AdamRule, n: usize, device: &Cud
     }
 }
 
-/// `CHECK_STEPS` SGD steps (momentum 0.9, dampening 0.1, Nesterov, L2 decay) on the kernel
-/// and on the host, both roundings.
+/// `CHECK_STEPS` SGD steps (momentum 0.9, dampening 0.1, Nesterov, L2 decay, a gradient
+/// multiplier every third step) on the kernel and on the host, both roundings.
 fn check_sgd(n: usize, device: &CudaDevice) -> Check {
     let start = values(n, 5);
     let mut hosts =
@@ -210,6 +210,7 @@ fn check_sgd(n: usize, device: &CudaDevice) -> Check {
                 nesterov: true,
                 first: t == 0,
             }),
+            factor: (t % 3 == 0).then_some(0.5),
         };
         for (kind, p, v) in &mut hosts {
             sgd_step_with(&step, *kind, p, &g, Some(v), 1);

@@ -128,9 +128,10 @@ pub fn adam_step_kernel_copying<B: Backend>(
 
 /// One SGD step of a flat f32 shard in one kernel launch, on a `CubeBackend` (wgpu or CUDA,
 /// plain or fused): per element, [`host::sgd_step_with`]'s arithmetic (Burn's operations in
-/// Burn's order) with [`kernel_multiply_add`]'s rounding. `velocity` is read on a momentum step that is not the first (`step.momentum`'s
-/// `first`); without momentum it is ignored. Returns the new parameter and, with momentum,
-/// the velocity, each written into its input's buffer when nothing else holds it.
+/// Burn's order) with [`kernel_multiply_add`]'s rounding. `velocity` is read on a momentum
+/// step that is not the first (`step.momentum`'s `first`); without momentum it is ignored.
+/// Returns the new parameter and, with momentum, the velocity, each written into its input's
+/// buffer when nothing else holds it.
 ///
 /// `None` when `B` has no kernel in this build; an error, with nothing launched, for a tensor
 /// that is not f32 ([`KernelError::UnsupportedDType`]) or a gradient or velocity whose length
@@ -142,13 +143,38 @@ pub fn sgd_step_kernel<B: Backend>(
     grad: B::FloatTensorPrimitive,
     velocity: Option<B::FloatTensorPrimitive>,
 ) -> Option<Result<(B::FloatTensorPrimitive, Option<B::FloatTensorPrimitive>), KernelError>> {
+    sgd_step_kernel_copying::<B>(step, param, grad, velocity, None)
+        .map(|stepped| stepped.map(|(p, v, _)| (p, v)))
+}
+
+/// [`sgd_step_kernel`], and with `copy` (`DType::F16` or `DType::BF16`) the new parameter
+/// also written in that dtype by the same launch, rounded as Burn's cast rounds, as
+/// [`adam_step_kernel_copying`] writes it. Returns the copy last; an error, with nothing
+/// launched, for another copy dtype or one the device cannot store.
+#[allow(clippy::type_complexity)]
+pub fn sgd_step_kernel_copying<B: Backend>(
+    step: &host::SgdStep,
+    param: B::FloatTensorPrimitive,
+    grad: B::FloatTensorPrimitive,
+    velocity: Option<B::FloatTensorPrimitive>,
+    copy: Option<DType>,
+) -> Option<
+    Result<
+        (
+            B::FloatTensorPrimitive,
+            Option<B::FloatTensorPrimitive>,
+            Option<B::FloatTensorPrimitive>,
+        ),
+        KernelError,
+    >,
+> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        kernel::sgd_step::<B>(step, param, grad, velocity, None)
+        kernel::sgd_step::<B>(step, param, grad, velocity, copy, None)
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
-        let _ = (step, param, grad, velocity);
+        let _ = (step, param, grad, velocity, copy);
         None
     }
 }
@@ -199,7 +225,8 @@ pub fn sgd_step_kernel_with<B: Backend>(
 ) -> Option<Result<(B::FloatTensorPrimitive, Option<B::FloatTensorPrimitive>), KernelError>> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        kernel::sgd_step::<B>(step, param, grad, velocity, Some(multiply_add))
+        kernel::sgd_step::<B>(step, param, grad, velocity, None, Some(multiply_add))
+            .map(|stepped| stepped.map(|(p, v, _)| (p, v)))
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {

@@ -2,8 +2,8 @@
 //! [`LaunchLog`]: cubecl's execution log, turned on before any wgpu client exists, with the
 //! lines between two launches of a marker kernel counted.
 //!
-//! Target: at most one launch per optimizer step of a flat shard (Adam, AdamW, SGD), and for
-//! Adam also with the gradient's multiplier and a half-precision parameter's cast. Burn's
+//! Target: at most one launch per optimizer step of a flat shard (Adam, AdamW, SGD), also
+//! with the gradient's multiplier and a half-precision parameter's cast. Burn's
 //! per-tensor Adam on the same shard, and the separate multiply and cast, are counted
 //! alongside for comparison.
 //!
@@ -205,14 +205,27 @@ fn a_one_pass_step_with_factor_and_half_copy_is_one_launch() {
     if !skip::dtype_supported(test, Plain::supports_dtype(&device, DType::F16), "f16", "") {
         return;
     }
-    let fused = FusedAdam::new(&AdamConfig::new()).unwrap();
+    one_pass_launches(
+        &FusedAdam::new(&AdamConfig::new()).unwrap(),
+        "AdamUpdate",
+        &device,
+    );
+    let sgd = SgdConfig::new()
+        .with_weight_decay(Some(WeightDecayConfig::new(0.01)))
+        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)));
+    one_pass_launches(&FusedSgd::new(&sgd).unwrap(), "SgdUpdate", &device);
+}
+
+/// Three one-pass steps of `fused` with a factor and an f16 copy, each one launch of
+/// `kernel`; then the separate multiply, step and cast, three.
+fn one_pass_launches<O: OnePass<Plain>>(fused: &O, kernel: &str, device: &WgpuDevice) {
     let n = 4096;
-    let mut master = flat::<Plain>(&values(n, 0), &device);
+    let mut master = flat::<Plain>(&values(n, 0), device);
     let mut state = None;
     for t in 0..3 {
-        let grad = flat::<Plain>(&values(n, t + 1), &device);
-        Plain::sync(&device).unwrap();
-        let launched = launches(&device, || {
+        let grad = flat::<Plain>(&values(n, t + 1), device);
+        Plain::sync(device).unwrap();
+        let launched = launches(device, || {
             let FlatStep {
                 master: next,
                 state: next_state,
@@ -221,18 +234,18 @@ fn a_one_pass_step_with_factor_and_half_copy_is_one_launch() {
             assert_eq!(written.map(|w| w.dtype()), Some(DType::F16));
             master = next;
             state = next_state;
-            Plain::sync(&device).unwrap();
+            Plain::sync(device).unwrap();
         });
-        assert_eq!(launched.len(), 1, "step {}: {launched:?}", t + 1);
-        assert!(launched[0].contains("AdamUpdate"), "{launched:?}");
+        assert_eq!(launched.len(), 1, "{kernel}, step {}: {launched:?}", t + 1);
+        assert!(launched[0].contains(kernel), "{launched:?}");
     }
     // The separate passes: multiply, step, cast.
-    let grad = flat::<Plain>(&values(n, 9), &device);
-    Plain::sync(&device).unwrap();
-    let separate = launches(&device, || {
+    let grad = flat::<Plain>(&values(n, 9), device);
+    Plain::sync(device).unwrap();
+    let separate = launches(device, || {
         let (next, _) = fused.step(1e-3, master.clone(), grad.mul_scalar(0.25), state.take());
         let _half = next.cast(DType::F16);
-        Plain::sync(&device).unwrap();
+        Plain::sync(device).unwrap();
     });
-    assert_eq!(separate.len(), 3, "{separate:?}");
+    assert_eq!(separate.len(), 3, "{kernel}: {separate:?}");
 }

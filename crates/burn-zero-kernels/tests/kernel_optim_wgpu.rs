@@ -8,8 +8,9 @@
 //! `AdamW` on the same wgpu backend. The SGD kernel (`sgd_step_kernel`, through `FusedSgd`)
 //! likewise, in every combination of weight decay, momentum, dampening and Nesterov.
 //!
-//! The launch's half-precision copy of the new parameter (`adam_step_kernel_copying`) against
-//! Burn's cast on the same device, where the adapter stores the half type.
+//! The launch's half-precision copy of the new parameter (`adam_step_kernel_copying`,
+//! `sgd_step_kernel_copying`) against Burn's cast on the same device, where the adapter stores
+//! the half type.
 //!
 //! CUDA's variant of the kernels (every multiply-add one `fma`), run here against the host
 //! pass with the adapter's own `fma` rounding: lavapipe rounds `fma` twice, so on it the
@@ -30,11 +31,13 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_fusion::Fusion;
 use burn_zero_kernels::host::{
-    AdamRule, AdamStep, MultiplyAdd, SgdMomentum, SgdStep, adam_step, adam_step_with, sgd_step_with,
+    AdamRule, AdamStep, MultiplyAdd, SgdMomentum, SgdStep, adam_step, adam_step_with, sgd_step,
+    sgd_step_with,
 };
 use burn_zero_kernels::{
     KernelError, adam_step_kernel, adam_step_kernel_copying, adam_step_kernel_with,
-    kernel_available, kernel_multiply_add, sgd_step_kernel, sgd_step_kernel_with,
+    kernel_available, kernel_multiply_add, sgd_step_kernel, sgd_step_kernel_copying,
+    sgd_step_kernel_with,
 };
 use burn_zero_optim::{FusedAdam, FusedAdamW, FusedSgd};
 use burn_zero_testing::skip;
@@ -365,6 +368,7 @@ fn cudas_fused_multiply_add_sgd_kernel_is_the_host_step_bit_for_bit() {
                         nesterov,
                         first: t == 0,
                     }),
+                    factor: (t % 3 == 2).then_some(0.375),
                 };
                 let v_now = momentum.map(|_| v.as_mut_slice());
                 sgd_step_with(&step, host, &mut p, &g, v_now, 1);
@@ -823,6 +827,7 @@ fn sgd_kernel_refuses_wrong_dtype_and_lengths_by_name() {
             nesterov: false,
             first: false,
         }),
+        factor: None,
     };
     let p = || upload::<Plain>(&start(64, 1), &device);
     let half = Tensor::<Plain, 1>::from_data(TensorData::new(start(64, 2), [64]), &device)
@@ -948,4 +953,99 @@ fn kernel_copy_in_another_dtype_is_refused() {
         ),
         "{refused:?}"
     );
+    let p = upload::<Plain>(&[1.0, 2.0], &device);
+    let g = upload::<Plain>(&[0.5, 0.5], &device);
+    let step = SgdStep {
+        lr: 1e-2,
+        weight_decay: None,
+        momentum: None,
+        factor: None,
+    };
+    let refused = sgd_step_kernel_copying::<Plain>(&step, p, g, None, Some(DType::I32))
+        .unwrap()
+        .err();
+    assert_eq!(
+        refused,
+        Some(KernelError::UnsupportedDType {
+            dtype: DType::I32,
+            path: "SGD kernel's half-precision copy",
+        })
+    );
+}
+
+/// The SGD launch's half-precision copy likewise: Burn's cast of the launch's parameter on the
+/// same device, bit for bit, over steps with a gradient multiplier, with and without momentum;
+/// the parameter and velocity stay the host pass's.
+#[test]
+fn sgd_kernel_half_copy_is_burns_cast_bit_for_bit() {
+    let test = "sgd_kernel_half_copy_is_burns_cast_bit_for_bit";
+    if !runs(test) {
+        return;
+    }
+    let device = WgpuDevice::default();
+    let mut checked = 0;
+    let to_bits = |values: &[f32]| -> Vec<u32> { values.iter().map(|x| x.to_bits()).collect() };
+    for dtype in [DType::F16, DType::BF16] {
+        if !Plain::supports_dtype(&device, dtype) {
+            continue;
+        }
+        checked += 1;
+        for nesterov in [None, Some(true)] {
+            let n = 1031;
+            let mut rng = Rng::new(0x5C0B1);
+            let (mut hp, mut hv) = (start(n, 6), vec![0.0f32; n]);
+            let (mut p, mut velocity) = (upload::<Plain>(&hp, &device), None);
+            for t in 0..20 {
+                let g = gradient(&mut rng, n, t + 1);
+                let step = SgdStep {
+                    lr: 1e-2,
+                    weight_decay: Some(0.05),
+                    momentum: nesterov.map(|nesterov| SgdMomentum {
+                        momentum: 0.9,
+                        keep_grad: 0.75,
+                        nesterov,
+                        first: t == 0,
+                    }),
+                    factor: Some(0.37),
+                };
+                let (np, nv, copy) = sgd_step_kernel_copying::<Plain>(
+                    &step,
+                    p,
+                    upload::<Plain>(&g, &device),
+                    velocity,
+                    Some(dtype),
+                )
+                .unwrap()
+                .unwrap();
+                sgd_step(&step, &mut hp, &g, Some(&mut hv), 1);
+                let what = format!("{dtype:?}, momentum {nesterov:?}, step {t}");
+                let copy = Tensor::<Plain, 1>::from_primitive(TensorPrimitive::Float(
+                    copy.expect("a copy was asked for"),
+                ));
+                assert_eq!(copy.dtype(), dtype);
+                let burns = Tensor::<Plain, 1>::from_primitive(TensorPrimitive::Float(np.clone()));
+                let cast = |t: Tensor<Plain, 1>| {
+                    to_bits(&t.into_data().convert::<f32>().to_vec::<f32>().unwrap())
+                };
+                assert_eq!(cast(copy), cast(burns.cast(dtype)), "{what}: copy");
+                assert_eq!(
+                    to_bits(&download::<Plain>(np.clone())),
+                    to_bits(&hp),
+                    "{what}: parameter"
+                );
+                assert_eq!(nv.is_some(), nesterov.is_some(), "{what}: velocity");
+                if let Some(nv) = &nv {
+                    assert_eq!(
+                        to_bits(&download::<Plain>(nv.clone())),
+                        to_bits(&hv),
+                        "{what}: velocity"
+                    );
+                }
+                (p, velocity) = (np, nv);
+            }
+        }
+    }
+    if checked == 0 {
+        skip::dtype_supported(test, false, "f16 or bf16 storage", "");
+    }
 }

@@ -46,7 +46,7 @@ use burn_zero_kernels::{adam_step_kernel_copying, kernel_available};
 use half::{bf16, f16};
 
 use crate::master::scaled;
-use crate::one_pass::{FlatStep, OnePass, pass_copy, pass_factor};
+use crate::one_pass::{Extras, FlatStep, OnePass};
 
 /// Why a config cannot be fused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -351,10 +351,7 @@ impl FlatPass<'_> {
         burn: impl FnOnce(Tensor<B, 1>, Tensor<B, 1>, Option<S>) -> (Tensor<B, 1>, Option<S>),
     ) -> FlatStep<B, S> {
         let passed = if self.fuses {
-            let extras = Extras {
-                factor: pass_factor(self.factor),
-                copy: pass_copy(self.dtype),
-            };
+            let extras = Extras::of(self.factor, self.dtype);
             fused_step(
                 self.hyper, self.rule, self.lr, master, grad, momentum, extras,
             )
@@ -377,23 +374,6 @@ impl FlatPass<'_> {
             }
         }
     }
-}
-
-/// What a one-pass step does besides the step itself.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Extras {
-    /// The gradient's multiplier (unscaling and clipping), `None` for 1.
-    factor: Option<f32>,
-    /// The dtype (f16 or bf16) of a copy of the new parameter to write in the same pass.
-    copy: Option<DType>,
-}
-
-impl Extras {
-    /// The step alone.
-    const NONE: Self = Self {
-        factor: None,
-        copy: None,
-    };
 }
 
 /// A one-pass step's results: the new parameter, its moments, and its copy in half precision

@@ -10,6 +10,11 @@
 //! backend, for f64/f16/bf16 tensors and for tensors of more than one dimension, it steps with
 //! Burn's operations in Burn's order. Burn's per-parameter gradient clipping is refused, as for Adam.
 //!
+//! Like the fused Adam it is a [`OnePass`] optimizer: inside `ZeroOptimizer` the gradient's
+//! multiplier (loss-scale unscaling, clipping) and a half-precision parameter's cast are done
+//! by the same pass or launch, bitwise equal to a separate multiply before the step and Burn's
+//! cast after it.
+//!
 //! Burn's `SgdState` keeps its velocity private, so the one-pass path could not read it;
 //! [`FusedSgdState`] holds the same tensor under the same field names, so its record is
 //! Burn's record, field for field, and checkpoints move between the fused and the per-tensor
@@ -19,10 +24,15 @@ use burn::optim::{LearningRate, SgdConfig, SimpleOptimizer};
 use burn::record::Record;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Device, Tensor};
-use burn_zero_kernels::host::{HostBackend, HostTensor, SgdMomentum, SgdStep, sgd_step};
-use burn_zero_kernels::{kernel_available, sgd_step_kernel};
+use burn_zero_kernels::host::{
+    HalfCopy, HostBackend, HostTensor, SgdMomentum, SgdStep, sgd_step, sgd_step_copying,
+};
+use burn_zero_kernels::{kernel_available, sgd_step_kernel_copying};
+use half::{bf16, f16};
 
 use crate::fused::{FusedConfigError, host, primitive, serialised, shaped, writable};
+use crate::master::scaled;
+use crate::one_pass::{Extras, FlatStep, OnePass};
 
 /// [`FusedSgd`]'s state: Burn's `SgdState` with a readable velocity. Its record has the
 /// shape of Burn's (`momentum.velocity`), so the two read each other's records.
@@ -116,9 +126,10 @@ impl FusedSgd {
     }
 
     /// The step's scalars as Burn rounds them; `first` when there is no velocity yet.
-    fn step_of(&self, lr: LearningRate, first: bool) -> SgdStep {
+    fn step_of(&self, lr: LearningRate, first: bool, factor: Option<f32>) -> SgdStep {
         SgdStep {
             lr: lr as f32,
+            factor,
             weight_decay: self.weight_decay,
             momentum: self.momentum.map(|m| SgdMomentum {
                 momentum: m.momentum as f32,
@@ -141,18 +152,11 @@ impl<B: Backend> SimpleOptimizer<B> for FusedSgd {
         state: Option<Self::State<D>>,
     ) -> (Tensor<B, D>, Option<Self::State<D>>) {
         let velocity = state.and_then(|s| s.momentum).map(|m| m.velocity);
-        let f32s = tensor.dtype() == DType::F32
-            && grad.dtype() == DType::F32
-            && velocity.as_ref().is_none_or(|v| v.dtype() == DType::F32);
-        let (tensor, velocity) = match HostBackend::of::<B>() {
-            Some(backend) if D == 1 && f32s => self.host_step(backend, lr, tensor, grad, velocity),
-            None if D == 1 && f32s && kernel_available::<B>() => {
-                self.kernel_step(lr, tensor, grad, velocity)
-            }
-            _ => self.burn_ops_step(lr, tensor, grad, velocity),
+        let (tensor, velocity) = match self.one_pass(lr, tensor, grad, velocity, Extras::NONE) {
+            Ok((tensor, velocity, _)) => (tensor, velocity),
+            Err((tensor, grad, velocity)) => self.burn_ops_step(lr, tensor, grad, velocity),
         };
-        let momentum = velocity.map(|velocity| Velocity { velocity });
-        (tensor, Some(FusedSgdState { momentum }))
+        (tensor, Some(state_of(velocity)))
     }
 
     fn to_device<const D: usize>(mut state: Self::State<D>, device: &Device<B>) -> Self::State<D> {
@@ -163,9 +167,79 @@ impl<B: Backend> SimpleOptimizer<B> for FusedSgd {
     }
 }
 
+impl<B: Backend> OnePass<B> for FusedSgd {
+    fn step_flat(
+        &self,
+        lr: LearningRate,
+        master: Tensor<B, 1>,
+        grad: Tensor<B, 1>,
+        factor: f64,
+        state: Option<Self::State<1>>,
+        dtype: DType,
+    ) -> FlatStep<B, Self::State<1>> {
+        let velocity = state.and_then(|s| s.momentum).map(|m| m.velocity);
+        let extras = Extras::of(factor, dtype);
+        let (master, velocity, written) = match self.one_pass(lr, master, grad, velocity, extras) {
+            Ok(passed) => passed,
+            Err((master, grad, velocity)) => {
+                let (master, velocity) =
+                    self.burn_ops_step(lr, master, scaled(grad, factor), velocity);
+                (master, velocity, None)
+            }
+        };
+        FlatStep {
+            master,
+            state: Some(state_of(velocity)),
+            written,
+        }
+    }
+}
+
+/// The optimizer's state holding `velocity`.
+fn state_of<B: Backend, const D: usize>(velocity: Option<Tensor<B, D>>) -> FusedSgdState<B, D> {
+    FusedSgdState {
+        momentum: velocity.map(|velocity| Velocity { velocity }),
+    }
+}
+
+/// A one-pass step's results: the new parameter, its velocity, and its copy in half precision
+/// when one was written.
+type Passed<B, const D: usize> = (Tensor<B, D>, Option<Tensor<B, D>>, Option<Tensor<B, D>>);
+
+/// The inputs back, untouched, when the one-pass path cannot take them.
+type Declined<B, const D: usize> = (Tensor<B, D>, Tensor<B, D>, Option<Tensor<B, D>>);
+
+impl FusedSgd {
+    /// The host pass on a host backend, the kernel on a cubecl backend, for flat f32 tensors;
+    /// declines (handing everything back) otherwise.
+    fn one_pass<B: Backend, const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<B, D>,
+        grad: Tensor<B, D>,
+        velocity: Option<Tensor<B, D>>,
+        extras: Extras,
+    ) -> Result<Passed<B, D>, Declined<B, D>> {
+        let f32s = tensor.dtype() == DType::F32
+            && grad.dtype() == DType::F32
+            && velocity.as_ref().is_none_or(|v| v.dtype() == DType::F32);
+        if D != 1 || !f32s {
+            return Err((tensor, grad, velocity));
+        }
+        match HostBackend::of::<B>() {
+            Some(backend) => Ok(self.host_step(backend, lr, tensor, grad, velocity, extras)),
+            None if kernel_available::<B>() => {
+                Ok(self.kernel_step(lr, tensor, grad, velocity, extras))
+            }
+            None => Err((tensor, grad, velocity)),
+        }
+    }
+}
+
 impl FusedSgd {
     /// One pass over host memory: the parameter's and the velocity's buffers updated in place
-    /// when nothing else holds them (copies otherwise).
+    /// when nothing else holds them (copies otherwise). A half-precision copy the backend
+    /// cannot hold (NdArray) is left to the caller.
     fn host_step<B: Backend, const D: usize>(
         &self,
         backend: HostBackend,
@@ -173,7 +247,8 @@ impl FusedSgd {
         tensor: Tensor<B, D>,
         grad: Tensor<B, D>,
         velocity: Option<Tensor<B, D>>,
-    ) -> (Tensor<B, D>, Option<Tensor<B, D>>) {
+        extras: Extras,
+    ) -> Passed<B, D> {
         let shape = tensor.shape();
         let numel = shape.num_elements();
         let first = velocity.is_none();
@@ -184,16 +259,33 @@ impl FusedSgd {
         let mut p = writable(host(tensor), backend);
         let g = host(grad).into_contiguous();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        sgd_step(
-            &self.step_of(lr, first),
-            p.as_mut_slice::<f32>().expect("made writable"),
-            g.as_slice::<f32>().expect("contiguous f32"),
-            v.as_mut()
-                .map(|v| v.as_mut_slice::<f32>().expect("made writable")),
-            threads,
-        );
+        let step = self.step_of(lr, first, extras.factor);
+        let param = p.as_mut_slice::<f32>().expect("made writable");
+        let grad = g.as_slice::<f32>().expect("contiguous f32");
+        let velocity = v
+            .as_mut()
+            .map(|v| v.as_mut_slice::<f32>().expect("made writable"));
+        let copy = match extras.copy.filter(|&dtype| backend.supports(dtype)) {
+            None => {
+                sgd_step(&step, param, grad, velocity, threads);
+                None
+            }
+            Some(DType::F16) => {
+                let mut copy = vec![f16::ZERO; numel];
+                let into = HalfCopy::F16(&mut copy);
+                sgd_step_copying(&step, param, grad, velocity, into, threads);
+                Some(HostTensor::from_vec(backend, copy))
+            }
+            Some(DType::BF16) => {
+                let mut copy = vec![bf16::ZERO; numel];
+                let into = HalfCopy::Bf16(&mut copy);
+                sgd_step_copying(&step, param, grad, velocity, into, threads);
+                Some(HostTensor::from_vec(backend, copy))
+            }
+            Some(other) => unreachable!("a copy in {other:?} is never asked for (see Extras)"),
+        };
         let back = |t: HostTensor| shaped::<B, D>(t.into_primitive::<B>(), &shape);
-        (back(p), v.map(back))
+        (back(p), v.map(back), copy.map(back))
     }
 }
 
@@ -241,21 +333,23 @@ impl FusedSgd {
         tensor: Tensor<B, D>,
         grad: Tensor<B, D>,
         velocity: Option<Tensor<B, D>>,
-    ) -> (Tensor<B, D>, Option<Tensor<B, D>>) {
+        extras: Extras,
+    ) -> Passed<B, D> {
         let shape = tensor.shape();
-        let step = self.step_of(lr, velocity.is_none());
+        let step = self.step_of(lr, velocity.is_none(), extras.factor);
         // Every tensor was checked to be f32 with the parameter's shape, so the kernel cannot
         // refuse them; they are handed over without another reference, so that their buffers
         // can be updated in place.
-        let (p, v) = sgd_step_kernel::<B>(
+        let (p, v, copy) = sgd_step_kernel_copying::<B>(
             &step,
             primitive(tensor),
             primitive(grad),
             velocity.map(primitive::<B, D>),
+            extras.copy,
         )
         .expect("the backend has a kernel (checked by the caller)")
         .unwrap_or_else(|error| panic!("the fused SGD kernel refused an f32 step: {error}"));
         let back = |t| shaped::<B, D>(t, &shape);
-        (back(p), v.map(back))
+        (back(p), v.map(back), copy.map(back))
     }
 }

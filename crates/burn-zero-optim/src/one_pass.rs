@@ -7,7 +7,7 @@
 //! optimizer they would be two of three passes through memory — on a GPU, two of three kernel
 //! launches per chunk. An optimizer that implements [`OnePass`] takes both into its own pass,
 //! and `ZeroOptimizer` calls it in place of the step when it was built with
-//! `AdamConfig` or `AdamWConfig` (their `OptimizerConfig::one_pass`).
+//! `AdamConfig`, `AdamWConfig` or `SgdConfig` (their `OptimizerConfig::one_pass`).
 //!
 //! The results are bitwise those of the separate passes: the factor is applied to the f32
 //! gradient exactly as `mul_scalar` applies it (rounded to f32 first), and the cast rounds to
@@ -57,14 +57,30 @@ pub type OnePassFn<O, H> = fn(
     DType,
 ) -> FlatStep<H, <O as SimpleOptimizer<H>>::State<1>>;
 
-/// The gradient's multiplier as a one-pass step applies it: `None` for 1, else rounded to f32
-/// as Burn's `mul_scalar` rounds its scalar for an f32 tensor.
-pub(crate) fn pass_factor(factor: f64) -> Option<f32> {
-    (factor != 1.0).then_some(factor as f32)
+/// What a one-pass step does besides the step itself.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Extras {
+    /// The gradient's multiplier (unscaling and clipping), `None` for 1.
+    pub factor: Option<f32>,
+    /// The dtype (f16 or bf16) of a copy of the new parameter to write in the same pass.
+    pub copy: Option<DType>,
 }
 
-/// The dtype of a copy a one-pass step writes: half precision only (an f32 parameter is the
-/// master's values, an f64 one is cast by the caller).
-pub(crate) fn pass_copy(dtype: DType) -> Option<DType> {
-    matches!(dtype, DType::F16 | DType::BF16).then_some(dtype)
+impl Extras {
+    /// The step alone.
+    pub const NONE: Self = Self {
+        factor: None,
+        copy: None,
+    };
+
+    /// What [`OnePass::step_flat`] asks for with `factor` and a parameter of `dtype`: the
+    /// factor rounded to f32 as Burn's `mul_scalar` rounds its scalar for an f32 tensor (none
+    /// for 1), and a copy for a half-precision parameter only (an f32 parameter is the
+    /// master's values, an f64 one is cast by the caller).
+    pub fn of(factor: f64, dtype: DType) -> Self {
+        Self {
+            factor: (factor != 1.0).then_some(factor as f32),
+            copy: matches!(dtype, DType::F16 | DType::BF16).then_some(dtype),
+        }
+    }
 }

@@ -65,6 +65,10 @@ impl OptimizerConfig for SgdConfig {
     fn optimizer(&self) -> Result<FusedSgd, FusedConfigError> {
         FusedSgd::new(self)
     }
+
+    fn one_pass<X: Backend>() -> Option<OnePassFn<FusedSgd, X>> {
+        Some(<FusedSgd as OnePass<X>>::step_flat)
+    }
 }
 
 /// Any Burn [`SimpleOptimizer`] (Burn's own Adam, AdamW, SGD, or one of your own), stepped

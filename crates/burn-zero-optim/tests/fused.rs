@@ -1,7 +1,8 @@
 //! The fused Adam and AdamW against Burn's own, one step at a time on flat tensors: bitwise on
 //! Flex (the one-pass path) over many steps with gradients that change sign and scale, bitwise
 //! where they fall back, and bad hyperparameters refused by name. The fused SGD likewise, in
-//! every combination of its options, and its records read as Burn's.
+//! every combination of its options, and its records read as Burn's. Each one-pass step (the
+//! gradient's multiplier and a half-precision copy in the pass) against the separate passes.
 
 use burn::backend::{Flex, NdArray};
 use burn::optim::decay::WeightDecayConfig;
@@ -365,4 +366,69 @@ fn one_pass_writes_the_cast_and_applies_the_factor_as_burn_would() {
         DType::F16,
     );
     assert!(step.written.is_none());
+}
+
+/// The fused SGD's `OnePass::step_flat`, every option combination: on Flex its master, state
+/// and half-precision copy are bitwise Burn's SGD on the gradient multiplied first, and
+/// Burn's cast after; on NdArray (no half-precision tensors) the master is, and the cast is
+/// left to the caller.
+#[test]
+fn sgd_one_pass_writes_the_cast_and_applies_the_factor_as_burn_would() {
+    use burn::tensor::DType;
+    use burn_zero_optim::{FlatStep, OnePass};
+    let n = 1003;
+    let start: Vec<f32> = (0..n)
+        .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+        .collect();
+    let grad = |step: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * 7 + step * 13) % 29) as f32 - 14.0) * 1e3)
+            .collect()
+    };
+    let factor = 1.0 / 3000.0;
+    for (i, config) in sgd_configs().iter().enumerate() {
+        let (fused, burn) = (FusedSgd::new(config).unwrap(), config.build::<Flex>());
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            let (mut a, mut b) = (flat::<Flex>(start.clone()), flat::<Flex>(start.clone()));
+            let (mut sa, mut sb) = (None, None);
+            for step in 0..5 {
+                let FlatStep {
+                    master,
+                    state,
+                    written,
+                } = fused.step_flat(1e-2, a, flat::<Flex>(grad(step)), factor, sa, dtype);
+                let scaled = flat::<Flex>(grad(step)).mul_scalar(factor);
+                let (nb, nsb) = burn.step(1e-2, b, scaled, sb);
+                let what = format!("SGD #{i}, {dtype:?}, step {step}");
+                assert_eq!(bits(master.clone()), bits(nb.clone()), "{what}");
+                if dtype == DType::F32 {
+                    assert!(written.is_none(), "{what}: an f32 parameter needs no copy");
+                } else {
+                    let written = written.expect("Flex writes the copy in the pass");
+                    assert_eq!(written.dtype(), dtype);
+                    let want = nb.clone().cast(dtype);
+                    assert_eq!(
+                        bits(written.cast(DType::F32)),
+                        bits(want.cast(DType::F32)),
+                        "{what}: copy"
+                    );
+                }
+                (a, sa, b, sb) = (master, state, nb, nsb);
+            }
+        }
+    }
+    let config = &sgd_configs()[7];
+    let (fused, burn) = (FusedSgd::new(config).unwrap(), config.build::<NdArray>());
+    let step = fused.step_flat(
+        1e-2,
+        flat::<NdArray>(start.clone()),
+        flat(grad(1)),
+        factor,
+        None,
+        DType::F16,
+    );
+    assert!(step.written.is_none());
+    let scaled = flat::<NdArray>(grad(1)).mul_scalar(factor);
+    let (want, _) = burn.step(1e-2, flat::<NdArray>(start), scaled, None);
+    assert_eq!(bits(step.master), bits(want));
 }

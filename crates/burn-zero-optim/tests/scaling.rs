@@ -320,17 +320,25 @@ fn half_precision_training_tracks_the_fp32_reference() {
 
 /// Half-precision parameters, loss scaling and clipping: the fused optimizer's one pass
 /// (gradient multiplier and the cast to the parameter's dtype in the step's own pass) gives
-/// every rank bitwise the parameters of Burn's per-tensor Adam and AdamW with a separate
-/// multiply and cast, at stages 1 and 3, per parameter and in chunks.
+/// every rank bitwise the parameters of Burn's per-tensor Adam, AdamW and SGD (with momentum
+/// and weight decay) with a separate multiply and cast, at stages 1 and 3, per parameter and
+/// in chunks.
 #[test]
 fn one_pass_half_precision_steps_are_the_separate_passes_bitwise() {
-    use burn::optim::AdamWConfig;
+    use burn::optim::decay::WeightDecayConfig;
+    use burn::optim::momentum::MomentumConfig;
+    use burn::optim::{AdamWConfig, SgdConfig};
     use burn::tensor::DType;
     use burn_zero_testing::CastParams;
     let base = base_model(&Default::default());
     let world_size = 2;
     let steps = 4;
-    let run = |half: &Block<Train>, config: &ZeroConfig, fused: bool, adamw: bool| {
+    let sgd = SgdConfig::new()
+        .with_weight_decay(Some(WeightDecayConfig::new(0.01)))
+        .with_momentum(Some(
+            MomentumConfig::new().with_momentum(0.9).with_nesterov(true),
+        ));
+    let run = |half: &Block<Train>, config: &ZeroConfig, fused: bool, rule: &str| {
         launch::<Flex, _, _, ZeroError>(world_size, &[Default::default()], |ctx| {
             let (mut model, zero) = shard(half.clone(), &ctx, config)?;
             let scaler = LossScalerConfig::new().with_initial_scale(64.0);
@@ -349,19 +357,20 @@ fn one_pass_half_precision_steps_are_the_separate_passes_bitwise() {
                     assert_eq!(optimizer.skipped_steps(), 0);
                 }};
             }
-            match (fused, adamw) {
-                (true, false) => {
-                    train!(ZeroOptimizer::new(&zero, AdamConfig::new().clone()).unwrap())
-                }
-                (false, false) => {
+            match (fused, rule) {
+                (true, "adam") => train!(ZeroOptimizer::new(&zero, AdamConfig::new()).unwrap()),
+                (false, "adam") => {
                     train!(ZeroOptimizer::new(&zero, PerTensor(AdamConfig::new().build())).unwrap())
                 }
-                (true, true) => {
-                    train!(ZeroOptimizer::new(&zero, AdamWConfig::new().clone()).unwrap())
-                }
-                (false, true) => train!(
+                (true, "adamw") => train!(ZeroOptimizer::new(&zero, AdamWConfig::new()).unwrap()),
+                (false, "adamw") => train!(
                     ZeroOptimizer::new(&zero, PerTensor(AdamWConfig::new().build())).unwrap()
                 ),
+                (true, "sgd") => train!(ZeroOptimizer::new(&zero, sgd.clone()).unwrap()),
+                (false, "sgd") => {
+                    train!(ZeroOptimizer::new(&zero, PerTensor(sgd.build::<Flex>())).unwrap())
+                }
+                other => unreachable!("no optimizer {other:?}"),
             }
             Ok(param_values(&model))
         })
@@ -379,9 +388,9 @@ fn one_pass_half_precision_steps_are_the_separate_passes_bitwise() {
                 .with_persist_below_numel(12)
                 .with_chunk_size(chunk_size)
                 .with_reduce_dtype(Some(DType::F32));
-            for adamw in [false, true] {
-                let fused = run(&half, &config, true, adamw);
-                let separate = run(&half, &config, false, adamw);
+            for rule in ["adam", "adamw", "sgd"] {
+                let fused = run(&half, &config, true, rule);
+                let separate = run(&half, &config, false, rule);
                 let start = param_values(&half);
                 assert!(
                     !params_bits_equal(&fused[0], &start),
@@ -390,8 +399,8 @@ fn one_pass_half_precision_steps_are_the_separate_passes_bitwise() {
                 for (rank, (f, s)) in fused.iter().zip(&separate).enumerate() {
                     assert!(
                         params_bits_equal(f, s),
-                        "{dtype:?}, stage {stage}, {chunk_size:?}, adamw {adamw}, rank {rank}: \
-                         the one pass differs from the separate passes"
+                        "{dtype:?}, stage {stage}, {chunk_size:?}, {rule}, rank {rank}: the one \
+                         pass differs from the separate passes"
                     );
                 }
             }

@@ -21,8 +21,7 @@
 //! [`adam_step_copying`] writes that cast in the same pass, block by block while the updated
 //! values are in cache, instead of reading the whole master again.
 
-use half::{bf16, f16};
-
+use super::half_copy::{COPY_BLOCK, CopyElement, HalfCopy, split_optional, write_copy};
 use super::multiply_add::{MultiplyAdd, multiply_add};
 
 /// Which update rule.
@@ -67,45 +66,6 @@ impl AdamStep {
 /// pass over a few hundred KiB.
 const PER_THREAD: usize = 1 << 18;
 
-/// Elements updated before their half-precision copy is written: small enough that the
-/// updated values are still in the first-level cache when they are read again for the copy.
-const COPY_BLOCK: usize = 2048;
-
-/// Where the parameter's new values go in half precision, written in the same pass as the
-/// step: the cast a half-precision model needs after each step of its fp32 master.
-#[derive(Debug)]
-pub enum HalfCopy<'a> {
-    /// IEEE half precision, converted as Flex's cast converts.
-    F16(&'a mut [f16]),
-    /// bfloat16, converted as Flex's cast converts (see `CopyElement` on how that rounds).
-    Bf16(&'a mut [bf16]),
-}
-
-/// A half-precision element a step's values are copied into.
-///
-/// Converted as Flex's cast converts (`from_f64` of the value widened to f64), not with
-/// `from_f32`: the two differ. `half`'s `bf16::from_f64` drops the low 32 bits of the f64
-/// before rounding, so an f32 whose discarded low bits decide a tie rounds to even where
-/// `bf16::from_f32` rounds up (measured: one bf16 ulp on a few elements of a training run).
-/// Calling the backend's own conversion keeps the copy bitwise Burn's cast.
-trait CopyElement: Copy + Send + Sync {
-    fn from_f32(value: f32) -> Self;
-}
-
-impl CopyElement for f16 {
-    #[inline(always)]
-    fn from_f32(value: f32) -> Self {
-        f16::from_f64(f64::from(value))
-    }
-}
-
-impl CopyElement for bf16 {
-    #[inline(always)]
-    fn from_f32(value: f32) -> Self {
-        bf16::from_f64(f64::from(value))
-    }
-}
-
 /// Steps `param` with `grad`, updating the moments `m` and `v` (their contents are ignored on
 /// the first step, whose moments come from the gradient). All four have the same length.
 ///
@@ -141,8 +101,8 @@ pub fn adam_step_with(
     threads: usize,
 ) {
     match multiply_add {
-        MultiplyAdd::Rounded => drive::<f16, false>(step, param, grad, m, v, None, threads),
-        MultiplyAdd::Fused => drive::<f16, true>(step, param, grad, m, v, None, threads),
+        MultiplyAdd::Rounded => drive::<half::f16, false>(step, param, grad, m, v, None, threads),
+        MultiplyAdd::Fused => drive::<half::f16, true>(step, param, grad, m, v, None, threads),
     }
 }
 
@@ -192,10 +152,7 @@ fn drive<T: CopyElement, const FUSED: bool>(
         return;
     }
     let per = len.div_ceil(threads);
-    let copies: Vec<Option<&mut [T]>> = match copy {
-        Some(copy) => copy.chunks_mut(per).map(Some).collect(),
-        None => (0..len.div_ceil(per)).map(|_| None).collect(),
-    };
+    let copies = split_optional(copy, per, len.div_ceil(per));
     std::thread::scope(|scope| {
         let parts = param
             .chunks_mut(per)
@@ -278,9 +235,7 @@ fn blocks<T: CopyElement, const FUSED: bool>(
         .zip(copy.chunks_mut(COPY_BLOCK));
     for ((((param, grad), m), v), copy) in parts {
         update::<FUSED>(step, param, grad, m, v);
-        for (c, &p) in copy.iter_mut().zip(param.iter()) {
-            *c = T::from_f32(p);
-        }
+        write_copy(copy, param);
     }
 }
 
@@ -363,6 +318,8 @@ fn moments<const FUSED: bool>(
 
 #[cfg(test)]
 mod tests {
+    use half::{bf16, f16};
+
     use super::*;
 
     fn step(rule: AdamRule, time: i32, factor: Option<f32>) -> AdamStep {

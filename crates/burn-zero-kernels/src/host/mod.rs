@@ -30,6 +30,7 @@
 
 mod adam;
 mod element;
+mod half_copy;
 mod multiply_add;
 mod pack;
 mod pool;
@@ -40,12 +41,13 @@ use std::any::{Any, TypeId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};
 
-pub use adam::{AdamRule, AdamStep, HalfCopy, adam_step, adam_step_copying, adam_step_with};
+pub use adam::{AdamRule, AdamStep, adam_step, adam_step_copying, adam_step_with};
 pub use element::{FloatVisitor, HostFloat, visit};
+pub use half_copy::HalfCopy;
 pub use multiply_add::MultiplyAdd;
 pub(crate) use pack::{HostPacker, divide_row, unpack};
 pub use pool::BufferPool;
-pub use sgd::{SgdMomentum, SgdStep, sgd_step, sgd_step_with};
+pub use sgd::{SgdMomentum, SgdStep, sgd_step, sgd_step_copying, sgd_step_with};
 
 #[cfg(feature = "flex")]
 use burn::backend::flex::FlexTensor;

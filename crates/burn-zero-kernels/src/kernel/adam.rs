@@ -17,8 +17,8 @@ use cubecl::std::tensor::layout::linear::LinearView;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use super::{
-    address_type, check_flat_f32, from_cube, into_cube, storage_type, vector_size,
-    writable_in_place,
+    address_type, check_flat_f32, copy_storage_type, from_cube, into_cube, storage_type,
+    vector_size, writable_in_place,
 };
 use crate::KernelError;
 use crate::host::{AdamRule, AdamStep, MultiplyAdd};
@@ -231,16 +231,7 @@ pub(super) fn adam_step<B: Backend, R: CubeRuntime>(
     let moments = moments.map(|(m, v)| (into_cube::<B, R>(m), into_cube::<B, R>(v)));
     let client = param.client.clone();
     let dtype = storage_type(&client, DType::F32)?;
-    let copy_dtype = match copy {
-        None => dtype,
-        Some(half @ (DType::F16 | DType::BF16)) => storage_type(&client, half)?,
-        Some(dtype) => {
-            return Err(KernelError::UnsupportedDType {
-                dtype,
-                path: "Adam kernel's half-precision copy",
-            });
-        }
-    };
+    let copy_dtype = copy_storage_type(&client, dtype, copy, "Adam kernel's half-precision copy")?;
     let scalars = Scalars::of(step);
     let shape = param.shape();
 

@@ -301,6 +301,7 @@ pub(crate) fn sgd_step<B: Backend>(
     param: B::FloatTensorPrimitive,
     grad: B::FloatTensorPrimitive,
     velocity: Option<B::FloatTensorPrimitive>,
+    copy: Option<DType>,
     multiply_add: Option<MultiplyAdd>,
 ) -> Option<Result<sgd::Stepped<B::FloatTensorPrimitive>, KernelError>> {
     let multiply_add = match chosen_multiply_add::<B>(multiply_add)? {
@@ -314,6 +315,7 @@ pub(crate) fn sgd_step<B: Backend>(
             param,
             grad,
             velocity,
+            copy,
             multiply_add,
         ));
     }
@@ -324,10 +326,11 @@ pub(crate) fn sgd_step<B: Backend>(
             param,
             grad,
             velocity,
+            copy,
             multiply_add,
         ));
     }
-    let _ = (step, param, grad, velocity);
+    let _ = (step, param, grad, velocity, copy);
     None
 }
 
@@ -432,6 +435,22 @@ fn storage_type<R: CubeRuntime>(
         Ok(storage)
     } else {
         Err(unsupported)
+    }
+}
+
+/// The element type of an optimizer kernel's half-precision copy: `copy` (f16 or bf16) when
+/// the client stores it, `main` (the kernel's own, unused) without a copy; an error naming
+/// `path` for another dtype.
+fn copy_storage_type<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    main: StorageType,
+    copy: Option<DType>,
+    path: &'static str,
+) -> Result<StorageType, KernelError> {
+    match copy {
+        None => Ok(main),
+        Some(half @ (DType::F16 | DType::BF16)) => storage_type(client, half),
+        Some(dtype) => Err(KernelError::UnsupportedDType { dtype, path }),
     }
 }
 
