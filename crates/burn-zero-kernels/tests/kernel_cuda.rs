@@ -1,6 +1,7 @@
 //! Kernel against fallback on `CubeBackend<CudaRuntime>` (feature `cuda`): the cases of the
 //! wgpu tests (`kernel_cases`: f32, f16, bf16, odd sizes and offsets, strided gradients),
-//! bitwise. Every test says it was skipped when no CUDA device is visible, unless
+//! bitwise; the optimizer kernels with gradient multiplier and half-precision copy against the
+//! host pass with fused multiply-adds and Burn's cast, bitwise. Every test says it was skipped when no CUDA device is visible, unless
 //! `BURN_ZERO_REQUIRE_CUDA=1` makes that a failure.
 
 mod common;

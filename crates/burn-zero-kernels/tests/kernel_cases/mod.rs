@@ -1,6 +1,7 @@
 //! The kernel-against-fallback cases, generic over the cubecl backend: `kernel_wgpu.rs` and
 //! `kernel_cuda.rs` run the same cases through [`kernel_tests!`], each on its own runtime.
-//! Buckets and unpacked shards must be bitwise identical on the two paths.
+//! Buckets and unpacked shards must be bitwise identical on the two paths; the optimizer
+//! kernels' steps bitwise the host pass's, with the runtime's rounding of multiply-adds.
 
 #![allow(dead_code)]
 
@@ -508,6 +509,153 @@ pub fn pieces_reduce_as_burns_fold<B: Backend>(device: &B::Device) {
     );
 }
 
+/// A step's values: uniform in [-3, 3) from `seed`, with exact zeros of both signs.
+fn step_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|i| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            match i % 97 {
+                0 => 0.0,
+                1 => -0.0,
+                _ => ((state >> 40) as f32 / (1u64 << 24) as f32) * 6.0 - 3.0,
+            }
+        })
+        .collect()
+}
+
+/// The bits of an f32 tensor primitive of `B`.
+fn f32_bits<B: Backend>(tensor: B::FloatTensorPrimitive) -> Vec<u32> {
+    use burn::tensor::TensorPrimitive;
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(tensor))
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
+/// A half-precision copy the kernel wrote, against Burn's cast of the kernel's new parameter to
+/// `dtype` on the same device, bit for bit.
+fn assert_copy_is_burns_cast<B: Backend>(
+    copy: Option<B::FloatTensorPrimitive>,
+    param: &B::FloatTensorPrimitive,
+    dtype: Option<DType>,
+    what: &str,
+) {
+    use burn::tensor::TensorPrimitive;
+    let Some(dtype) = dtype else {
+        assert!(copy.is_none(), "{what}: a copy nobody asked for");
+        return;
+    };
+    let copy = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(
+        copy.unwrap_or_else(|| panic!("{what}: no copy")),
+    ));
+    assert_eq!(copy.dtype(), dtype, "{what}");
+    let cast = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(param.clone())).cast(dtype);
+    assert_bitwise(
+        &copy.into_data(),
+        &cast.into_data(),
+        &format!("{what}: copy"),
+    );
+}
+
+/// The optimizer kernels with a gradient multiplier and a half-precision copy, the way
+/// `ZeroOptimizer`'s one pass calls them: Adam (with L2), AdamW and SGD (Nesterov momentum
+/// with L2, and plain), 30 steps each with the factor on two steps of three, without a copy and
+/// with one in each half dtype the device stores. Parameter, moments and velocity equal the
+/// host pass with the multiply-adds rounded as `B`'s kernels round them
+/// (`kernel_multiply_add`: separately on wgpu, fused on CUDA) bit for bit; the copy equals
+/// Burn's cast of the kernel's parameter on the device.
+pub fn optimizer_steps_with_factor_and_copy<B: Backend>(device: &B::Device) {
+    use burn_zero_kernels::host::{
+        AdamRule, AdamStep, SgdMomentum, SgdStep, adam_step_with, sgd_step_with,
+    };
+    use burn_zero_kernels::{
+        adam_step_kernel_copying, kernel_multiply_add, sgd_step_kernel_copying,
+    };
+    let rounding = kernel_multiply_add::<B>().expect("the backend has kernels");
+    let n = 4099;
+    let upload = |values: &[f32]| -> B::FloatTensorPrimitive {
+        Tensor::<B, 1>::from_data(TensorData::new(values.to_vec(), [values.len()]), device)
+            .into_primitive()
+            .tensor()
+    };
+    let to_bits = |values: &[f32]| -> Vec<u32> { values.iter().map(|x| x.to_bits()).collect() };
+    let copies = [None, Some(DType::F16), Some(DType::BF16)]
+        .into_iter()
+        .filter(|copy| copy.is_none_or(|dtype| B::supports_dtype(device, dtype)));
+    for copy in copies {
+        let rules = [
+            AdamRule::Adam {
+                weight_decay: Some(0.01),
+            },
+            AdamRule::AdamW { keep: Some(0.9995) },
+        ];
+        for rule in rules {
+            let (mut hp, mut hm, mut hv) = (step_values(n, 1), vec![0.0f32; n], vec![0.0f32; n]);
+            let (mut p, mut moments) = (upload(&hp), None);
+            for t in 1..=30 {
+                let g = step_values(n, 100 + t as u64);
+                let step = AdamStep {
+                    rule,
+                    lr: 1e-2,
+                    beta_1: 0.9,
+                    beta_2: 0.999,
+                    epsilon: 1e-5,
+                    time: t,
+                    factor: (t % 3 != 0).then_some(0.37),
+                };
+                let (np, nm, nv, written) =
+                    adam_step_kernel_copying::<B>(&step, p, upload(&g), moments, copy)
+                        .expect("the backend has kernels")
+                        .unwrap();
+                adam_step_with(&step, rounding, &mut hp, &g, &mut hm, &mut hv, 1);
+                let what = format!("{rule:?}, copy {copy:?}, step {t}");
+                assert_copy_is_burns_cast::<B>(written, &np, copy, &what);
+                assert_eq!(f32_bits::<B>(np.clone()), to_bits(&hp), "{what}: parameter");
+                assert_eq!(f32_bits::<B>(nm.clone()), to_bits(&hm), "{what}: m");
+                assert_eq!(f32_bits::<B>(nv.clone()), to_bits(&hv), "{what}: v");
+                (p, moments) = (np, Some((nm, nv)));
+            }
+        }
+        for momentum in [Some(true), None] {
+            let (mut hp, mut hv) = (step_values(n, 2), vec![0.0f32; n]);
+            let (mut p, mut velocity) = (upload(&hp), None);
+            for t in 0..30 {
+                let g = step_values(n, 200 + t as u64);
+                let step = SgdStep {
+                    lr: 1e-2,
+                    weight_decay: Some(0.01),
+                    momentum: momentum.map(|nesterov| SgdMomentum {
+                        momentum: 0.9,
+                        keep_grad: 0.9,
+                        nesterov,
+                        first: t == 0,
+                    }),
+                    factor: (t % 3 != 2).then_some(0.37),
+                };
+                let (np, nv, written) =
+                    sgd_step_kernel_copying::<B>(&step, p, upload(&g), velocity, copy)
+                        .expect("the backend has kernels")
+                        .unwrap();
+                sgd_step_with(&step, rounding, &mut hp, &g, Some(&mut hv), 1);
+                let what = format!("SGD, Nesterov {momentum:?}, copy {copy:?}, step {t}");
+                assert_copy_is_burns_cast::<B>(written, &np, copy, &what);
+                assert_eq!(f32_bits::<B>(np.clone()), to_bits(&hp), "{what}: parameter");
+                assert_eq!(nv.is_some(), momentum.is_some(), "{what}");
+                if let Some(nv) = &nv {
+                    assert_eq!(f32_bits::<B>(nv.clone()), to_bits(&hv), "{what}: velocity");
+                }
+                (p, velocity) = (np, nv);
+            }
+        }
+    }
+}
+
 /// One `#[test]` per shared case on backend `$backend`. `$device` is a function of the test's
 /// name that returns the device, or `None` after saying why the test is skipped.
 #[macro_export]
@@ -528,6 +676,7 @@ macro_rules! kernel_tests {
             f16,
             bf16,
             pieces_reduce_as_burns_fold,
+            optimizer_steps_with_factor_and_copy,
         );
     };
     (@cases $backend:ty, $device:path, $($case:ident,)*) => {
