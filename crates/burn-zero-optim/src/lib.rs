@@ -5,7 +5,6 @@
 //! parameters: as their new shard (stage 3), or all-gathered into the replicated parameters
 //! (stages 1 and 2).
 
-mod chunked;
 mod clip;
 mod error;
 mod fused;
@@ -15,7 +14,6 @@ mod master;
 mod masters;
 mod one_pass;
 mod optimizer;
-mod pending;
 mod place;
 mod record;
 mod rule;

@@ -58,7 +58,7 @@ where
         let Some(placed) = zero.store().auto_placement() else {
             return;
         };
-        if self.device.micro_steps != 0 {
+        if self.device.micro_steps() != 0 {
             return;
         }
         let budget = (ratio * placed.left_over_bytes() as f64) as u64;

@@ -7,9 +7,6 @@
 //! the next backward on, the chunk's gradient shards stay on the device and the device side
 //! steps it. The record crosses the device side's entries the same way.
 
-use std::collections::HashSet;
-use std::sync::Arc;
-
 use burn::optim::SimpleOptimizer;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
@@ -21,7 +18,6 @@ use super::ZeroOptimizer;
 use crate::error::OptimizerError;
 use crate::master::Master;
 use crate::place::{Offload, Place};
-use crate::side::Owned;
 use crate::state_tree::{from_tree, to_tree};
 
 impl<B: Backend, O, H: Backend> ZeroOptimizer<B, O, H>
@@ -33,8 +29,10 @@ where
     /// auto placement's kept shards give up the room the state takes). Only between steps:
     /// inside an accumulation window the sums would have to move too.
     pub fn place_on_device(&mut self, ids: &[usize]) -> Result<(), OptimizerError> {
-        if self.device.micro_steps != 0 {
-            return Err(OptimizerError::InsideAccumulation(self.device.micro_steps));
+        if self.device.micro_steps() != 0 {
+            return Err(OptimizerError::InsideAccumulation(
+                self.device.micro_steps(),
+            ));
         }
         if let Some(&id) = ids.iter().find(|id| !self.host_chunks.contains(id)) {
             return Err(OptimizerError::NotOnHost(id));
@@ -43,30 +41,29 @@ where
             .iter()
             .filter_map(|&id| self.chunk_state_bytes(id))
             .sum::<usize>() as u64;
-        let zero = crate::side::bound(&self.device.zero).clone();
+        let zero = self.device.bound_state().clone();
         let store = zero.store();
         let device = zero.device().clone();
         let counters = store.counters();
         for &id in ids {
-            if let Some(Master { values, state }) = self.host.masters.take_chunk(id) {
+            if let Some(Master { values, state }) = self.host.masters_mut().take_chunk(id) {
                 let (values, state) = master_to_device::<O, B, H>(values, state, &device, counters);
-                self.device.masters.put_chunk(id, Master { values, state });
+                self.device
+                    .masters_mut()
+                    .put_chunk(id, Master { values, state });
             }
         }
         let keys = member_keys(store.chunks(), ids);
         for &key in &keys {
-            if let Some(Master { values, state }) = self.host.masters.take_param(key) {
+            if let Some(Master { values, state }) = self.host.masters_mut().take_param(key) {
                 let (values, state) = master_to_device::<O, B, H>(values, state, &device, counters);
-                self.device.masters.put_param(key, Master { values, state });
+                self.device
+                    .masters_mut()
+                    .put_param(key, Master { values, state });
             }
         }
-        let on_host: HashSet<usize> = match &self.host.owned {
-            Owned::Only(owned) => owned.difference(&keys).copied().collect(),
-            Owned::All | Owned::Except(_) => unreachable!("the host side owns given keys"),
-        };
-        let on_host = Arc::new(on_host);
-        self.host.owned = Owned::Only(on_host.clone());
-        self.device.owned = Owned::Except(on_host);
+        let on_host = self.host.give_up(&keys);
+        self.device.step_all_but(on_host);
         store.step_on(Some(&keys), StepSite::Device { moved_state_bytes });
         self.host_chunks.retain(|id| !ids.contains(id));
         // The accounting moves the bytes from the host's kinds to the device's.

@@ -42,7 +42,10 @@ use crate::loss_scale::LossScalerConfig;
 use crate::place::{Offload, OnDevice};
 use crate::record::ZeroOptimizerRecord;
 use crate::rule::OptimizerConfig;
-use crate::side::{Owned, Prepared, Refill, Side, check_lr, one_device};
+use crate::side::Side;
+use crate::side::apply::Refill;
+use crate::side::owned::Owned;
+use crate::side::prepare::Prepared;
 use crate::state::StateBytes;
 
 mod margin;
@@ -311,7 +314,7 @@ where
                     self.host.apply::<AB, M>(lr, factor, module, on_host)
                 }
                 None => {
-                    self.device.skipped += 1;
+                    self.device.count_skipped();
                     tracing::warn!(scale = self.loss_scale(), "gradient overflow: step skipped");
                     self.refill::<AB, M>(module)
                 }
@@ -382,4 +385,28 @@ where
     fn load_record(self, record: Self::Record) -> Self {
         self.restore(record)
     }
+}
+
+/// The one device's gradients of Burn's multi-device gradients: burn-zero runs one rank per
+/// device instead of one process driving several, so `optimizer` (named in the message)
+/// accepts exactly one entry.
+fn one_device(grads: MultiGradientsParams, optimizer: &str) -> GradientsParams {
+    let devices = grads.grads.len();
+    let mut grads = grads.grads.into_iter();
+    match (grads.next(), grads.next()) {
+        (Some((grads, _)), None) => grads,
+        _ => panic!(
+            "burn-zero: {optimizer} got gradients from {devices} devices in one step; burn-zero \
+             runs one rank per device (burn_zero::comm::launch), each stepping its own gradients"
+        ),
+    }
+}
+
+/// Refuses a learning rate that cannot work, before anything changes.
+fn check_lr(lr: f64) {
+    assert!(
+        lr.is_finite() && lr >= 0.0,
+        "burn-zero: the learning rate {lr} is not a finite number of 0 or more; nothing was \
+         stepped"
+    );
 }

@@ -28,7 +28,7 @@ where
     /// # Panics
     /// When the optimizer was made unbound and never bound.
     pub fn record(&self) -> ZeroOptimizerRecord<B, O, H> {
-        let zero = crate::side::bound(&self.device.zero);
+        let zero = self.device.bound_state();
         let counters = zero.store().counters();
         let host_device = <Offload<H> as Place<B>>::host_device(zero.device());
         let on_device = self.device.record();
@@ -68,10 +68,10 @@ where
         {
             self.bind(binding);
         }
-        let zero = crate::side::bound(&self.device.zero.clone()).clone();
+        let zero = self.device.bound_state().clone();
         let counters = zero.store().counters();
         let device = zero.device();
-        let on_host = |key: usize| self.host.owned.steps(key);
+        let on_host = |key: usize| self.host.steps(key);
         let (host_masters, device_masters): (Vec<_>, Vec<_>) = record
             .masters
             .into_iter()

@@ -24,11 +24,12 @@ use burn_zero_core::store::{SharedRow, host_slices};
 use burn_zero_core::{ParamStore, ShardedView, ZeroTensor};
 use burn_zero_kernels::{KernelError, PackPath, join};
 
+use super::Side;
+use super::collect::{Grad, Taken, flat};
+use super::pending::{ChunkGrad, PendingChunks};
 use crate::master::{Master, cast_to};
 use crate::masters::Masters;
-use crate::pending::{ChunkGrad, PendingChunks};
 use crate::place::Place;
-use crate::side::{Grad, Side, Taken, flat};
 
 /// New values by parameter key, while a step writes them.
 type ByKey<B> = HashMap<usize, ZeroTensor<B>>;
