@@ -5,7 +5,7 @@
 //! `MpiGroup` reads what MPI received; either writes its result into a buffer of the rank's
 //! own pool, reused from call to call (see [`BufferPool`]). The arithmetic is
 //! [`HostFloat`]'s, which reproduces the backends' own tensor ops, and the reduction order is
-//! rank order, so results are bitwise those of the Burn-ops path ([`super::device`]).
+//! rank order, so results are bitwise those of the Burn-ops path ([`super::fold_parts`]).
 
 use std::ops::Range;
 
