@@ -537,28 +537,40 @@ fn host_step<B: Backend, const D: usize>(
     let grad = g.as_slice::<f32>().expect("contiguous f32");
     let m_slice = m.as_mut_slice::<f32>().expect("made writable");
     let v_slice = v.as_mut_slice::<f32>().expect("made writable");
-    let copy = match extras.copy {
+    let copy = stepped_with_copy(backend, extras.copy, numel, |copy| match copy {
+        None => adam_step(&step, param, grad, m_slice, v_slice, threads),
+        Some(into) => adam_step_copying(&step, param, grad, m_slice, v_slice, into, threads),
+    });
+    let back = |t: HostTensor| shaped::<B, D>(t.into_primitive::<B>(), &shape);
+    let momentum = AdaptiveMomentumState::new(time, back(m), back(v));
+    Ok((back(p), momentum, copy.map(back)))
+}
+
+/// Runs a host pass `step`, given where to write the new parameter in `copy`'s dtype (f16 or
+/// bf16; nothing without a copy), and returns that copy as a host tensor of `backend`.
+pub(crate) fn stepped_with_copy(
+    backend: HostBackend,
+    copy: Option<DType>,
+    numel: usize,
+    step: impl FnOnce(Option<HalfCopy<'_>>),
+) -> Option<HostTensor> {
+    match copy {
         None => {
-            adam_step(&step, param, grad, m_slice, v_slice, threads);
+            step(None);
             None
         }
         Some(DType::F16) => {
             let mut copy = vec![f16::ZERO; numel];
-            let into = HalfCopy::F16(&mut copy);
-            adam_step_copying(&step, param, grad, m_slice, v_slice, into, threads);
+            step(Some(HalfCopy::F16(&mut copy)));
             Some(HostTensor::from_vec(backend, copy))
         }
         Some(DType::BF16) => {
             let mut copy = vec![bf16::ZERO; numel];
-            let into = HalfCopy::Bf16(&mut copy);
-            adam_step_copying(&step, param, grad, m_slice, v_slice, into, threads);
+            step(Some(HalfCopy::Bf16(&mut copy)));
             Some(HostTensor::from_vec(backend, copy))
         }
-        Some(other) => unreachable!("a copy in {other:?} is never asked for (see OnePass)"),
-    };
-    let back = |t: HostTensor| shaped::<B, D>(t.into_primitive::<B>(), &shape);
-    let momentum = AdaptiveMomentumState::new(time, back(m), back(v));
-    Ok((back(p), momentum, copy.map(back)))
+        Some(other) => unreachable!("a copy in {other:?} is never asked for (see Extras)"),
+    }
 }
 
 /// A float tensor of a host backend as host memory.

@@ -25,12 +25,13 @@ use burn::record::Record;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Device, Tensor};
 use burn_zero_kernels::host::{
-    HalfCopy, HostBackend, HostTensor, SgdMomentum, SgdStep, sgd_step, sgd_step_copying,
+    HostBackend, HostTensor, SgdMomentum, SgdStep, sgd_step, sgd_step_copying,
 };
 use burn_zero_kernels::{kernel_available, sgd_step_kernel_copying};
-use half::{bf16, f16};
 
-use crate::fused::{FusedConfigError, host, primitive, serialised, shaped, writable};
+use crate::fused::{
+    FusedConfigError, host, primitive, serialised, shaped, stepped_with_copy, writable,
+};
 use crate::master::scaled;
 use crate::one_pass::{Extras, FlatStep, OnePass};
 
@@ -265,25 +266,11 @@ impl FusedSgd {
         let velocity = v
             .as_mut()
             .map(|v| v.as_mut_slice::<f32>().expect("made writable"));
-        let copy = match extras.copy.filter(|&dtype| backend.supports(dtype)) {
-            None => {
-                sgd_step(&step, param, grad, velocity, threads);
-                None
-            }
-            Some(DType::F16) => {
-                let mut copy = vec![f16::ZERO; numel];
-                let into = HalfCopy::F16(&mut copy);
-                sgd_step_copying(&step, param, grad, velocity, into, threads);
-                Some(HostTensor::from_vec(backend, copy))
-            }
-            Some(DType::BF16) => {
-                let mut copy = vec![bf16::ZERO; numel];
-                let into = HalfCopy::Bf16(&mut copy);
-                sgd_step_copying(&step, param, grad, velocity, into, threads);
-                Some(HostTensor::from_vec(backend, copy))
-            }
-            Some(other) => unreachable!("a copy in {other:?} is never asked for (see Extras)"),
-        };
+        let copy = extras.copy.filter(|&dtype| backend.supports(dtype));
+        let copy = stepped_with_copy(backend, copy, numel, |copy| match copy {
+            None => sgd_step(&step, param, grad, velocity, threads),
+            Some(into) => sgd_step_copying(&step, param, grad, velocity, into, threads),
+        });
         let back = |t: HostTensor| shaped::<B, D>(t.into_primitive::<B>(), &shape);
         (back(p), v.map(back), copy.map(back))
     }

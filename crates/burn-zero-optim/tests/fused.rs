@@ -288,6 +288,62 @@ fn bad_sgd_hyperparameters_are_refused_by_name() {
     );
 }
 
+/// The start of the one-pass tests' parameter.
+fn one_pass_start() -> Vec<f32> {
+    (0..1003)
+        .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+        .collect()
+}
+
+/// The one-pass tests' gradient at `step`: large, as a loss-scaled one is.
+fn one_pass_grad(step: usize) -> Vec<f32> {
+    (0..1003)
+        .map(|i| (((i * 7 + step * 13) % 29) as f32 - 14.0) * 1e3)
+        .collect()
+}
+
+/// The one-pass tests' gradient multiplier (an unscaling).
+const ONE_PASS_FACTOR: f64 = 1.0 / 3000.0;
+
+/// Five `OnePass::step_flat` steps of `fused` on Flex for a parameter of `dtype`, against
+/// `burn`'s steps on the gradient multiplied first: the masters bitwise equal after every
+/// step, and the copy `fused` writes Burn's cast of Burn's master bit for bit (none for f32).
+fn one_pass_against_burn<F, O>(fused: &F, burn: &O, dtype: burn::tensor::DType, what: &str)
+where
+    F: burn_zero_optim::OnePass<Flex>,
+    O: SimpleOptimizer<Flex>,
+{
+    use burn::tensor::DType;
+    use burn_zero_optim::FlatStep;
+    let start = one_pass_start();
+    let (mut a, mut b) = (flat::<Flex>(start.clone()), flat::<Flex>(start));
+    let (mut sa, mut sb) = (None, None);
+    for step in 0..5 {
+        let grad = || flat::<Flex>(one_pass_grad(step));
+        let FlatStep {
+            master,
+            state,
+            written,
+        } = fused.step_flat(1e-2, a, grad(), ONE_PASS_FACTOR, sa, dtype);
+        let (nb, nsb) = burn.step(1e-2, b, grad().mul_scalar(ONE_PASS_FACTOR), sb);
+        let what = format!("{what}, {dtype:?}, step {step}");
+        assert_eq!(bits(master.clone()), bits(nb.clone()), "{what}");
+        if dtype == DType::F32 {
+            assert!(written.is_none(), "{what}: an f32 parameter needs no copy");
+        } else {
+            let written = written.expect("Flex writes the copy in the pass");
+            assert_eq!(written.dtype(), dtype);
+            let want = nb.clone().cast(dtype);
+            assert_eq!(
+                bits(written.cast(DType::F32)),
+                bits(want.cast(DType::F32)),
+                "{what}: copy"
+            );
+        }
+        (a, sa, b, sb) = (master, state, nb, nsb);
+    }
+}
+
 /// `OnePass::step_flat` on Flex writes the half-precision copy itself (`written`), and its
 /// master, state and copy are bitwise Burn's step on the gradient multiplied first, and
 /// Burn's cast after; on NdArray (no half-precision tensors) it leaves the cast to the caller.
@@ -296,45 +352,11 @@ fn one_pass_writes_the_cast_and_applies_the_factor_as_burn_would() {
     use burn::optim::{AdamState, AdamWState};
     use burn::tensor::DType;
     use burn_zero_optim::{FlatStep, OnePass};
-    let n = 1003;
-    let start: Vec<f32> = (0..n)
-        .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
-        .collect();
-    let grad = |step: usize| -> Vec<f32> {
-        (0..n)
-            .map(|i| (((i * 7 + step * 13) % 29) as f32 - 14.0) * 1e3)
-            .collect()
-    };
-    let factor = 1.0 / 3000.0;
+    let (start, grad, factor) = (one_pass_start(), one_pass_grad, ONE_PASS_FACTOR);
     let adam = AdamConfig::new().with_weight_decay(Some(WeightDecayConfig::new(0.01)));
     let (fused, burn) = (FusedAdam::new(&adam).unwrap(), adam.build());
     for dtype in [DType::F16, DType::BF16] {
-        let (mut a, mut b) = (flat::<Flex>(start.clone()), flat::<Flex>(start.clone()));
-        let (mut sa, mut sb): (Option<AdamState<Flex, 1>>, Option<AdamState<Flex, 1>>) =
-            (None, None);
-        for step in 0..5 {
-            let FlatStep {
-                master,
-                state,
-                written,
-            } = fused.step_flat(1e-2, a, flat::<Flex>(grad(step)), factor, sa, dtype);
-            let scaled = flat::<Flex>(grad(step)).mul_scalar(factor);
-            let (nb, nsb) = burn.step(1e-2, b, scaled, sb);
-            assert_eq!(
-                bits(master.clone()),
-                bits(nb.clone()),
-                "{dtype:?} step {step}"
-            );
-            let written = written.expect("Flex writes the copy in the pass");
-            assert_eq!(written.dtype(), dtype);
-            let want = nb.clone().cast(dtype);
-            assert_eq!(
-                bits(written.cast(DType::F32)),
-                bits(want.cast(DType::F32)),
-                "{dtype:?} copy at step {step}"
-            );
-            (a, sa, b, sb) = (master, state, nb, nsb);
-        }
+        one_pass_against_burn(&fused, &burn, dtype, "Adam");
     }
     // AdamW likewise, and an f32 parameter needs no copy.
     let adamw = AdamWConfig::new().with_weight_decay(0.1);
@@ -375,46 +397,12 @@ fn one_pass_writes_the_cast_and_applies_the_factor_as_burn_would() {
 #[test]
 fn sgd_one_pass_writes_the_cast_and_applies_the_factor_as_burn_would() {
     use burn::tensor::DType;
-    use burn_zero_optim::{FlatStep, OnePass};
-    let n = 1003;
-    let start: Vec<f32> = (0..n)
-        .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
-        .collect();
-    let grad = |step: usize| -> Vec<f32> {
-        (0..n)
-            .map(|i| (((i * 7 + step * 13) % 29) as f32 - 14.0) * 1e3)
-            .collect()
-    };
-    let factor = 1.0 / 3000.0;
+    use burn_zero_optim::OnePass;
+    let (start, grad, factor) = (one_pass_start(), one_pass_grad, ONE_PASS_FACTOR);
     for (i, config) in sgd_configs().iter().enumerate() {
         let (fused, burn) = (FusedSgd::new(config).unwrap(), config.build::<Flex>());
         for dtype in [DType::F16, DType::BF16, DType::F32] {
-            let (mut a, mut b) = (flat::<Flex>(start.clone()), flat::<Flex>(start.clone()));
-            let (mut sa, mut sb) = (None, None);
-            for step in 0..5 {
-                let FlatStep {
-                    master,
-                    state,
-                    written,
-                } = fused.step_flat(1e-2, a, flat::<Flex>(grad(step)), factor, sa, dtype);
-                let scaled = flat::<Flex>(grad(step)).mul_scalar(factor);
-                let (nb, nsb) = burn.step(1e-2, b, scaled, sb);
-                let what = format!("SGD #{i}, {dtype:?}, step {step}");
-                assert_eq!(bits(master.clone()), bits(nb.clone()), "{what}");
-                if dtype == DType::F32 {
-                    assert!(written.is_none(), "{what}: an f32 parameter needs no copy");
-                } else {
-                    let written = written.expect("Flex writes the copy in the pass");
-                    assert_eq!(written.dtype(), dtype);
-                    let want = nb.clone().cast(dtype);
-                    assert_eq!(
-                        bits(written.cast(DType::F32)),
-                        bits(want.cast(DType::F32)),
-                        "{what}: copy"
-                    );
-                }
-                (a, sa, b, sb) = (master, state, nb, nsb);
-            }
+            one_pass_against_burn(&fused, &burn, dtype, &format!("SGD #{i}"));
         }
     }
     let config = &sgd_configs()[7];

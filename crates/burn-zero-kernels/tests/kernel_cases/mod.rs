@@ -509,37 +509,21 @@ pub fn pieces_reduce_as_burns_fold<B: Backend>(device: &B::Device) {
     );
 }
 
-/// A step's values: uniform in [-3, 3) from `seed`, with exact zeros of both signs.
+/// A step's values: [`common::raw_values`] in f32, with exact zeros of both signs.
 fn step_values(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|i| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            match i % 97 {
-                0 => 0.0,
-                1 => -0.0,
-                _ => ((state >> 40) as f32 / (1u64 << 24) as f32) * 6.0 - 3.0,
-            }
+    common::raw_values(seed, n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, value)| match i % 97 {
+            0 => 0.0,
+            1 => -0.0,
+            _ => value as f32,
         })
         .collect()
 }
 
-/// The bits of an f32 tensor primitive of `B`.
-fn f32_bits<B: Backend>(tensor: B::FloatTensorPrimitive) -> Vec<u32> {
-    use burn::tensor::TensorPrimitive;
-    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(tensor))
-        .into_data()
-        .to_vec::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(f32::to_bits)
-        .collect()
-}
-
 /// A half-precision copy the kernel wrote, against Burn's cast of the kernel's new parameter to
-/// `dtype` on the same device, bit for bit.
+/// `dtype` on the same device, bit for bit (the dtype included).
 fn assert_copy_is_burns_cast<B: Backend>(
     copy: Option<B::FloatTensorPrimitive>,
     param: &B::FloatTensorPrimitive,
@@ -551,16 +535,9 @@ fn assert_copy_is_burns_cast<B: Backend>(
         assert!(copy.is_none(), "{what}: a copy nobody asked for");
         return;
     };
-    let copy = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(
-        copy.unwrap_or_else(|| panic!("{what}: no copy")),
-    ));
-    assert_eq!(copy.dtype(), dtype, "{what}");
+    let copy = read::<B>(copy.unwrap_or_else(|| panic!("{what}: no copy")));
     let cast = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(param.clone())).cast(dtype);
-    assert_bitwise(
-        &copy.into_data(),
-        &cast.into_data(),
-        &format!("{what}: copy"),
-    );
+    assert_bitwise(&copy, &cast.into_data(), &format!("{what}: copy"));
 }
 
 /// The optimizer kernels with a gradient multiplier and a half-precision copy, the way
@@ -584,7 +561,11 @@ pub fn optimizer_steps_with_factor_and_copy<B: Backend>(device: &B::Device) {
             .into_primitive()
             .tensor()
     };
-    let to_bits = |values: &[f32]| -> Vec<u32> { values.iter().map(|x| x.to_bits()).collect() };
+    // The device's values bit for bit the host pass's.
+    let same = |device: &B::FloatTensorPrimitive, host: &[f32], what: String| {
+        let host = TensorData::new(host.to_vec(), [host.len()]);
+        assert_bitwise(&read::<B>(device.clone()), &host, &what);
+    };
     let copies = [None, Some(DType::F16), Some(DType::BF16)]
         .into_iter()
         .filter(|copy| copy.is_none_or(|dtype| B::supports_dtype(device, dtype)));
@@ -616,9 +597,9 @@ pub fn optimizer_steps_with_factor_and_copy<B: Backend>(device: &B::Device) {
                 adam_step_with(&step, rounding, &mut hp, &g, &mut hm, &mut hv, 1);
                 let what = format!("{rule:?}, copy {copy:?}, step {t}");
                 assert_copy_is_burns_cast::<B>(written, &np, copy, &what);
-                assert_eq!(f32_bits::<B>(np.clone()), to_bits(&hp), "{what}: parameter");
-                assert_eq!(f32_bits::<B>(nm.clone()), to_bits(&hm), "{what}: m");
-                assert_eq!(f32_bits::<B>(nv.clone()), to_bits(&hv), "{what}: v");
+                same(&np, &hp, format!("{what}: parameter"));
+                same(&nm, &hm, format!("{what}: m"));
+                same(&nv, &hv, format!("{what}: v"));
                 (p, moments) = (np, Some((nm, nv)));
             }
         }
@@ -645,10 +626,10 @@ pub fn optimizer_steps_with_factor_and_copy<B: Backend>(device: &B::Device) {
                 sgd_step_with(&step, rounding, &mut hp, &g, Some(&mut hv), 1);
                 let what = format!("SGD, Nesterov {momentum:?}, copy {copy:?}, step {t}");
                 assert_copy_is_burns_cast::<B>(written, &np, copy, &what);
-                assert_eq!(f32_bits::<B>(np.clone()), to_bits(&hp), "{what}: parameter");
+                same(&np, &hp, format!("{what}: parameter"));
                 assert_eq!(nv.is_some(), momentum.is_some(), "{what}");
                 if let Some(nv) = &nv {
-                    assert_eq!(f32_bits::<B>(nv.clone()), to_bits(&hv), "{what}: velocity");
+                    same(nv, &hv, format!("{what}: velocity"));
                 }
                 (p, velocity) = (np, nv);
             }
